@@ -1,0 +1,1 @@
+"""Entry points named in pyproject.toml, one module per host."""

@@ -1,0 +1,91 @@
+"""The batched decode context for hybrid sliding-window models, with the semantics of SGLang's MLX
+``BatchedDecodeContext`` (``hardware_backend/mlx/kv_cache/attention_wrapper.py``), framework-free.
+
+One context is built per decode step. ``seq_lens`` are the tokens before the new one (the RoPE positions).
+``decode_padding(window)`` gives the right-pad sizes and a keep-mask of shape ``(B, 1, 1, width)`` (None when no
+request needs padding), memoised per window: with no window the width is ``max(seq_lens) + 1``; with window W each
+request keeps ``min(n + 1, W)`` keys (the window counts the new token).
+
+The mask's array type is the caller's: ``mask_factory(rows: list[list[bool]])`` builds it (torch by default; the
+MLX path passes an ``mx.array`` factory), so the core stays free of MLX.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+from .layer_plan import LayerPlan
+
+MISSING_FULL_MAP_ERROR = ("BatchedDecodeContext requires full_kv_pool_index_by_layer when the fused AOT RoPE + "
+                          "pool-scatter kernel is active")
+
+
+def torch_keep_mask(rows: list[list[bool]]) -> torch.Tensor:
+    return torch.tensor(rows, dtype=torch.bool)[:, None, None, :]
+
+
+@dataclass
+class BatchedDecodeContext:
+    seq_lens: list[int]
+    attention_layer_caches: list[Any]  # [attention index][request]
+    attention_pool_index_by_layer: dict[int, int] = field(default_factory=dict)
+    full_kv_pool_index_by_layer: dict[int, int] = field(default_factory=dict)
+    fused_rope_scatter: Optional[Any] = None  # the fused RoPE + pool-scatter state (MLX: aot.rope); None = off
+    mask_factory: Callable[[list[list[bool]]], Any] = torch_keep_mask
+
+    def __post_init__(self):
+        self.seq_lens = [int(n) for n in self.seq_lens]
+        if not self.seq_lens:
+            raise ValueError("seq_lens must hold one entry per request, got an empty batch")
+        if min(self.seq_lens) < 0:
+            raise ValueError(f"seq_lens must be >= 0, got {self.seq_lens}")
+        self.batch_size = len(self.seq_lens)
+        self.max_len = max(self.seq_lens) + 1
+        self.needs_padding = min(self.seq_lens) < max(self.seq_lens)
+        self.pad_sizes = [max(self.seq_lens) - n for n in self.seq_lens]
+        if not self.attention_pool_index_by_layer:
+            self.attention_pool_index_by_layer = {i: i for i in range(len(self.attention_layer_caches))}
+        if self.fused_rope_scatter is not None and not self.full_kv_pool_index_by_layer:
+            # No identity default on purpose: the fused scatter addresses pool buffers by full-attention index, and
+            # the cache index would write the wrong buffer whenever windowed layers are interleaved.
+            raise ValueError(MISSING_FULL_MAP_ERROR)
+        self._padding_by_window: dict[Optional[int], tuple[list[int], Any]] = {}
+
+    @property
+    def offsets(self) -> list[int]:
+        """RoPE positions of the new tokens."""
+        return list(self.seq_lens)
+
+    def decode_padding(self, window: Optional[int]) -> tuple[list[int], Any]:
+        if window is not None and (not isinstance(window, int) or window <= 0):
+            raise ValueError(f"window must be None or a positive int, got {window!r}")
+        if window not in self._padding_by_window:
+            lens = [n + 1 if window is None else min(n + 1, window) for n in self.seq_lens]
+            width = max(lens)
+            pads = [width - n for n in lens]
+            mask = None
+            if min(lens) < width:
+                mask = self.mask_factory([[j < n for j in range(width)] for n in lens])
+            self._padding_by_window[window] = (pads, mask)
+        return self._padding_by_window[window]
+
+    def cache_for(self, layer_id: int, request: int) -> Any:
+        return self.attention_layer_caches[self.attention_pool_index_by_layer[layer_id]][request]
+
+
+def make_decode_context(plan: LayerPlan, seq_lens: Sequence[int], attention_layer_caches: list[Any],
+                        fused_rope_scatter: Optional[Any] = None,
+                        mask_factory: Callable[[list[list[bool]]], Any] = torch_keep_mask) -> BatchedDecodeContext:
+    """The factory: both maps come from the layer plan, so callers never meet the missing-map error."""
+    if not isinstance(plan, LayerPlan):
+        raise TypeError(f"plan must be a LayerPlan, got {type(plan).__name__}")
+    if len(attention_layer_caches) != len(plan.attention_layer_ids):
+        raise ValueError(f"attention_layer_caches must hold one entry per attention layer "
+                         f"({len(plan.attention_layer_ids)}), got {len(attention_layer_caches)}")
+    return BatchedDecodeContext(list(seq_lens), attention_layer_caches,
+                                attention_pool_index_by_layer=plan.attention_pool_index_by_layer,
+                                full_kv_pool_index_by_layer=plan.full_kv_pool_index_by_layer,
+                                fused_rope_scatter=fused_rope_scatter, mask_factory=mask_factory)

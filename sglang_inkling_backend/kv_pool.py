@@ -1,0 +1,296 @@
+"""The paged KV pool with scale tiers: bf16 (fp16, fp32), per-tensor fp8 e4m3, and MXFP8.
+
+Per attention layer: ``k``/``v`` data ``[size + page_size, Hkv, D]`` (slot 0 is the padding sink, as in SGLang) and,
+in MXFP8 mode, zero-initialised scale buffers in the layout ``ScaleLayout`` gives. Full and windowed layers come
+from the layer plan; windowed layers may live in a smaller sub-pool (``swa_size``), as SGLang's ``SWAKVPool`` does.
+Accessors are named as SGLang's pools name them. Scales are a second tier of the pool: wherever a page goes (a
+move, the host tier) its scale bytes go with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence, Union
+
+import torch
+
+from . import mxfp8
+from .layer_plan import LayerPlan
+from .reference.attention import PagedKV
+from .scale_layout import ScaleLayout
+
+FLOAT_STORE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def _layer_id(layer: Union[int, Any]) -> int:
+    layer_id = layer if isinstance(layer, int) else getattr(layer, "layer_id", None)
+    if not isinstance(layer_id, int):
+        raise TypeError(f"layer must be an int layer id or have an int .layer_id, got {type(layer).__name__}")
+    return layer_id
+
+
+@dataclass
+class LayerKV:
+    k: torch.Tensor
+    v: torch.Tensor
+    sfk: Optional[torch.Tensor] = None
+    sfv: Optional[torch.Tensor] = None
+    layout: Optional[ScaleLayout] = None
+
+    @property
+    def num_slots(self) -> int:
+        return self.k.shape[0]
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for t in (self.k, self.v, self.sfk, self.sfv) if t is not None]
+
+
+class InklingKVPool:
+    def __init__(self, plan: LayerPlan, size: int, page_size: int, kv_dtype: str = "bf16",
+                 device: Union[str, torch.device] = "cpu", swa_size: Optional[int] = None,
+                 k_scale: float = 1.0, v_scale: float = 1.0):
+        if not isinstance(plan, LayerPlan):
+            raise TypeError(f"plan must be a LayerPlan, got {type(plan).__name__}")
+        if kv_dtype not in mxfp8.KV_DTYPES:
+            raise ValueError(f"kv_dtype must be one of {mxfp8.KV_DTYPES}, got {kv_dtype!r}")
+        for name, value in (("size", size), ("page_size", page_size)):
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if swa_size is not None and (not isinstance(swa_size, int) or swa_size <= 0):
+            raise ValueError(f"swa_size must be None or a positive int, got {swa_size!r}")
+        if kv_dtype == "mxfp8":
+            if size % page_size or (swa_size or page_size) % page_size:
+                raise ValueError(f"size and swa_size must be multiples of page_size={page_size} for mxfp8, "
+                                 f"got size={size}, swa_size={swa_size}")
+            for layer_id in plan.attention_layer_ids:
+                d = plan.spec(layer_id).head_dim
+                if d % mxfp8.BLOCK:
+                    raise ValueError(f"mxfp8 needs head_dim % {mxfp8.BLOCK} == 0, layer {layer_id} has head_dim {d}")
+        if kv_dtype == "fp8_e4m3" and (k_scale <= 0 or v_scale <= 0):
+            raise ValueError(f"k_scale and v_scale must be positive, got {k_scale}, {v_scale}")
+        self.plan, self.size, self.page_size, self.kv_dtype = plan, size, page_size, kv_dtype
+        self.swa_size = swa_size if swa_size is not None else size
+        self.device = torch.device(device)
+        self.k_scale, self.v_scale = float(k_scale), float(v_scale)
+        self.store_dtype = mxfp8.DATA_DTYPE if kv_dtype in ("fp8_e4m3", "mxfp8") else FLOAT_STORE_DTYPES[kv_dtype]
+        self.layers: dict[int, LayerKV] = {}
+        for layer_id in plan.attention_layer_ids:
+            spec = plan.spec(layer_id)
+            slots = (self.size if spec.is_full else self.swa_size) + page_size
+            shape = (slots, spec.num_kv_heads, spec.head_dim)
+            k = torch.zeros(shape, dtype=self.store_dtype, device=self.device)
+            v = torch.zeros(shape, dtype=self.store_dtype, device=self.device)
+            if kv_dtype == "mxfp8":
+                layout = ScaleLayout.for_pool(slots, spec.num_kv_heads, spec.head_dim, page_size)
+                self.layers[layer_id] = LayerKV(k, v, layout.empty(self.device), layout.empty(self.device), layout)
+            else:
+                self.layers[layer_id] = LayerKV(k, v)
+
+    # --- SGLang-named accessors ---------------------------------------------------------------------------------
+    def _layer(self, layer: Union[int, Any]) -> LayerKV:
+        layer_id = _layer_id(layer)
+        if layer_id not in self.layers:
+            raise ValueError(f"layer {layer_id} has no KV in this pool (attention layers: {sorted(self.layers)})")
+        return self.layers[layer_id]
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        return self._layer(layer_id).k
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        return self._layer(layer_id).v
+
+    def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        layer = self._layer(layer_id)
+        return layer.k, layer.v
+
+    def get_kv_scale_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """MXFP8 scale buffers ``(sfk, sfv)``, uint8 (view them as ``float8_e8m0fnu`` for SGLang's consumers)."""
+        if self.kv_dtype != "mxfp8":
+            raise ValueError(f"get_kv_scale_buffer needs kv_dtype='mxfp8', this pool is {self.kv_dtype!r}")
+        layer = self._layer(layer_id)
+        return layer.sfk, layer.sfv
+
+    def scale_layout(self, layer_id: int) -> ScaleLayout:
+        layout = self._layer(layer_id).layout
+        if layout is None:
+            raise ValueError(f"scale_layout needs kv_dtype='mxfp8', this pool is {self.kv_dtype!r}")
+        return layout
+
+    def paged_kv(self, layer_id: int) -> PagedKV:
+        layer = self._layer(layer_id)
+        return PagedKV(layer.k, layer.v, layer.sfk, layer.sfv, layer.layout, self.k_scale, self.v_scale)
+
+    # --- writes -------------------------------------------------------------------------------------------------
+    def _check_write(self, layer: LayerKV, layer_id: int, loc: torch.Tensor, **values: torch.Tensor) -> torch.Tensor:
+        if not isinstance(loc, torch.Tensor) or loc.dtype not in (torch.int32, torch.int64) or loc.dim() != 1:
+            raise TypeError("loc must be a 1-D int32/int64 tensor of slot ids")
+        if loc.numel() and (int(loc.min()) < 0 or int(loc.max()) >= layer.num_slots):
+            raise ValueError(f"loc must be slots in [0, {layer.num_slots}) for layer {layer_id}, got "
+                             f"[{int(loc.min())}, {int(loc.max())}]")
+        expected = (loc.numel(), *layer.k.shape[1:])
+        for name, t in values.items():
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            n, hkv, d = expected
+            if tuple(t.shape) not in ((n, hkv, d), (n, hkv * d)):
+                raise ValueError(f"{name} must hold [{loc.numel()}, Hkv={expected[1]}, D={expected[2]}] values, "
+                                 f"got shape {tuple(t.shape)}")
+        return loc.to(self.device).long()
+
+    def set_kv_buffer(self, layer: Union[int, Any], loc: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
+                      k_scale: Optional[float] = None, v_scale: Optional[float] = None, **_: Any) -> None:
+        """Store ``cache_k``/``cache_v`` (``[N, Hkv, D]`` or ``[N, Hkv * D]``, float) at slots ``loc``,
+        quantizing on the way in for fp8 and MXFP8 pools."""
+        layer_id = _layer_id(layer)
+        buf = self._layer(layer_id)
+        loc = self._check_write(buf, layer_id, loc, cache_k=cache_k, cache_v=cache_v)
+        for name, t in (("cache_k", cache_k), ("cache_v", cache_v)):
+            if not t.is_floating_point() or t.dtype == mxfp8.DATA_DTYPE:
+                raise TypeError(f"{name} must be a bf16/fp16/fp32 tensor, got {t.dtype}")
+        shape = (loc.numel(), *buf.k.shape[1:])
+        k, v = cache_k.reshape(shape).to(self.device), cache_v.reshape(shape).to(self.device)
+        if self.kv_dtype == "mxfp8":
+            kd, ks = mxfp8.quantize(k)
+            vd, vs = mxfp8.quantize(v)
+            buf.k[loc], buf.v[loc] = kd, vd
+            buf.layout.scatter(buf.sfk, loc, ks)
+            buf.layout.scatter(buf.sfv, loc, vs)
+        elif self.kv_dtype == "fp8_e4m3":
+            ks_, vs_ = k_scale or self.k_scale, v_scale or self.v_scale
+            # Saturate rather than overflow to NaN: the per-tensor scale is a calibration, not a guarantee.
+            buf.k[loc] = (k.float() / ks_).clamp(-mxfp8.E4M3_MAX, mxfp8.E4M3_MAX).to(mxfp8.DATA_DTYPE)
+            buf.v[loc] = (v.float() / vs_).clamp(-mxfp8.E4M3_MAX, mxfp8.E4M3_MAX).to(mxfp8.DATA_DTYPE)
+        else:
+            buf.k[loc], buf.v[loc] = k.to(self.store_dtype), v.to(self.store_dtype)
+
+    def set_mxfp8_kv_buffer(self, layer: Union[int, Any], loc: torch.Tensor, k_data: torch.Tensor,
+                            k_scales: torch.Tensor, v_data: torch.Tensor, v_scales: torch.Tensor) -> None:
+        """Store already-quantized MXFP8 K/V (what a fused prologue produces)."""
+        layer_id = _layer_id(layer)
+        buf = self._layer(layer_id)
+        if self.kv_dtype != "mxfp8":
+            raise ValueError(f"set_mxfp8_kv_buffer needs kv_dtype='mxfp8', this pool is {self.kv_dtype!r}")
+        loc = self._check_write(buf, layer_id, loc, k_data=k_data, v_data=v_data)
+        nb = buf.layout.blocks_per_head
+        for name, t in (("k_scales", k_scales), ("v_scales", v_scales)):
+            if t.view(torch.uint8).numel() != loc.numel() * buf.k.shape[1] * nb:
+                raise ValueError(f"{name} must hold [{loc.numel()}, {buf.k.shape[1]}, {nb}] bytes, got {tuple(t.shape)}")
+        shape = (loc.numel(), *buf.k.shape[1:])
+        buf.k[loc] = k_data.view(mxfp8.DATA_DTYPE).reshape(shape).to(self.device)
+        buf.v[loc] = v_data.view(mxfp8.DATA_DTYPE).reshape(shape).to(self.device)
+        buf.layout.scatter(buf.sfk, loc, k_scales.view(torch.uint8).reshape(shape[0], shape[1], nb))
+        buf.layout.scatter(buf.sfv, loc, v_scales.view(torch.uint8).reshape(shape[0], shape[1], nb))
+
+    def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
+        """Copy every layer's K/V (and scale bytes) from ``src_loc`` to ``tgt_loc``."""
+        if tgt_loc.shape != src_loc.shape:
+            raise ValueError(f"tgt_loc and src_loc must have one shape, got {tuple(tgt_loc.shape)} and "
+                             f"{tuple(src_loc.shape)}")
+        for layer_id, buf in self.layers.items():
+            tgt = self._check_write(buf, layer_id, tgt_loc)
+            src = self._check_write(buf, layer_id, src_loc)
+            buf.k[tgt], buf.v[tgt] = buf.k[src], buf.v[src]
+            if buf.layout is not None:
+                buf.layout.scatter(buf.sfk, tgt, buf.layout.gather(buf.sfk, src))
+                buf.layout.scatter(buf.sfv, tgt, buf.layout.gather(buf.sfv, src))
+
+    # --- reads and sizes ----------------------------------------------------------------------------------------
+    def read_kv(self, layer_id: int, slots: torch.Tensor, dtype: torch.dtype = torch.float32):
+        """Dequantized ``(k, v)`` ``[N, Hkv, D]`` of ``slots``."""
+        k, v = self.paged_kv(layer_id).read(slots.to(self.device))
+        return k.to(dtype), v.to(dtype)
+
+    def bytes_per_token(self) -> int:
+        return bytes_per_token(self.plan, self.kv_dtype)
+
+    def num_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for layer in self.layers.values() for t in layer.tensors())
+
+
+def bytes_per_token(plan: LayerPlan, kv_dtype: str) -> int:
+    """KV bytes one token costs across all attention layers of ``plan`` (data plus MXFP8 scale bytes)."""
+    return sum(mxfp8.bytes_per_token_per_layer(plan.spec(i).num_kv_heads, plan.spec(i).head_dim, kv_dtype)
+               for i in plan.attention_layer_ids)
+
+
+def tokens_that_fit(byte_budget: int, plan: LayerPlan, kv_dtype: str) -> int:
+    """How many tokens of KV (every attention layer) fit in ``byte_budget`` bytes."""
+    if not isinstance(byte_budget, int) or byte_budget < 0:
+        raise ValueError(f"byte_budget must be a non-negative int, got {byte_budget!r}")
+    return byte_budget // bytes_per_token(plan, kv_dtype)
+
+
+class HostKVTier:
+    """Pages offloaded to CPU memory and restored, with their scale bytes: byte-exact both ways.
+
+    Host page ``p`` holds, per layer, the data of ``page_size`` slots and (MXFP8) their scale bytes, gathered
+    through the pool's scale layout, so an interleaved atom travels with its fp8 payload."""
+
+    def __init__(self, pool: InklingKVPool, num_pages: int, layer_ids: Optional[Sequence[int]] = None,
+                 pin_memory: bool = False):
+        if not isinstance(pool, InklingKVPool):
+            raise TypeError(f"pool must be an InklingKVPool, got {type(pool).__name__}")
+        if not isinstance(num_pages, int) or num_pages <= 0:
+            raise ValueError(f"num_pages must be a positive int, got {num_pages!r}")
+        self.pool, self.num_pages, self.page_size = pool, num_pages, pool.page_size
+        self.layer_ids = list(layer_ids) if layer_ids is not None else list(pool.layers)
+        P = pool.page_size
+        self.data: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.scales: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        for layer_id in self.layer_ids:
+            buf = pool._layer(layer_id)
+            shape = (num_pages, P, *buf.k.shape[1:])
+            make = lambda s, dt: torch.zeros(s, dtype=dt, pin_memory=pin_memory)  # noqa: E731
+            self.data[layer_id] = (make(shape, buf.k.dtype), make(shape, buf.v.dtype))
+            if buf.layout is not None:
+                sshape = (num_pages, P, buf.k.shape[1], buf.layout.blocks_per_head)
+                self.scales[layer_id] = (make(sshape, torch.uint8), make(sshape, torch.uint8))
+
+    def _pages(self, pages: torch.Tensor, limit: int, name: str) -> torch.Tensor:
+        if not isinstance(pages, torch.Tensor) or pages.dtype not in (torch.int32, torch.int64) or pages.dim() != 1:
+            raise TypeError(f"{name} must be a 1-D int tensor of page ids")
+        if pages.numel() and (int(pages.min()) < 0 or int(pages.max()) >= limit):
+            raise ValueError(f"{name} must be pages in [0, {limit}), got [{int(pages.min())}, {int(pages.max())}]")
+        return pages.long()
+
+    def _slots(self, device_pages: torch.Tensor) -> torch.Tensor:
+        offsets = torch.arange(self.page_size)
+        return (device_pages.view(-1, 1).cpu() * self.page_size + offsets).reshape(-1)
+
+    def backup(self, device_pages: torch.Tensor, host_pages: torch.Tensor) -> None:
+        """Copy device pages (data and scales) into host pages."""
+        self._copy(device_pages, host_pages, to_host=True)
+
+    def restore(self, host_pages: torch.Tensor, device_pages: torch.Tensor) -> None:
+        """Copy host pages back into device pages (data and scales)."""
+        self._copy(device_pages, host_pages, to_host=False)
+
+    def _copy(self, device_pages: torch.Tensor, host_pages: torch.Tensor, to_host: bool) -> None:
+        if device_pages.shape != host_pages.shape:
+            raise ValueError(f"device_pages and host_pages must have one shape, got {tuple(device_pages.shape)} "
+                             f"and {tuple(host_pages.shape)}")
+        host_pages = self._pages(host_pages, self.num_pages, "host_pages")
+        for layer_id in self.layer_ids:  # validate every layer before touching any buffer
+            buf = self.pool._layer(layer_id)
+            self._pages(device_pages, buf.num_slots // self.page_size, "device_pages")
+        device_pages = device_pages.long()
+        slots = self._slots(device_pages).to(self.pool.device)
+        for layer_id in self.layer_ids:
+            buf = self.pool._layer(layer_id)
+            hk, hv = self.data[layer_id]
+            shape = (device_pages.numel(), self.page_size, *buf.k.shape[1:])
+            if to_host:
+                hk[host_pages] = buf.k[slots].reshape(shape).cpu()
+                hv[host_pages] = buf.v[slots].reshape(shape).cpu()
+            else:
+                buf.k[slots] = hk[host_pages].reshape(-1, *buf.k.shape[1:]).to(self.pool.device)
+                buf.v[slots] = hv[host_pages].reshape(-1, *buf.v.shape[1:]).to(self.pool.device)
+            if buf.layout is not None:
+                hsk, hsv = self.scales[layer_id]
+                nb = buf.layout.blocks_per_head
+                if to_host:
+                    hsk[host_pages] = buf.layout.gather(buf.sfk, slots).reshape(*shape[:3], nb).cpu()
+                    hsv[host_pages] = buf.layout.gather(buf.sfv, slots).reshape(*shape[:3], nb).cpu()
+                else:
+                    buf.layout.scatter(buf.sfk, slots, hsk[host_pages].reshape(-1, shape[2], nb).to(self.pool.device))
+                    buf.layout.scatter(buf.sfv, slots, hsv[host_pages].reshape(-1, shape[2], nb).to(self.pool.device))

@@ -1,0 +1,216 @@
+"""The layer plan: which layer is full, which is windowed, which pool index it uses, and its attention parameters.
+
+Everything else (pool, decode context, hosts, kernels) reads these facts from here. Two maps matter for hybrid
+sliding-window models (SGLang's MLX runner names them the same way):
+
+- ``attention_pool_index_by_layer``: model layer -> index over *all* attention layers (full and windowed); it picks
+  the per-request cache.
+- ``full_kv_pool_index_by_layer``: model layer -> index over *full* layers only; it picks the shared pool buffer.
+
+Example: windows ``{0: 4, 1: 4, 3: None, 4: 4, 5: None}`` with layer 2 a non-attention layer give
+``{0: 0, 1: 1, 3: 2, 4: 3, 5: 4}`` and ``{3: 0, 5: 1}``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping, Optional, Sequence
+
+
+@dataclass(frozen=True)
+class LogScaling:
+    """Inkling's log-length temperature: ``tau = 1 + alpha * ln(max((pos + 1) / n_floor, 1))``."""
+
+    n_floor: int
+    alpha: float = 0.1
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One model layer as attention sees it. ``window=None`` is full attention; ``window=W`` sees keys at
+    distance 0..W-1 (the window counts the new token)."""
+
+    window: Optional[int] = None
+    num_q_heads: int = 0
+    num_kv_heads: int = 0
+    head_dim: int = 0
+    has_attention: bool = True
+    rel_extent: Optional[int] = None  # Inkling relative bias reach; None: no bias
+    softmax_scale: Optional[float] = None  # None: 1/sqrt(head_dim)
+    logit_cap: float = 0.0
+    rope_theta: Optional[float] = None
+    log_scaling: Optional[LogScaling] = None  # Inkling full layers only
+
+    def __post_init__(self):
+        if not self.has_attention:
+            return
+        for name in ("num_q_heads", "num_kv_heads", "head_dim"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"LayerSpec.{name} must be a positive int for an attention layer, got {value!r}")
+        if self.num_q_heads % self.num_kv_heads:
+            raise ValueError(f"LayerSpec.num_q_heads ({self.num_q_heads}) must be a multiple of "
+                             f"num_kv_heads ({self.num_kv_heads}) for GQA")
+        if self.window is not None and (not isinstance(self.window, int) or self.window <= 0):
+            raise ValueError(f"LayerSpec.window must be None (full attention) or a positive int, got {self.window!r}")
+        if self.rel_extent is not None and self.rel_extent <= 0:
+            raise ValueError(f"LayerSpec.rel_extent must be positive or None, got {self.rel_extent!r}")
+
+    @property
+    def is_full(self) -> bool:
+        return self.has_attention and self.window is None
+
+    @property
+    def scale(self) -> float:
+        return self.softmax_scale if self.softmax_scale is not None else 1.0 / math.sqrt(self.head_dim)
+
+    @property
+    def group_size(self) -> int:
+        return self.num_q_heads // self.num_kv_heads
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    specs: tuple[LayerSpec, ...]
+    attention_layer_ids: tuple[int, ...] = field(init=False)
+    full_layer_ids: tuple[int, ...] = field(init=False)
+    windowed_layer_ids: tuple[int, ...] = field(init=False)
+
+    def __init__(self, specs: Sequence[LayerSpec]):
+        specs = tuple(specs)
+        for i, s in enumerate(specs):
+            if not isinstance(s, LayerSpec):
+                raise TypeError(f"specs[{i}] must be a LayerSpec, got {type(s).__name__}")
+        object.__setattr__(self, "specs", specs)
+        object.__setattr__(self, "attention_layer_ids", tuple(i for i, s in enumerate(specs) if s.has_attention))
+        object.__setattr__(self, "full_layer_ids", tuple(i for i, s in enumerate(specs) if s.is_full))
+        object.__setattr__(self, "windowed_layer_ids",
+                           tuple(i for i, s in enumerate(specs) if s.has_attention and s.window is not None))
+        if not self.attention_layer_ids:
+            raise ValueError("a LayerPlan needs at least one attention layer")
+
+    # --- constructors -------------------------------------------------------------------------------------------
+    @classmethod
+    def from_windows(cls, windows: Mapping[int, Optional[int]], *, num_layers: Optional[int] = None,
+                     num_q_heads: int = 1, num_kv_heads: int = 1, head_dim: int = 128, **common: Any) -> "LayerPlan":
+        """Layers named in ``windows`` are attention layers (``None`` = full); the others up to ``num_layers`` have
+        no attention."""
+        if not windows:
+            raise ValueError("windows must name at least one attention layer")
+        n = num_layers if num_layers is not None else max(windows) + 1
+        if any(not 0 <= i < n for i in windows):
+            raise ValueError(f"windows names layers outside [0, {n}): {sorted(windows)}")
+        specs = [LayerSpec(window=windows[i], num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+                           head_dim=head_dim, **common) if i in windows else LayerSpec(has_attention=False)
+                 for i in range(n)]
+        return cls(specs)
+
+    @classmethod
+    def from_hf_config(cls, config: Any) -> "LayerPlan":
+        """From a Hugging Face style config: Llama-like (all full), Gemma-2/3 (``layer_types`` or
+        ``sliding_window_pattern``), Inkling (``local_layer_ids`` with optional ``swa_*`` geometry)."""
+        text = getattr(config, "text_config", None) or config
+        get = lambda name, default=None: getattr(text, name, default)  # noqa: E731
+        n = get("num_hidden_layers")
+        hq = get("num_attention_heads")
+        if not isinstance(n, int) or not isinstance(hq, int):
+            raise ValueError("config must give num_hidden_layers and num_attention_heads as ints")
+        hkv = get("num_key_value_heads") or hq
+        d = get("head_dim") or get("hidden_size") // hq
+        window = get("sliding_window")
+        query_pre_attn_scalar = get("query_pre_attn_scalar")
+        scale = query_pre_attn_scalar ** -0.5 if query_pre_attn_scalar else None
+        cap = float(get("attn_logit_softcapping") or 0.0)
+        full_theta = get("rope_theta")
+        local_theta = get("rope_local_base_freq", full_theta)
+        layer_types = get("layer_types")
+        local_ids = get("local_layer_ids")
+        if get("model_type") == "inkling" or local_ids is not None:
+            local = set(local_ids or [])
+            d_local = get("swa_head_dim") or d
+            specs = []
+            for i in range(n):
+                if i in local:
+                    specs.append(LayerSpec(window=window, num_q_heads=get("swa_num_attention_heads") or hq,
+                                           num_kv_heads=get("swa_num_key_value_heads") or hkv, head_dim=d_local,
+                                           rel_extent=window, softmax_scale=1.0 / d_local))
+                else:
+                    n_floor = get("log_scaling_n_floor")
+                    specs.append(LayerSpec(window=None, num_q_heads=hq, num_kv_heads=hkv, head_dim=d,
+                                           rel_extent=get("rel_extent", 1024), softmax_scale=1.0 / d,
+                                           log_scaling=LogScaling(n_floor, get("log_scaling_alpha", 0.1))
+                                           if n_floor else None))
+            return cls(specs)
+        if layer_types is not None:
+            is_local = [t == "sliding_attention" for t in layer_types]
+        elif get("sliding_window_pattern") and window:
+            p = get("sliding_window_pattern")
+            is_local = [(i + 1) % p != 0 for i in range(n)]
+        else:
+            is_local = [bool(window) and get("use_sliding_window", False)] * n
+        return cls([LayerSpec(window=window if loc else None, num_q_heads=hq, num_kv_heads=hkv, head_dim=d,
+                              softmax_scale=scale, logit_cap=cap,
+                              rope_theta=local_theta if loc else full_theta) for loc in is_local])
+
+    # --- queries ------------------------------------------------------------------------------------------------
+    @property
+    def num_layers(self) -> int:
+        return len(self.specs)
+
+    def spec(self, layer_id: int) -> LayerSpec:
+        if not isinstance(layer_id, int) or not 0 <= layer_id < len(self.specs):
+            raise ValueError(f"layer_id must be an int in [0, {len(self.specs)}), got {layer_id!r}")
+        return self.specs[layer_id]
+
+    def attention_spec(self, layer_id: int) -> LayerSpec:
+        s = self.spec(layer_id)
+        if not s.has_attention:
+            raise ValueError(f"layer {layer_id} has no attention (attention layers: {list(self.attention_layer_ids)})")
+        return s
+
+    def is_full(self, layer_id: int) -> bool:
+        return self.attention_spec(layer_id).is_full
+
+    def window(self, layer_id: int) -> Optional[int]:
+        return self.attention_spec(layer_id).window
+
+    @property
+    def attention_pool_index_by_layer(self) -> dict[int, int]:
+        return {layer: i for i, layer in enumerate(self.attention_layer_ids)}
+
+    @property
+    def full_kv_pool_index_by_layer(self) -> dict[int, int]:
+        return {layer: i for i, layer in enumerate(self.full_layer_ids)}
+
+    @property
+    def swa_kv_pool_index_by_layer(self) -> dict[int, int]:
+        return {layer: i for i, layer in enumerate(self.windowed_layer_ids)}
+
+    @property
+    def is_hybrid(self) -> bool:
+        return bool(self.full_layer_ids) and bool(self.windowed_layer_ids)
+
+    def rope_layer(self) -> int:
+        """The layer whose RoPE parameters a fused kernel should use: a full layer (in Gemma the first attention
+        layer is a sliding one with a different base)."""
+        return self.full_layer_ids[0] if self.full_layer_ids else self.attention_layer_ids[0]
+
+    def with_tp(self, tp_size: int) -> "LayerPlan":
+        """Per-rank geometry: query heads split, KV heads split or replicated when tp_size > num_kv_heads."""
+        if not isinstance(tp_size, int) or tp_size <= 0:
+            raise ValueError(f"tp_size must be a positive int, got {tp_size!r}")
+        specs = []
+        for i, s in enumerate(self.specs):
+            if not s.has_attention:
+                specs.append(s)
+                continue
+            if s.num_q_heads % tp_size:
+                raise ValueError(f"layer {i}: num_q_heads={s.num_q_heads} is not divisible by tp_size={tp_size}")
+            if s.num_kv_heads % tp_size and tp_size % s.num_kv_heads:
+                raise ValueError(f"layer {i}: num_kv_heads={s.num_kv_heads} and tp_size={tp_size} must divide "
+                                 f"one another (KV heads are split or replicated)")
+            hkv = max(1, s.num_kv_heads // tp_size)
+            specs.append(replace(s, num_q_heads=s.num_q_heads // tp_size, num_kv_heads=hkv))
+        return LayerPlan(specs)
+

@@ -1,0 +1,1 @@
+"""Plain torch references: the oracle for every kernel and the CPU route."""

@@ -1,0 +1,119 @@
+"""Where each K/V scale byte lives in the pool: the one place for the index math.
+
+Page size 128 uses SGLang's interleaved layout (``MHATokenToKVPoolMXFP8``), the one Blackwell's block-scaled MMA
+reads: ``sf[page, h, po % 32, po // 32, b]`` in a buffer of shape ``[pages, Hkv, 32, page // 32, D // 32]``, with
+``page = slot // page_size``, ``po = slot % page_size``, ``b`` the 32-channel block. With D = 128 that is one
+512-byte atom per (page, head). Any other page size uses a flat ``[slots, Hkv, D // 32]`` layout.
+Keeping this byte-compatible with SGLang lets its own MXFP8 consumers read a cache this backend wrote.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .mxfp8 import BLOCK, SCALE_DTYPE
+
+INTERLEAVED_PAGE_SIZE = 128
+ROWS_PER_ATOM = 32  # the interleaved atom stores 32 tokens x (page // 32) columns
+
+
+@dataclass(frozen=True)
+class ScaleLayout:
+    num_slots: int  # data rows, slot 0 included (SGLang: size + page_size)
+    num_kv_heads: int
+    head_dim: int
+    page_size: int
+
+    @classmethod
+    def for_pool(cls, num_slots: int, num_kv_heads: int, head_dim: int, page_size: int) -> "ScaleLayout":
+        for name, value in (("num_slots", num_slots), ("num_kv_heads", num_kv_heads),
+                            ("head_dim", head_dim), ("page_size", page_size)):
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if head_dim % BLOCK:
+            raise ValueError(f"head_dim must be a multiple of {BLOCK} for MXFP8 scales, got {head_dim}")
+        if page_size == INTERLEAVED_PAGE_SIZE and num_slots % page_size:
+            raise ValueError(f"num_slots must be a multiple of page_size={page_size} for the interleaved layout, "
+                             f"got {num_slots}")
+        return cls(num_slots, num_kv_heads, head_dim, page_size)
+
+    @property
+    def interleaved(self) -> bool:
+        return self.page_size == INTERLEAVED_PAGE_SIZE
+
+    @property
+    def blocks_per_head(self) -> int:
+        return self.head_dim // BLOCK
+
+    @property
+    def num_pages(self) -> int:
+        return self.num_slots // self.page_size
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        if self.interleaved:
+            return (self.num_pages, self.num_kv_heads, ROWS_PER_ATOM, self.page_size // ROWS_PER_ATOM,
+                    self.blocks_per_head)
+        return (self.num_slots, self.num_kv_heads, self.blocks_per_head)
+
+    @property
+    def num_bytes(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    def empty(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """A zeroed scale buffer (0xFF would be UE8M0 NaN, so never uninitialised memory)."""
+        return torch.zeros(self.shape, dtype=SCALE_DTYPE, device=device)
+
+    def check_slots(self, slots: torch.Tensor, name: str = "slots") -> torch.Tensor:
+        if not isinstance(slots, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor of slot ids, got {type(slots).__name__}")
+        if slots.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"{name} must be int32 or int64, got {slots.dtype}")
+        if slots.dim() != 1:
+            raise ValueError(f"{name} must be 1-D, got shape {tuple(slots.shape)}")
+        if slots.numel() and (int(slots.min()) < 0 or int(slots.max()) >= self.num_slots):
+            raise ValueError(f"{name} must lie in [0, {self.num_slots}), got values in "
+                             f"[{int(slots.min())}, {int(slots.max())}]")
+        return slots.long()
+
+    def flat_index(self, slots: torch.Tensor) -> torch.Tensor:
+        """Offsets into ``sf.view(-1)`` of every scale byte of ``slots``: ``LongTensor [N, Hkv, D // 32]``."""
+        slots = self.check_slots(slots)
+        hkv, nb = self.num_kv_heads, self.blocks_per_head
+        head = torch.arange(hkv, device=slots.device).view(1, hkv, 1)
+        block = torch.arange(nb, device=slots.device).view(1, 1, nb)
+        s = slots.view(-1, 1, 1)
+        if not self.interleaved:
+            return (s * hkv + head) * nb + block
+        page, po = s // self.page_size, s % self.page_size
+        cols = self.page_size // ROWS_PER_ATOM
+        return (((page * hkv + head) * ROWS_PER_ATOM + po % ROWS_PER_ATOM) * cols + po // ROWS_PER_ATOM) * nb + block
+
+    def check_buffer(self, sf: torch.Tensor, name: str = "sf") -> None:
+        if not isinstance(sf, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor scale buffer, got {type(sf).__name__}")
+        if sf.dtype not in (torch.uint8, getattr(torch, "float8_e8m0fnu", torch.uint8)):
+            raise TypeError(f"{name} must be uint8 or float8_e8m0fnu, got {sf.dtype}")
+        if tuple(sf.shape) != self.shape:
+            raise ValueError(f"{name} must have shape {self.shape} "
+                             f"({'interleaved' if self.interleaved else 'flat'} layout), got {tuple(sf.shape)}")
+        if not sf.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+
+    def gather(self, sf: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """The scale bytes of ``slots``: uint8 ``[N, Hkv, D // 32]``."""
+        self.check_buffer(sf)
+        return sf.view(torch.uint8).reshape(-1)[self.flat_index(slots)]
+
+    def scatter(self, sf: torch.Tensor, slots: torch.Tensor, scales: torch.Tensor) -> None:
+        """Write ``scales [N, Hkv, D // 32]`` (uint8) at ``slots``, in place."""
+        self.check_buffer(sf)
+        index = self.flat_index(slots)
+        if tuple(scales.shape) != tuple(index.shape):
+            raise ValueError(f"scales must have shape {tuple(index.shape)}, got {tuple(scales.shape)}")
+        sf.view(torch.uint8).view(-1)[index.reshape(-1)] = scales.view(torch.uint8).reshape(-1).to(sf.device)
