@@ -1,0 +1,156 @@
+"""Start the real SGLang server (``python -m sglang.launch_server``) on a CPU, talk to it, and always stop it.
+
+The server runs in its own process group with its output in a log file; start-up is bounded by a timeout and a
+server that dies during start-up raises with the tail of its log (SGLang SIGKILLs its own tree when a child fails,
+so the exit code alone says little).
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Callable
+
+from .cpu_host import cpu_env
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerStartError(RuntimeError):
+    def __init__(self, message: str, log: str):
+        super().__init__(message)
+        self.log = log
+
+
+class SGLangServer:
+    """One ``sglang.launch_server`` process on 127.0.0.1. Use as a context manager, or ``start()`` / ``stop()``."""
+
+    def __init__(self, model_path: Path | str, attention_backend: str, kv_cache_dtype: str = "auto",
+                 tp_size: int = 1, max_total_tokens: int = 4096, extra_args: tuple[str, ...] = (),
+                 log_path: Path | None = None, env_overrides: dict | None = None, startup_timeout_s: float = 300.0):
+        self.model_path = str(model_path)
+        self.attention_backend = attention_backend
+        self.kv_cache_dtype = kv_cache_dtype
+        self.tp_size = tp_size
+        self.port = free_port()
+        self.startup_timeout_s = startup_timeout_s
+        self.args = [
+            sys.executable, "-m", "sglang.launch_server",
+            "--model-path", self.model_path, "--device", "cpu", "--dtype", "bfloat16",
+            "--attention-backend", attention_backend, "--kv-cache-dtype", kv_cache_dtype,
+            "--tp-size", str(tp_size), "--max-total-tokens", str(max_total_tokens),
+            "--host", "127.0.0.1", "--port", str(self.port), "--skip-server-warmup", *extra_args,
+        ]
+        # tp ranks get one core each ("0|1"); a single rank keeps SGLang's default binding.
+        bind = "|".join(str(rank) for rank in range(tp_size)) if tp_size > 1 else None
+        self.env = cpu_env(omp_threads_bind=bind)
+        self.env.update(env_overrides or {})
+        if log_path is None:
+            fd, name = tempfile.mkstemp(prefix=f"sglang-{attention_backend}-{kv_cache_dtype}-tp{tp_size}-",
+                                        suffix=".log")
+            os.close(fd)
+            log_path = Path(name)
+        self.log_path = Path(log_path)
+        self.process: subprocess.Popen | None = None
+        self.startup_seconds: float | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def start(self, on_wait: Callable[[float], None] | None = None) -> "SGLangServer":
+        started = time.monotonic()
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(self.args, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = started + self.startup_timeout_s
+        while True:
+            if self.process.poll() is not None:
+                log = self.log_text()
+                self.stop()
+                raise ServerStartError(f"SGLang server exited with rc {self.process.returncode} during start-up "
+                                       f"(log {self.log_path}):\n{log[-6000:]}", log)
+            if self._healthy():
+                self.startup_seconds = time.monotonic() - started
+                return self
+            if time.monotonic() > deadline:
+                log = self.log_text()
+                self.stop()
+                raise ServerStartError(f"SGLang server not healthy after {self.startup_timeout_s:.0f} s "
+                                       f"(log {self.log_path}):\n{log[-6000:]}", log)
+            if on_wait is not None:
+                on_wait(time.monotonic() - started)
+            time.sleep(0.5)
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=2) as response:
+                return response.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            return False
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        """SIGTERM the server's process group, then SIGKILL whatever is left after ``grace_s``."""
+        if self.process is None:
+            return
+        pgid = self.process.pid  # start_new_session: the server leads its own group
+        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.process.wait(timeout=wait_s)
+            except subprocess.TimeoutExpired:
+                continue
+            # The leader is gone; make sure no scheduler / detokenizer child is left in the group.
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            break
+
+    def __enter__(self) -> "SGLangServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # --- requests -------------------------------------------------------------------------------------------
+    def generate(self, prompt: str | None = None, max_new_tokens: int = 8, input_ids: list[int] | None = None,
+                 return_logprob: bool = False, timeout_s: float = 300.0) -> dict:
+        """Greedy generation through SGLang's native ``/generate``. Returns ``output_ids``, ``text``, the
+        chosen tokens' ``logprobs`` (when asked) and the server-side ``e2e_latency``."""
+        body = {"sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens},
+                "return_logprob": return_logprob}
+        if input_ids is not None:
+            body["input_ids"] = input_ids
+        else:
+            body["text"] = prompt
+        request = urllib.request.Request(self.url + "/generate", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            out = json.loads(response.read())
+        meta = out.get("meta_info", {})
+        result = {"text": out["text"], "output_ids": out.get("output_ids"), "meta": meta}
+        if return_logprob:
+            result["logprobs"] = [entry[0] for entry in meta["output_token_logprobs"]]
+            if result["output_ids"] is None:
+                result["output_ids"] = [entry[1] for entry in meta["output_token_logprobs"]]
+        return result
