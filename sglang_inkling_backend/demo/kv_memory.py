@@ -1,0 +1,30 @@
+"""KV-cache bytes per token for a Hugging Face model config, from the core's per-layer count."""
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from sglang_inkling_backend.mxfp8 import bytes_per_token_per_layer
+
+
+@dataclass(frozen=True)
+class KVGeometry:
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+
+    @classmethod
+    def from_model_dir(cls, model_dir: Path | str) -> "KVGeometry":
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+        config = config.get("text_config", config)
+        head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+        return cls(num_layers=config["num_hidden_layers"],
+                   num_kv_heads=config.get("num_key_value_heads", config["num_attention_heads"]),
+                   head_dim=head_dim)
+
+    def kv_heads_per_rank(self, tp_size: int = 1) -> int:
+        # SGLang splits KV heads across ranks and replicates them when tp_size > num_kv_heads.
+        return max(1, self.num_kv_heads // tp_size)
+
+    def bytes_per_token(self, kv_dtype: str, tp_size: int = 1) -> int:
+        """Bytes one token's K and V take across all layers, on one tensor-parallel rank."""
+        return self.num_layers * bytes_per_token_per_layer(self.kv_heads_per_rank(tp_size), self.head_dim, kv_dtype)
