@@ -1,0 +1,71 @@
+"""The MXFP8 format in MLX ops, byte-identical to ``sglang_inkling_backend.mxfp8``.
+
+MLX has no fp8 dtype: e4m3 data and UE8M0 scales travel as uint8. The exponent rule is SGLang's ceil
+rule (the smallest e with ``amax <= 448 * 2^(e-127)``), computed from the float's bits so that an exact
+power-of-two ratio never rounds the wrong way; see ``metal/inkling_common.metal`` for the same rule in
+Metal. ``mx.to_fp8`` is round-to-nearest-even and saturating, which is what the format needs for finite
+inputs (it maps NaN to 0x7E; NaN inputs are not supported by this path).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+BLOCK = 32
+E4M3_MAX = 448.0
+_AMAX_FLOOR = 1e-30  # an all-zero block gets exponent 19, as in SGLang
+
+
+def ue8m0_exponent(amax: mx.array) -> mx.array:
+    """uint8 exponent e with ``amax <= 448 * 2^(e - 127)``, smallest such, clamped to [0, 254]."""
+    bits = mx.maximum(amax.astype(mx.float32), _AMAX_FLOOR).view(mx.uint32)
+    biased = (bits >> 23) & 0xFF  # E + 127 of amax = m * 2^E
+    above_1_75 = ((bits & 0x7FFFFF) > 0x600000).astype(mx.uint32)  # 448 = 1.75 * 2^8
+    return mx.minimum(biased - 8 + above_1_75, 254).astype(mx.uint8)
+
+
+def ue8m0_to_float(exponent: mx.array) -> mx.array:
+    """UE8M0 byte -> 2^(e - 127) as float32 (e = 0 is the subnormal 2^-127)."""
+    e = exponent.astype(mx.uint32)
+    return mx.where(e == 0, mx.array(0x00400000, mx.uint32), e << 23).view(mx.float32)
+
+
+def _check_head_dim(x: mx.array, name: str) -> None:
+    if x.ndim < 1 or x.shape[-1] % BLOCK != 0:
+        raise ValueError(f"{name} must have a last dimension divisible by {BLOCK}, got shape {x.shape}")
+
+
+def quantize(x: mx.array) -> tuple[mx.array, mx.array]:
+    """x [..., D] float -> (data uint8 [..., D] e4m3fn codes, scales uint8 [..., D // 32] UE8M0)."""
+    _check_head_dim(x, "x")
+    blocks = x.astype(mx.float32).reshape(*x.shape[:-1], x.shape[-1] // BLOCK, BLOCK)
+    exponent = ue8m0_exponent(mx.max(mx.abs(blocks), axis=-1))
+    inverse_scale = ((254 - exponent.astype(mx.uint32)) << 23).view(mx.float32)  # 2^(127 - e), exact
+    scaled = mx.clip(blocks * inverse_scale[..., None], -E4M3_MAX, E4M3_MAX)
+    data = mx.to_fp8(scaled).reshape(x.shape)
+    return data, exponent
+
+
+def dequantize(data: mx.array, scales: mx.array, dtype=mx.float32) -> mx.array:
+    """(data uint8 [..., D], scales uint8 [..., D // 32]) -> values [..., D] (exact in float32)."""
+    _check_head_dim(data, "data")
+    if data.dtype != mx.uint8 or scales.dtype != mx.uint8:
+        raise TypeError(f"data and scales must be uint8, got {data.dtype} and {scales.dtype}")
+    if scales.shape != (*data.shape[:-1], data.shape[-1] // BLOCK):
+        raise ValueError(f"scales shape {scales.shape} does not match data shape {data.shape}")
+    values = mx.from_fp8(data, dtype=mx.float32).reshape(*scales.shape, BLOCK)
+    return (values * ue8m0_to_float(scales)[..., None]).reshape(data.shape).astype(dtype)
+
+
+def scale_offsets(slots: mx.array, num_kv_heads: int, head_dim: int, page_size: int) -> mx.array:
+    """Offsets [N, Hkv, D // 32] into the flattened scale buffer, the MLX twin of the core's
+    ``ScaleLayout.flat_index``: interleaved ``[pages, Hkv, 32, page // 32, D // 32]`` when
+    ``page_size == 128``, flat ``[slots, Hkv, D // 32]`` otherwise."""
+    num_blocks = head_dim // BLOCK
+    slots = slots.astype(mx.int64)[:, None, None]
+    heads = mx.arange(num_kv_heads, dtype=mx.int64)[None, :, None]
+    blocks = mx.arange(num_blocks, dtype=mx.int64)[None, None, :]
+    if page_size == 128:
+        page, in_page = slots // 128, slots % 128
+        return (((page * num_kv_heads + heads) * 32 + in_page % 32) * 4 + in_page // 32) * num_blocks + blocks
+    return (slots * num_kv_heads + heads) * num_blocks + blocks
