@@ -1,0 +1,80 @@
+"""SGLang entry point (group ``sglang.srt.plugins``): makes ``--attention-backend inkling`` exist.
+
+SGLang calls ``register()`` once per process (launcher, scheduler, detokenizer, ...) through
+``sglang.srt.plugins.load_plugins()``, before it parses arguments. It swallows exceptions from plugins, so a failed
+registration here is logged on this package's own logger at ERROR level, with the cause, before it is re-raised.
+
+Registration, each step skipped when already done (so a second call is a no-op):
+1. the SGLang version check (``sglang_inkling_backend.sglang.version``);
+2. ``inkling`` in SGLang's CLI choices: ``--attention-backend`` / ``--prefill-attention-backend`` /
+   ``--decode-attention-backend`` share one list; the speculative draft list is separate;
+3. ``inkling`` in SGLang's attention registry (factory ``InklingAttnBackend(runner)``, imported lazily);
+4. the resolution and KV-pool hooks (``sglang_inkling_backend.sglang.hooks``).
+"""
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger("sglang_inkling_backend.sglang")
+
+BACKEND_NAME = "inkling"
+
+
+def create_inkling_backend(runner):
+    """Factory SGLang calls in the scheduler process to build the backend for one model runner."""
+    from sglang_inkling_backend.sglang.backend import InklingAttnBackend
+
+    return InklingAttnBackend(runner)
+
+
+def _register() -> None:
+    from sglang_inkling_backend.sglang.version import check_sglang_version
+
+    check_sglang_version()
+    from sglang.srt.arg_groups import choices
+    from sglang.srt.layers.attention import attention_registry
+
+    from sglang_inkling_backend.sglang import hooks
+
+    if BACKEND_NAME not in choices.ATTENTION_BACKEND_CHOICES:
+        choices.add_attention_backend_choices([BACKEND_NAME])
+    if BACKEND_NAME not in choices.DRAFT_ATTENTION_BACKEND_CHOICES:
+        choices.add_draft_attention_backend_choices([BACKEND_NAME])
+    if attention_registry.ATTENTION_BACKENDS.get(BACKEND_NAME) is not create_inkling_backend:
+        attention_registry.register_attention_backend(BACKEND_NAME)(create_inkling_backend)
+    hooks.install()
+    _apply_hooks_outside_plugin_loading()
+
+
+def _apply_hooks_outside_plugin_loading() -> None:
+    """``load_plugins()`` applies every plugin's HookRegistry hooks after the last plugin ran. Called any other way
+    (a test, a user importing us by hand), apply them here; inside ``load_plugins()`` applying early would freeze
+    the targets before other plugins register theirs."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, _current_plugin_source
+
+    if _current_plugin_source.get() is None:
+        HookRegistry.apply_hooks()
+
+
+def is_registered() -> bool:
+    """Whether this process can serve ``--attention-backend inkling`` (choices, registry and hooks in place)."""
+    from sglang.srt.arg_groups import choices
+    from sglang.srt.layers.attention import attention_registry
+
+    from sglang_inkling_backend.sglang import hooks
+
+    return (BACKEND_NAME in choices.ATTENTION_BACKEND_CHOICES
+            and attention_registry.ATTENTION_BACKENDS.get(BACKEND_NAME) is create_inkling_backend
+            and hooks.installed())
+
+
+def register() -> None:
+    """The ``sglang.srt.plugins`` entry point."""
+    try:
+        _register()
+    except Exception as err:
+        # SGLang logs and swallows plugin exceptions; leave our own unmistakable line first.
+        logger.error("sglang-inkling-backend: registering --attention-backend %s FAILED, the backend is NOT available "
+                     "in this process: %s: %s", BACKEND_NAME, type(err).__name__, err)
+        raise
+    logger.info("sglang-inkling-backend: --attention-backend %s registered", BACKEND_NAME)

@@ -1,0 +1,43 @@
+"""Make ``import sglang`` work in-process on a CPU-only machine (unit tests; no server).
+
+SGLang 0.5.23 on CPU needs ``SGLANG_USE_CPU_ENGINE=1`` before its first import, the project's stand-in
+``sgl_kernel`` on ``sys.path``, and the torchvision op-schema work-around installed before torchvision is imported
+(all three live in ``third_party/sglang_cpu/``, see ``sglang_inkling_backend.demo.cpu_host``). A server started as a
+subprocess gets them through its environment instead.
+"""
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+from pathlib import Path
+
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _shims_pythonpath() -> Path:
+    try:
+        from sglang_inkling_backend.demo.cpu_host import shims_dir
+
+        return shims_dir() / "pythonpath"
+    except ImportError:
+        return _REPO_ROOT / "third_party" / "sglang_cpu" / "pythonpath"
+
+
+def prepare_sglang_cpu_import() -> None:
+    """Idempotent. Must run before anything imports sglang (or torchvision) in this process."""
+    if "sglang" in sys.modules:
+        if os.environ.get("SGLANG_USE_CPU_ENGINE") != "1":
+            raise RuntimeError("sglang was imported before prepare_sglang_cpu_import() without SGLANG_USE_CPU_ENGINE=1")
+        return
+    os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
+    os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+    pythonpath = _shims_pythonpath()
+    if not (pythonpath / "sgl_kernel" / "__init__.py").is_file():
+        raise FileNotFoundError(f"SGLang CPU shims not found under {pythonpath} (expected sgl_kernel/)")
+    if str(pythonpath) not in sys.path:
+        sys.path.insert(0, str(pythonpath))
+    if "torchvision" not in sys.modules:
+        # Runs the shim's sitecustomize body (it installs a one-shot import hook); not imported as `sitecustomize`,
+        # which the interpreter may already have taken.
+        runpy.run_path(str(pythonpath / "sitecustomize.py"), run_name="_inkling_sglang_cpu_sitecustomize")

@@ -1,0 +1,303 @@
+"""How the inkling backend bends SGLang's start-up, through SGLang's own hook mechanisms, for this backend only.
+
+Two kinds of hooks, both installed by ``install()`` (called from the entry point):
+
+Server-argument resolution hooks (``sglang.srt.arg_groups.resolution_hooks``; they run in the launcher process):
+- ``handle_mxfp8_kv_cache_compatibility``: SGLang allows ``--kv-cache-dtype mxfp8`` only on Blackwell because its
+  only MXFP8 reader is FA4. This backend reads MXFP8 on any device, so for inkling the check is replaced by ours:
+  both prefill and decode must be inkling, and the page size is 128 (set when unset; a forced other value is an
+  error naming ``--page-size``).
+- ``handle_attention_backend_compatibility``: start-up validation of combinations this backend cannot serve
+  (speculative decoding, MLA, cross attention, unsupported ``--kv-cache-dtype``, head_dim not a multiple of 32 with
+  MXFP8, quantized KV shared with another backend), prefill CUDA graphs off, and decode CUDA graphs off when there is
+  no graph-capturable (Triton) route.
+- ``apply_inkling_prefill_cuda_graph_default``: the Inkling model's FULL prefill graph needs FA4-only metadata; skip
+  it when inkling serves attention.
+
+KV-pool configurator hooks (``HookRegistry`` AROUND hooks on ``KVCacheConfigurator``; they run in the scheduler):
+- ``configure``: SGLang refuses e4m3 KV on a CPU without AMX ("CPU FP8 KV cache requires Intel AMX support.") because
+  its only CPU fp8 reader is the intel_amx kernel. With inkling serving every attention call, the KV pool is ours and
+  so is the reader; the gate is lifted for that call only.
+- ``_build_token_to_kv_pool``, ``_hybrid_full_attention_pool_class``, ``_build_mha_quant_method``: the pool is built
+  from ``InklingMHATokenToKVPool`` (plain, inside ``SWAKVPool`` for hybrid sliding-window models, or as the
+  full-attention leaf of hybrid linear models); the pool owns quantization, so SGLang's KV quant method is not used.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any, Callable
+
+from sglang_inkling_backend.sglang import BACKEND_NAME
+
+logger = logging.getLogger(__name__)
+
+MXFP8_PAGE_SIZE = 128
+# --kv-cache-dtype values this backend serves, and the pool format each maps to.
+KV_CACHE_DTYPE_TO_FORMAT = {
+    "auto": None,  # the model dtype
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    "fp8_e4m3": "fp8_e4m3",
+    "mxfp8": "mxfp8",
+}
+QUANTIZED_FORMATS = ("fp8_e4m3", "mxfp8")
+_HOOK_SOURCE = "sglang_inkling_backend"
+_CONFIGURATOR = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator"
+
+_installed = False
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Helpers shared by the hooks
+
+
+def inkling_backends(cfg: Any) -> tuple[bool, bool]:
+    """(prefill is inkling, decode is inkling) for a server-args view."""
+    from sglang.srt.arg_groups.overrides import attention_backends_of
+
+    prefill, decode = attention_backends_of(cfg)
+    return prefill == BACKEND_NAME, decode == BACKEND_NAME
+
+
+def _runtime_inkling_backends() -> tuple[bool, bool]:
+    """Same question in the scheduler process, from the published server args."""
+    from sglang.srt.runtime_context import attention_backends
+
+    prefill, decode = attention_backends()
+    return prefill == BACKEND_NAME, decode == BACKEND_NAME
+
+
+def _flag_pair(cfg: Any) -> str:
+    return (f"--attention-backend {cfg.attention_backend!r}, --prefill-attention-backend "
+            f"{cfg.prefill_attention_backend!r}, --decode-attention-backend {cfg.decode_attention_backend!r}")
+
+
+def pool_format_for(kv_cache_dtype_str: str | None, kv_cache_dtype) -> str:
+    """The InklingKVPool format for SGLang's resolved KV dtype (string flag and torch dtype)."""
+    import torch
+
+    if kv_cache_dtype_str == "mxfp8":
+        return "mxfp8"
+    if kv_cache_dtype == torch.float8_e4m3fn:
+        return "fp8_e4m3"
+    if kv_cache_dtype == torch.bfloat16:
+        return "bf16"
+    if kv_cache_dtype == torch.float16:
+        return "fp16"
+    if kv_cache_dtype == torch.float32:
+        return "fp32"
+    raise ValueError(
+        f"--attention-backend inkling cannot store a KV cache of dtype {kv_cache_dtype} "
+        f"(--kv-cache-dtype {kv_cache_dtype_str!r}); allowed --kv-cache-dtype values: "
+        f"{', '.join(KV_CACHE_DTYPE_TO_FORMAT)}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Resolution hooks (launcher process)
+
+
+def handle_mxfp8_kv_cache_compatibility(server_args: Any, previous: Callable[[Any], None]) -> None:
+    from sglang.srt.arg_groups.overrides import declare_resolution, resolved_view, resolving_view
+
+    cfg = resolving_view(server_args)
+    prefill, decode = inkling_backends(resolved_view(server_args))
+    if cfg.kv_cache_dtype != "mxfp8" or not (prefill or decode):
+        previous(server_args)
+        return
+    if not (prefill and decode):
+        raise ValueError(
+            "--kv-cache-dtype mxfp8 with the inkling backend needs inkling for both prefill and decode (the MXFP8 "
+            f"pool is this backend's; another backend cannot read it); got {_flag_pair(cfg)}")
+    # SGLang's own check (Blackwell only) guards its FA4 reader; this backend reads MXFP8 on any device.
+    if cfg.page_size is None:
+        declare_resolution(server_args, _HOOK_SOURCE, page_size=MXFP8_PAGE_SIZE)
+        logger.info("inkling: --kv-cache-dtype mxfp8 uses page size %d (SGLang's interleaved scale layout)",
+                    MXFP8_PAGE_SIZE)
+    elif cfg.page_size != MXFP8_PAGE_SIZE:
+        raise ValueError(
+            f"--kv-cache-dtype mxfp8 with --attention-backend inkling needs --page-size {MXFP8_PAGE_SIZE} "
+            f"(SGLang's interleaved UE8M0 scale layout); got --page-size {cfg.page_size}. Allowed: --page-size "
+            f"{MXFP8_PAGE_SIZE}, or leave --page-size unset.")
+
+
+def handle_attention_backend_compatibility(server_args: Any, previous: Callable[[Any], None]) -> None:
+    previous(server_args)
+    from sglang.srt.arg_groups.overrides import declare_resolution, model_config_of, resolved_view
+
+    cfg = resolved_view(server_args)
+    prefill, decode = inkling_backends(cfg)
+    if not (prefill or decode):
+        return
+    validate_server_args(cfg, model_config_of(server_args), prefill=prefill, decode=decode)
+
+    from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, with_phase
+
+    graph_config = cfg.cuda_graph_config
+    # Prefill graphs (FULL or breakable) need metadata this backend does not build.
+    graph_config = with_phase(graph_config, Phase.PREFILL, backend=Backend.DISABLED)
+    if decode and not decode_graph_capturable(cfg.device):
+        if cfg.device == "cpu":
+            # SGLang's CPU graph runner (--enable-torch-compile) would torch.compile the torch route, which loops
+            # over requests on the host: an explicit opt-out instead of a compile that graph-breaks every layer.
+            log = logger.warning if cfg.enable_torch_compile else logger.info
+            log("inkling: CPU graph runner not used (--enable-torch-compile ignored for attention); the torch "
+                "route runs eagerly")
+        else:
+            logger.warning("inkling: decode CUDA graphs disabled on device %r: the torch route cannot be captured "
+                           "(the Triton route can, where sglang_inkling_backend.triton provides it)", cfg.device)
+        graph_config = with_phase(graph_config, Phase.DECODE, backend=Backend.DISABLED)
+    declare_resolution(server_args, _HOOK_SOURCE, cuda_graph_config=graph_config)
+
+
+def apply_inkling_prefill_cuda_graph_default(server_args: Any, previous: Callable[[Any], None]) -> None:
+    from sglang.srt.arg_groups.overrides import resolving_view
+
+    prefill, decode = inkling_backends(resolving_view(server_args))
+    if prefill or decode:
+        logger.info("inkling: not applying the Inkling model's FULL prefill CUDA graph default (FA4-only metadata)")
+        return
+    previous(server_args)
+
+
+def decode_graph_capturable(device: str | None) -> bool:
+    """Decode CUDA graphs need the Triton route (a CUDA/ROCm device and our Triton decode kernel)."""
+    if device not in (None, "cuda"):
+        return False
+    from sglang_inkling_backend.sglang.routes import triton_decode_kernel
+
+    return triton_decode_kernel() is not None
+
+
+def validate_server_args(cfg: Any, model_config: Any, *, prefill: bool, decode: bool) -> None:
+    """Start-up validation: each error names the flag and the allowed values."""
+    if cfg.speculative_algorithm is not None:
+        raise ValueError(
+            f"--attention-backend inkling does not support speculative decoding (--speculative-algorithm "
+            f"{cfg.speculative_algorithm}); leave --speculative-algorithm unset or choose another backend")
+    kv_dtype = cfg.kv_cache_dtype
+    if kv_dtype not in KV_CACHE_DTYPE_TO_FORMAT:
+        raise ValueError(
+            f"--attention-backend inkling does not support --kv-cache-dtype {kv_dtype}; allowed values: "
+            f"{', '.join(KV_CACHE_DTYPE_TO_FORMAT)}")
+    if KV_CACHE_DTYPE_TO_FORMAT[kv_dtype] in QUANTIZED_FORMATS and not (prefill and decode):
+        raise ValueError(
+            f"--kv-cache-dtype {kv_dtype} with the inkling backend needs inkling for both prefill and decode (the "
+            f"quantized pool is this backend's); got {_flag_pair(cfg)}")
+    if model_config is None:
+        return
+    if getattr(model_config, "is_encoder_decoder", False):
+        raise ValueError("--attention-backend inkling serves decoder-only models; this model is encoder-decoder. "
+                         "Choose another --attention-backend (e.g. torch_native)")
+    if getattr(getattr(model_config, "attention_arch", None), "name", None) == "MLA":
+        raise ValueError("--attention-backend inkling serves multi-head (MHA/GQA) attention; this model uses MLA. "
+                         "Choose another --attention-backend")
+    head_dim = getattr(model_config, "head_dim", None)
+    if kv_dtype == "mxfp8" and head_dim is not None and head_dim % 32 != 0:
+        raise ValueError(
+            f"--kv-cache-dtype mxfp8 needs head_dim to be a multiple of 32 (one UE8M0 scale per 32 channels); this "
+            f"model has head_dim {head_dim}. Allowed --kv-cache-dtype values for it: auto, bf16, fp8_e4m3")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# KV-pool configurator hooks (scheduler process)
+
+
+@contextlib.contextmanager
+def _cpu_fp8_gate_lifted():
+    """SGLang's configure() refuses e4m3 KV on CPU unless AMX and intel_amx serve it. Make its two probes answer
+    yes for the duration of one configure() call, in which the pool and its reader are this backend's."""
+    import sglang.srt.mem_cache.kv_cache_configurator as configurator
+
+    saved = configurator.cpu_has_amx_support, configurator.attention_backends
+    configurator.cpu_has_amx_support = lambda: True
+    configurator.attention_backends = lambda: tuple(
+        "intel_amx" if name == BACKEND_NAME else name for name in saved[1]())
+    try:
+        yield
+    finally:
+        configurator.cpu_has_amx_support, configurator.attention_backends = saved
+
+
+def around_configure(original, self, *args, **kwargs):
+    import torch
+    from sglang.srt.platforms import current_platform
+
+    prefill, decode = _runtime_inkling_backends()
+    if current_platform.is_cpu() and self.kv_cache_dtype == torch.float8_e4m3fn and prefill and decode:
+        if self.use_mla_backend:
+            raise ValueError("--attention-backend inkling serves multi-head (MHA/GQA) attention; this model uses MLA")
+        logger.info("inkling: %s KV cache on CPU without AMX: pool and reader are the inkling backend's",
+                    self.kv_cache_dtype_str)
+        with _cpu_fp8_gate_lifted():
+            return original(self, *args, **kwargs)
+    return original(self, *args, **kwargs)
+
+
+def around_build_token_to_kv_pool(original, self, *, sizes, is_dsa_model, is_dsv4_model, req_to_token_pool):
+    prefill, decode = _runtime_inkling_backends()
+    if not (prefill or decode):
+        return original(self, sizes=sizes, is_dsa_model=is_dsa_model, is_dsv4_model=is_dsv4_model,
+                        req_to_token_pool=req_to_token_pool)
+    from sglang_inkling_backend.sglang import pool as inkling_pool
+
+    return inkling_pool.build_token_to_kv_pool(
+        self, original, sizes=sizes, is_dsa_model=is_dsa_model, is_dsv4_model=is_dsv4_model,
+        req_to_token_pool=req_to_token_pool)
+
+
+def around_hybrid_full_attention_pool_class(original, self, *, mha_pool_class, mla_pool_class, dsa_pool_class):
+    prefill, decode = _runtime_inkling_backends()
+    if (prefill or decode) and not self.use_mla_backend:
+        from sglang_inkling_backend.sglang.pool import inkling_pool_class
+
+        return inkling_pool_class(pool_format_for(self.kv_cache_dtype_str, self.kv_cache_dtype))
+    return original(self, mha_pool_class=mha_pool_class, mla_pool_class=mla_pool_class,
+                    dsa_pool_class=dsa_pool_class)
+
+
+def around_build_mha_quant_method(original, self, *, num_layers):
+    prefill, decode = _runtime_inkling_backends()
+    if prefill or decode:
+        return None  # the inkling pool quantizes K/V itself
+    return original(self, num_layers=num_layers)
+
+
+RESOLUTION_HOOKS = {
+    "handle_mxfp8_kv_cache_compatibility": handle_mxfp8_kv_cache_compatibility,
+    "handle_attention_backend_compatibility": handle_attention_backend_compatibility,
+    "apply_inkling_prefill_cuda_graph_default": apply_inkling_prefill_cuda_graph_default,
+}
+CONFIGURATOR_HOOKS = {
+    f"{_CONFIGURATOR}.configure": around_configure,
+    f"{_CONFIGURATOR}._build_token_to_kv_pool": around_build_token_to_kv_pool,
+    f"{_CONFIGURATOR}._hybrid_full_attention_pool_class": around_hybrid_full_attention_pool_class,
+    f"{_CONFIGURATOR}._build_mha_quant_method": around_build_mha_quant_method,
+}
+
+
+def install() -> None:
+    """Register every hook once per process (SGLang's registries append, so a second call must not)."""
+    global _installed
+    if _installed:
+        return
+    from sglang.srt.arg_groups.resolution_hooks import _HOOKS, register_resolution_hook
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    for name, fn in RESOLUTION_HOOKS.items():
+        if fn not in _HOOKS.get(name, ()):
+            register_resolution_hook(name)(fn)
+    for target, fn in CONFIGURATOR_HOOKS.items():
+        if not any(hook is fn for _, hook, _ in HookRegistry._hooks.get(target, ())):
+            HookRegistry.register(target, fn, HookType.AROUND)
+    _installed = True
+
+
+def installed() -> bool:
+    """Whether every hook is registered in this process's SGLang registries (what a failed plugin would miss)."""
+    from sglang.srt.arg_groups.resolution_hooks import _HOOKS
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    return all(fn in _HOOKS.get(name, ()) for name, fn in RESOLUTION_HOOKS.items()) and all(
+        any(hook is fn for _, hook, _ in HookRegistry._hooks.get(target, ()))
+        for target, fn in CONFIGURATOR_HOOKS.items())

@@ -1,0 +1,213 @@
+"""Forward metadata for the inkling backend: which pool slots each request attends over.
+
+Host-free (only torch): the backend hands in SGLang's tensors (``req_to_token``, ``req_pool_indices``, ``seq_lens``,
+``extend_seq_lens``, ``out_cache_loc``, the full->SWA slot map) and gets rails back, so everything here is testable
+without a server.
+
+A *rail* is CSR: request ``b`` attends over pool slots ``indices[indptr[b]:indptr[b+1]]``, in position order,
+ending with the newest token (the reference's convention: decode's query is the last key; extend's queries are the
+last ``qlen`` keys). Positions inside a rail are relative, so a rail may start late (a window rail) without changing
+any distance ``i - j``.
+
+- The *full* rail covers positions ``[0, seq_len)``.
+- A *window* rail for a window of ``W`` visible keys (keys with ``0 <= i - j <= W - 1``) covers
+  ``[max(0, seq_len - qlen - (W - 1)), seq_len)``: every key any of the request's queries can see, nothing older.
+  With a hybrid SWA pool the window rail is translated to sliding-window sub-pool slots; older tokens may already be
+  gone from that sub-pool, which is why windowed layers must read window rails.
+
+Decode CUDA graphs: ``DecodeGraphBuffers`` preallocates every rail at its largest size once, and ``refill`` writes a
+new batch into the same storage (addresses never change), returning metadata whose tensors are views of it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+import torch
+
+INDEX_DTYPE = torch.int64
+
+
+@dataclass
+class KVRails:
+    """CSR rails: request b reads pool slots ``indices[indptr[b]:indptr[b + 1]]``. ``indices`` may be longer than
+    ``indptr[-1]`` (a fixed CUDA-graph buffer); readers go through ``indptr``."""
+
+    indptr: torch.Tensor  # int64 [B + 1]
+    indices: torch.Tensor  # int64 [>= nnz]
+
+
+@dataclass
+class InklingForwardMetadata:
+    is_decode: bool
+    batch_size: int
+    qo_indptr: torch.Tensor  # int64 [B + 1]: request b's queries are rows qo_indptr[b]:qo_indptr[b+1]
+    full: KVRails
+    windows: dict[int, KVRails] = field(default_factory=dict)  # keyed by W = visible keys
+    # Write slots in the SWA sub-pool for this batch's new tokens (hybrid SWA pools only). The in-tree Inkling model
+    # reads it under this name from the backend's forward_metadata.
+    swa_out_cache_loc: Optional[torch.Tensor] = None
+
+    def rails(self, window: Optional[int]) -> KVRails:
+        """The rails a layer with ``window`` visible keys (None: full attention) reads."""
+        if window is None:
+            return self.full
+        try:
+            return self.windows[window]
+        except KeyError:
+            raise KeyError(f"no window rails for window {window}; built for {sorted(self.windows)}") from None
+
+
+def _check_batch(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor) -> None:
+    if req_to_token.dim() != 2:
+        raise ValueError(f"req_to_token must be 2-D [max_reqs, max_context_len], got shape {tuple(req_to_token.shape)}")
+    if req_pool_indices.dim() != 1 or seq_lens.dim() != 1 or req_pool_indices.shape != seq_lens.shape:
+        raise ValueError(f"req_pool_indices and seq_lens must be 1-D of the same length, got "
+                         f"{tuple(req_pool_indices.shape)} and {tuple(seq_lens.shape)}")
+    if seq_lens.numel() and (int(seq_lens.min()) < 0 or int(seq_lens.max()) > req_to_token.shape[1]):
+        raise ValueError(f"seq_lens must lie in [0, {req_to_token.shape[1]}] (req_to_token's width), got "
+                         f"[{int(seq_lens.min())}, {int(seq_lens.max())}]")
+    if req_pool_indices.numel() and (int(req_pool_indices.min()) < 0
+                                     or int(req_pool_indices.max()) >= req_to_token.shape[0]):
+        raise ValueError(f"req_pool_indices must lie in [0, {req_to_token.shape[0]}), got "
+                         f"[{int(req_pool_indices.min())}, {int(req_pool_indices.max())}]")
+
+
+def window_start(seq_lens: torch.Tensor, query_lens: torch.Tensor, window: int) -> torch.Tensor:
+    """First position any query of the request can see with ``window`` visible keys."""
+    if window < 1:
+        raise ValueError(f"window must be >= 1 visible key, got {window}")
+    return torch.clamp(seq_lens - query_lens - (window - 1), min=0)
+
+
+def gather_rails(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+                 start: Optional[torch.Tensor] = None, *, out_indptr: Optional[torch.Tensor] = None,
+                 out_indices: Optional[torch.Tensor] = None) -> KVRails:
+    """Rails over positions ``[start[b], seq_lens[b])`` of ``req_to_token[req_pool_indices[b]]``.
+
+    With ``out_indptr`` / ``out_indices`` the result is written into them (CUDA-graph buffers) and views of them are
+    returned; ``out_indices`` must hold every index.
+    """
+    _check_batch(req_to_token, req_pool_indices, seq_lens)
+    device = req_to_token.device
+    seq_lens = seq_lens.to(device=device, dtype=INDEX_DTYPE)
+    rows = req_pool_indices.to(device=device, dtype=INDEX_DTYPE)
+    start = torch.zeros_like(seq_lens) if start is None else start.to(device=device, dtype=INDEX_DTYPE)
+    lens = seq_lens - start
+    if lens.numel() and int(lens.min()) < 0:
+        raise ValueError("rail start must not exceed seq_len")
+    bs = seq_lens.numel()
+    indptr = torch.zeros(bs + 1, dtype=INDEX_DTYPE, device=device)
+    torch.cumsum(lens, dim=0, out=indptr[1:])
+    nnz = int(indptr[-1])
+    max_len = int(lens.max()) if bs else 0
+    offsets = torch.arange(max_len, dtype=INDEX_DTYPE, device=device)
+    keep = offsets.unsqueeze(0) < lens.unsqueeze(1)
+    positions = torch.clamp(start.unsqueeze(1) + offsets.unsqueeze(0), max=max(req_to_token.shape[1] - 1, 0))
+    indices = req_to_token[rows.unsqueeze(1), positions][keep].to(INDEX_DTYPE)
+    if out_indptr is None:
+        return KVRails(indptr, indices)
+    if out_indptr.numel() < bs + 1 or out_indices is None or out_indices.numel() < nnz:
+        raise ValueError(f"graph buffers too small: need indptr >= {bs + 1} and indices >= {nnz} entries, have "
+                         f"{out_indptr.numel()} and {None if out_indices is None else out_indices.numel()}")
+    out_indptr[: bs + 1].copy_(indptr)
+    out_indices[:nnz].copy_(indices)
+    return KVRails(out_indptr[: bs + 1], out_indices)
+
+
+def translate_rails(rails: KVRails, full_to_swa: Optional[torch.Tensor]) -> KVRails:
+    """Full-pool slots -> sliding-window sub-pool slots (SGLang's ``full_to_swa_index_mapping``)."""
+    if full_to_swa is None:
+        return rails
+    return KVRails(rails.indptr, full_to_swa[rails.indices].to(INDEX_DTYPE))
+
+
+def build_forward_metadata(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, *,
+                           extend_seq_lens: Optional[torch.Tensor] = None, windows: Iterable[int] = (),
+                           full_to_swa: Optional[torch.Tensor] = None,
+                           out_cache_loc: Optional[torch.Tensor] = None) -> InklingForwardMetadata:
+    """Eager metadata. Decode when ``extend_seq_lens`` is None (one query per request, ``seq_lens`` counting it);
+    extend otherwise (``seq_lens`` = cached prefix + new tokens; prefix-cache hits and chunked prefill are both just
+    a prefix)."""
+    _check_batch(req_to_token, req_pool_indices, seq_lens)
+    device = req_to_token.device
+    bs = seq_lens.numel()
+    seq_lens = seq_lens.to(device=device, dtype=INDEX_DTYPE)
+    if extend_seq_lens is None:
+        query_lens = torch.ones(bs, dtype=INDEX_DTYPE, device=device)
+    else:
+        query_lens = extend_seq_lens.to(device=device, dtype=INDEX_DTYPE)
+        if query_lens.shape != seq_lens.shape:
+            raise ValueError(f"extend_seq_lens must have one entry per request ({bs}), got {tuple(query_lens.shape)}")
+        if bs and (int(query_lens.min()) < 0 or bool((query_lens > seq_lens).any())):
+            raise ValueError("extend_seq_lens must lie in [0, seq_len] for every request")
+    if extend_seq_lens is None and bs and int(seq_lens.min()) < 1:
+        raise ValueError("decode seq_lens must be >= 1 (they count the new token)")
+    qo_indptr = torch.zeros(bs + 1, dtype=INDEX_DTYPE, device=device)
+    torch.cumsum(query_lens, dim=0, out=qo_indptr[1:])
+    full = gather_rails(req_to_token, req_pool_indices, seq_lens)
+    window_rails = {
+        w: translate_rails(gather_rails(req_to_token, req_pool_indices, seq_lens,
+                                        window_start(seq_lens, query_lens, w)), full_to_swa)
+        for w in sorted(set(windows))
+    }
+    swa_loc = None
+    if full_to_swa is not None and out_cache_loc is not None:
+        swa_loc = full_to_swa[out_cache_loc.to(INDEX_DTYPE)]
+    return InklingForwardMetadata(is_decode=extend_seq_lens is None, batch_size=bs, qo_indptr=qo_indptr, full=full,
+                                  windows=window_rails, swa_out_cache_loc=swa_loc)
+
+
+class DecodeGraphBuffers:
+    """Address-stable decode metadata for CUDA-graph capture and replay: allocated once at the largest batch and
+    context, refilled in place for every batch."""
+
+    def __init__(self, max_bs: int, max_context_len: int, windows: Iterable[int], device, *, swa: bool):
+        if max_bs < 1 or max_context_len < 1:
+            raise ValueError(f"max_bs and max_context_len must be >= 1, got {max_bs} and {max_context_len}")
+        self.max_bs = max_bs
+        self.max_context_len = max_context_len
+        self.windows = sorted(set(windows))
+        self.swa = swa
+        zeros = lambda n: torch.zeros(n, dtype=INDEX_DTYPE, device=device)  # noqa: E731
+        self.qo_indptr = torch.arange(max_bs + 1, dtype=INDEX_DTYPE, device=device)
+        self.full_indptr = zeros(max_bs + 1)
+        self.full_indices = zeros(max_bs * max_context_len)
+        self.window_indptr = {w: zeros(max_bs + 1) for w in self.windows}
+        self.window_indices = {w: zeros(max_bs * min(w, max_context_len)) for w in self.windows}
+        self.swa_out_cache_loc = zeros(max_bs) if swa else None
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every buffer (tests check their addresses never move)."""
+        out = [self.qo_indptr, self.full_indptr, self.full_indices]
+        out += [self.window_indptr[w] for w in self.windows] + [self.window_indices[w] for w in self.windows]
+        return out + ([self.swa_out_cache_loc] if self.swa_out_cache_loc is not None else [])
+
+    def refill(self, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, *,
+               full_to_swa: Optional[torch.Tensor] = None,
+               out_cache_loc: Optional[torch.Tensor] = None) -> InklingForwardMetadata:
+        bs = seq_lens.numel()
+        if bs > self.max_bs:
+            raise ValueError(f"batch of {bs} exceeds the graph buffers' max_bs {self.max_bs}")
+        if self.swa != (full_to_swa is not None):
+            raise ValueError("full_to_swa must be given exactly when the buffers were built for a hybrid SWA pool")
+        seq_lens = seq_lens.to(device=req_to_token.device, dtype=INDEX_DTYPE)
+        full = gather_rails(req_to_token, req_pool_indices, seq_lens, out_indptr=self.full_indptr,
+                            out_indices=self.full_indices)
+        ones = torch.ones_like(seq_lens)
+        windows = {}
+        for w in self.windows:
+            rails = gather_rails(req_to_token, req_pool_indices, seq_lens, window_start(seq_lens, ones, w),
+                                 out_indptr=self.window_indptr[w], out_indices=self.window_indices[w])
+            if full_to_swa is not None:
+                nnz = int(rails.indptr[-1])
+                rails.indices[:nnz].copy_(full_to_swa[rails.indices[:nnz]])
+            windows[w] = rails
+        swa_loc = None
+        if self.swa_out_cache_loc is not None:
+            if out_cache_loc is None or out_cache_loc.numel() != bs:
+                raise ValueError(f"out_cache_loc must hold one slot per request ({bs}) with a hybrid SWA pool")
+            self.swa_out_cache_loc[:bs].copy_(full_to_swa[out_cache_loc.to(INDEX_DTYPE)])
+            swa_loc = self.swa_out_cache_loc[:bs]
+        return InklingForwardMetadata(is_decode=True, batch_size=bs, qo_indptr=self.qo_indptr[: bs + 1], full=full,
+                                      windows=windows, swa_out_cache_loc=swa_loc)

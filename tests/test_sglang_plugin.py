@@ -1,0 +1,177 @@
+"""Discovery through SGLang's own plugin loader, idempotent registration, version gate, start-up validation.
+
+Runs the real sglang 0.5.23 in-process on the CPU (no server). The package must be pip-installed (the entry point is
+read from its dist-info): if registration through the entry point fails, ``test_sglang_loader_finds_and_runs_entry_
+point`` fails.
+"""
+import json
+import logging
+import subprocess
+import sys
+
+import pytest
+
+from sglang_inkling_backend.sglang.cpu_testing import prepare_sglang_cpu_import
+
+prepare_sglang_cpu_import()
+
+from sglang.srt.arg_groups import choices  # noqa: E402
+from sglang.srt.arg_groups.resolution_hooks import _HOOKS  # noqa: E402
+from sglang.srt.layers.attention import attention_registry  # noqa: E402
+from sglang.srt.plugins import GENERAL_PLUGINS_GROUP, load_plugins_by_group  # noqa: E402
+from sglang.srt.plugins.hook_registry import HookRegistry  # noqa: E402
+
+from sglang_inkling_backend.entry_points import sglang as entry  # noqa: E402
+from sglang_inkling_backend.sglang import hooks, version  # noqa: E402
+
+
+def test_version_gate():
+    assert version.check_sglang_version("0.5.23") == "0.5.23"
+    assert version.check_sglang_version("0.5.23.post2") == "0.5.23.post2"
+    assert version.check_sglang_version() == "0.5.23"  # what the venv has
+    for bad in ("0.5.22", "0.5.24", "0.6.0", "1.0.0rc1"):
+        with pytest.raises(version.UnsupportedSGLangVersion, match=r"supports sglang >=0\.5\.23,<0\.5\.24.*" + bad):
+            version.check_sglang_version(bad)
+    with pytest.raises(version.UnsupportedSGLangVersion, match="cannot read a release number"):
+        version.check_sglang_version("nightly")
+
+
+def test_register_is_idempotent():
+    entry.register()
+    entry.register()
+    assert entry.is_registered()
+    assert choices.ATTENTION_BACKEND_CHOICES.count("inkling") == 1
+    assert choices.DRAFT_ATTENTION_BACKEND_CHOICES.count("inkling") == 1
+    assert attention_registry.ATTENTION_BACKENDS["inkling"] is entry.create_inkling_backend
+    for name, fn in hooks.RESOLUTION_HOOKS.items():
+        assert _HOOKS[name].count(fn) == 1, name
+    for target, fn in hooks.CONFIGURATOR_HOOKS.items():
+        assert [h for _, h, _ in HookRegistry._hooks[target]].count(fn) == 1, target
+        assert target in HookRegistry._patched, target
+
+
+def test_failed_registration_logs_and_raises(monkeypatch, caplog):
+    monkeypatch.setattr(version, "installed_sglang_version", lambda: "0.6.1")
+    with caplog.at_level(logging.ERROR, logger="sglang_inkling_backend.sglang"):
+        with pytest.raises(version.UnsupportedSGLangVersion):
+            entry.register()
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert any("registering --attention-backend inkling FAILED" in line and "0.6.1" in line for line in lines), lines
+
+
+def test_sglang_loader_finds_and_runs_entry_point(monkeypatch):
+    monkeypatch.delenv("SGLANG_PLUGINS", raising=False)
+    plugins = load_plugins_by_group(GENERAL_PLUGINS_GROUP)
+    assert "inkling" in plugins, f"entry point not found by SGLang's loader (is the package pip-installed?): {plugins}"
+    func, dist = plugins["inkling"]
+    assert func is entry.register and dist == "sglang-inkling-backend"
+    func()
+    assert entry.is_registered()
+
+
+@pytest.mark.parametrize("allowed, found", [("inkling", True), ("other_plugin", False), ("other, inkling", True)])
+def test_sglang_plugins_whitelist(monkeypatch, allowed, found):
+    monkeypatch.setenv("SGLANG_PLUGINS", allowed)
+    assert ("inkling" in load_plugins_by_group(GENERAL_PLUGINS_GROUP)) is found
+
+
+_CLI_PROBE = r"""
+import json, sys
+from sglang_inkling_backend.sglang.cpu_testing import prepare_sglang_cpu_import
+prepare_sglang_cpu_import()
+import argparse
+from sglang.srt.plugins import load_plugins
+load_plugins()  # what launch_server does before parsing
+from sglang.srt.server_args import ServerArgs
+from sglang_inkling_backend.entry_points.sglang import is_registered
+parser = argparse.ArgumentParser()
+ServerArgs.add_cli_args(parser)
+try:
+    ns = parser.parse_args(["--model-path", "x", "--attention-backend", "inkling",
+                            "--decode-attention-backend", "inkling", "--prefill-attention-backend", "inkling"])
+    parsed = [ns.attention_backend, ns.decode_attention_backend, ns.prefill_attention_backend]
+except SystemExit:
+    parsed = None
+print(json.dumps({"registered": is_registered(), "parsed": parsed}))
+"""
+
+
+@pytest.mark.parametrize("allowed", [None, "someone_else"])
+def test_launcher_cli_accepts_inkling_only_when_plugin_loaded(allowed, tmp_path):
+    """The launcher's order (load_plugins, then argparse) in a fresh process, as `python -m sglang.launch_server`."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "SGLANG_PLUGINS"}
+    if allowed is not None:
+        env["SGLANG_PLUGINS"] = allowed
+    proc = subprocess.run([sys.executable, "-c", _CLI_PROBE], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    if allowed is None:
+        assert result == {"registered": True, "parsed": ["inkling"] * 3}
+    else:
+        assert result == {"registered": False, "parsed": None}
+        assert "invalid choice: 'inkling'" in proc.stderr
+
+
+# --- start-up validation through SGLang's real resolution pipeline ------------------------------------------------
+
+
+def _model_dir(tmp_path, head_dim=64):
+    cfg = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=4 * head_dim,
+               intermediate_size=512, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+               vocab_size=1000, max_position_embeddings=2048, torch_dtype="bfloat16", head_dim=head_dim)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return str(tmp_path)
+
+
+def _resolve(tmp_path, head_dim=64, **kwargs):
+    from sglang.srt.arg_groups.overrides import resolved_view
+    from sglang.srt.server_args import ServerArgs
+
+    entry.register()
+    server_args = ServerArgs(model_path=_model_dir(tmp_path, head_dim), device="cpu", skip_tokenizer_init=True,
+                             **kwargs)
+    server_args.resolve_once()
+    return resolved_view(server_args)
+
+
+def test_mxfp8_sets_page_size_128_and_lifts_blackwell_check(tmp_path):
+    view = _resolve(tmp_path, attention_backend="inkling", kv_cache_dtype="mxfp8")
+    assert view.page_size == 128
+    assert view.kv_cache_dtype == "mxfp8"
+
+
+def test_mxfp8_with_forced_page_size_fails_naming_the_flag(tmp_path):
+    with pytest.raises(ValueError, match=r"needs --page-size 128.*got --page-size 64.*Allowed: --page-size 128"):
+        _resolve(tmp_path, attention_backend="inkling", kv_cache_dtype="mxfp8", page_size=64)
+
+
+def test_mxfp8_without_inkling_keeps_sglang_blackwell_check(tmp_path):
+    with pytest.raises(ValueError, match="Blackwell"):
+        _resolve(tmp_path, attention_backend="torch_native", kv_cache_dtype="mxfp8")
+
+
+def test_mxfp8_with_head_dim_not_multiple_of_32_fails(tmp_path):
+    with pytest.raises(ValueError, match=r"head_dim to be a multiple of 32.*head_dim 48.*auto, bf16, fp8_e4m3"):
+        _resolve(tmp_path, head_dim=48, attention_backend="inkling", kv_cache_dtype="mxfp8")
+
+
+def test_quantized_kv_shared_with_another_backend_fails(tmp_path):
+    with pytest.raises(ValueError, match="both prefill and decode"):
+        _resolve(tmp_path, attention_backend="inkling", decode_attention_backend="torch_native",
+                 kv_cache_dtype="fp8_e4m3")
+
+
+def test_unsupported_kv_cache_dtype_fails(tmp_path):
+    with pytest.raises(ValueError, match=r"--kv-cache-dtype fp8_e5m2; allowed values: auto, bf16, bfloat16, "
+                                         r"fp8_e4m3, mxfp8"):
+        _resolve(tmp_path, attention_backend="inkling", kv_cache_dtype="fp8_e5m2")
+
+
+def test_graphs_resolved_off_on_cpu(tmp_path):
+    view = _resolve(tmp_path, attention_backend="inkling")
+    assert view.page_size == 1
+    assert view.cuda_graph_config.decode.backend == "disabled"
+    assert view.cuda_graph_config.prefill.backend == "disabled"
