@@ -1,0 +1,120 @@
+"""The inkling backend's metadata builder (host-free: no sglang import) against plain Python loops."""
+import pytest
+import torch
+
+from sglang_inkling_backend.sglang.metadata import (
+    DecodeGraphBuffers,
+    build_forward_metadata,
+    gather_rails,
+    window_start,
+)
+
+
+def _req_to_token(max_reqs=6, width=40, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    # distinct slot ids per (row, position), like an allocator would hand out
+    return torch.randperm(max_reqs * width, generator=g).reshape(max_reqs, width).to(torch.int32) + 1
+
+
+def _expected_rail(req_to_token, row, start, end):
+    return [int(x) for x in req_to_token[row, start:end]]
+
+
+def _rail(rails, b):
+    return [int(x) for x in rails.indices[int(rails.indptr[b]):int(rails.indptr[b + 1])]]
+
+
+def test_decode_rails_mixed_lengths():
+    r2t = _req_to_token()
+    rows, seq_lens = torch.tensor([4, 0, 2]), torch.tensor([7, 1, 33])
+    md = build_forward_metadata(r2t, rows, seq_lens, windows=[4, 16])
+    assert md.is_decode and md.batch_size == 3
+    assert md.qo_indptr.tolist() == [0, 1, 2, 3]
+    for b in range(3):
+        row, n = int(rows[b]), int(seq_lens[b])
+        assert _rail(md.full, b) == _expected_rail(r2t, row, 0, n)
+        for w in (4, 16):  # decode: the query is position n-1 and sees positions n-w .. n-1
+            assert _rail(md.rails(w), b) == _expected_rail(r2t, row, max(0, n - w), n)
+    assert md.rails(None) is md.full
+    with pytest.raises(KeyError, match="no window rails for window 8"):
+        md.rails(8)
+
+
+def test_extend_rails_with_prefix_hits_and_chunks():
+    r2t = _req_to_token()
+    rows = torch.tensor([1, 3, 5])
+    prefix = torch.tensor([0, 10, 25])  # no prefix / a prefix-cache hit / an earlier chunk
+    new = torch.tensor([9, 3, 8])
+    seq_lens = prefix + new
+    md = build_forward_metadata(r2t, rows, seq_lens, extend_seq_lens=new, windows=[5])
+    assert not md.is_decode
+    assert md.qo_indptr.tolist() == [0, 9, 12, 20]
+    for b in range(3):
+        row, n, q = int(rows[b]), int(seq_lens[b]), int(new[b])
+        assert _rail(md.full, b) == _expected_rail(r2t, row, 0, n)
+        # the first query (position n-q) sees back to n-q-4
+        assert _rail(md.rails(5), b) == _expected_rail(r2t, row, max(0, n - q - 4), n)
+
+
+def test_window_rails_translate_to_swa_slots_and_write_loc():
+    r2t = _req_to_token(width=20)
+    full_to_swa = torch.arange(r2t.numel() + 2, dtype=torch.int64) * 7 % 101
+    rows, seq_lens = torch.tensor([2, 0]), torch.tensor([12, 5])
+    out_cache_loc = r2t[rows, seq_lens - 1].long()
+    md = build_forward_metadata(r2t, rows, seq_lens, windows=[3], full_to_swa=full_to_swa,
+                                out_cache_loc=out_cache_loc)
+    for b in range(2):
+        row, n = int(rows[b]), int(seq_lens[b])
+        assert _rail(md.full, b) == _expected_rail(r2t, row, 0, n)  # full rails stay in the full id space
+        assert _rail(md.rails(3), b) == [int(full_to_swa[s]) for s in _expected_rail(r2t, row, n - 3, n)]
+    assert md.swa_out_cache_loc.tolist() == full_to_swa[out_cache_loc].tolist()
+
+
+def test_window_start():
+    assert window_start(torch.tensor([10, 3, 10]), torch.tensor([1, 3, 4]), 4).tolist() == [6, 0, 3]
+    with pytest.raises(ValueError, match="window must be >= 1"):
+        window_start(torch.tensor([1]), torch.tensor([1]), 0)
+
+
+def test_bad_input_is_rejected_naming_the_argument():
+    r2t = _req_to_token(max_reqs=2, width=8)
+    with pytest.raises(ValueError, match=r"seq_lens must lie in \[0, 8\]"):
+        build_forward_metadata(r2t, torch.tensor([0]), torch.tensor([9]))
+    with pytest.raises(ValueError, match=r"req_pool_indices must lie in \[0, 2\)"):
+        build_forward_metadata(r2t, torch.tensor([2]), torch.tensor([3]))
+    with pytest.raises(ValueError, match="same length"):
+        build_forward_metadata(r2t, torch.tensor([0, 1]), torch.tensor([3]))
+    with pytest.raises(ValueError, match=r"extend_seq_lens must lie in \[0, seq_len\]"):
+        build_forward_metadata(r2t, torch.tensor([0]), torch.tensor([3]), extend_seq_lens=torch.tensor([4]))
+    with pytest.raises(ValueError, match="decode seq_lens must be >= 1"):
+        build_forward_metadata(r2t, torch.tensor([0]), torch.tensor([0]))
+    with pytest.raises(ValueError, match="req_to_token must be 2-D"):
+        gather_rails(r2t[0], torch.tensor([0]), torch.tensor([1]))
+
+
+@pytest.mark.parametrize("swa", [False, True])
+def test_decode_graph_buffers_refill_in_place(swa):
+    r2t = _req_to_token(max_reqs=8, width=24, seed=3)
+    full_to_swa = (torch.arange(r2t.numel() + 2) * 5 % 97) if swa else None
+    buffers = DecodeGraphBuffers(max_bs=4, max_context_len=24, windows=[6], device="cpu", swa=swa)
+    addresses = [t.data_ptr() for t in buffers.tensors()]
+    batches = [
+        (torch.tensor([3, 1, 7, 0]), torch.tensor([24, 2, 9, 1])),  # a full batch; row 0 is a padded row (len 1)
+        (torch.tensor([5, 2]), torch.tensor([13, 6])),  # a smaller batch reusing the same storage
+    ]
+    for rows, seq_lens in batches:
+        loc = r2t[rows, seq_lens - 1].long()
+        md = buffers.refill(r2t, rows, seq_lens, full_to_swa=full_to_swa, out_cache_loc=loc)
+        eager = build_forward_metadata(r2t, rows, seq_lens, windows=[6], full_to_swa=full_to_swa, out_cache_loc=loc)
+        assert [t.data_ptr() for t in buffers.tensors()] == addresses
+        assert md.full.indptr.data_ptr() == buffers.full_indptr.data_ptr()
+        assert md.qo_indptr.tolist() == eager.qo_indptr.tolist()
+        for b in range(len(rows)):
+            assert _rail(md.full, b) == _rail(eager.full, b)
+            assert _rail(md.rails(6), b) == _rail(eager.rails(6), b)
+        if swa:
+            assert md.swa_out_cache_loc.tolist() == eager.swa_out_cache_loc.tolist()
+            assert md.swa_out_cache_loc.data_ptr() == buffers.swa_out_cache_loc.data_ptr()
+    with pytest.raises(ValueError, match="exceeds the graph buffers' max_bs 4"):
+        buffers.refill(r2t, torch.arange(5), torch.ones(5, dtype=torch.int64), full_to_swa=full_to_swa,
+                       out_cache_loc=torch.zeros(5, dtype=torch.int64))
