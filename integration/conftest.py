@@ -1,0 +1,110 @@
+"""Integration tests against the real SGLang 0.5.23 server on a CPU (marked ``integration``).
+
+Models are prepared once (``sglang_inkling_backend.demo.models``, cache dir ``$INKLING_CACHE_DIR`` or
+``~/.cache/sglang-inkling-backend/models``). Each server configuration is started at most once per session on a
+loopback port, runs the whole workload (``workloads.py``) and is stopped before the next one starts (bounded
+start-up, always stopped, even when a test fails). The measured numbers are printed at the end and written to
+``$INKLING_INTEGRATION_RESULTS`` (default ``integration/results/last_run.json``).
+"""
+import dataclasses
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from sglang_inkling_backend.demo.models import prepare_model
+from sglang_inkling_backend.demo.server import SGLangServer, ServerStartError
+from workloads import WorkloadRun, run_workload
+
+from harness import HERE, MAX_TOTAL_TOKENS, REPORT, RESULTS_PATH, STARTUP_TIMEOUT_S, run_log_path, run_name
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if HERE in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(pytest.mark.integration)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not REPORT:
+        return
+    RESULTS_PATH.parent.mkdir(parents=True, exist_ok=True)
+    REPORT["written_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    RESULTS_PATH.write_text(json.dumps(REPORT, indent=1, sort_keys=True))
+    terminalreporter.section("inkling integration numbers")
+    for key in sorted(k for k in REPORT if k != "runs"):
+        terminalreporter.write_line(f"{key}: {json.dumps(REPORT[key])}")
+    for name, run in sorted(REPORT.get("runs", {}).items()):
+        terminalreporter.write_line(f"run {name}: start-up {run['startup_s']:.1f} s, decode {run['per_token_ms']:.1f} "
+                                    f"ms/token, 1-token request {run['prefill_ms']:.0f} ms")
+    terminalreporter.write_line(f"written to {RESULTS_PATH}")
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory):
+    prepared = {}
+
+    def get(name: str) -> Path:
+        if name not in prepared:
+            prepared[name] = prepare_model(name, progress=lambda msg: print(f"[models] {msg}", flush=True))
+        return prepared[name]
+    return get
+
+
+@pytest.fixture(scope="session")
+def server_logs(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("sglang-logs")
+
+
+
+
+@pytest.fixture(scope="session")
+def workload(model_dir, server_logs):
+    """``workload(model, backend, kv_cache_dtype='auto', tp=1) -> WorkloadRun``, each configuration served once."""
+    done: dict[str, WorkloadRun | BaseException] = {}
+
+    def get(model: str, backend: str, kv: str = "auto", tp: int = 1) -> WorkloadRun:
+        name = run_name(model, backend, kv, tp)
+        if name not in done:
+            server = SGLangServer(model_dir(model), backend, kv, tp_size=tp, max_total_tokens=MAX_TOTAL_TOKENS,
+                                  log_path=run_log_path(server_logs, model, backend, kv, tp),
+                                  startup_timeout_s=STARTUP_TIMEOUT_S)
+            try:
+                with server:
+                    done[name] = run_workload(server, {"model": model, "backend": backend, "kv": kv, "tp": tp})
+            except ServerStartError as err:
+                done[name] = err
+            except Exception as err:  # a request failed: keep the server's last words with the error
+                done[name] = RuntimeError(f"{type(err).__name__}: {err}\nserver log {server.log_path}:\n"
+                                          f"{server.log_text()[-6000:]}")
+            run = done[name]
+            if isinstance(run, WorkloadRun):
+                REPORT.setdefault("runs", {})[name] = {
+                    "startup_s": round(run.startup_s, 1), "per_token_ms": round(run.per_token_ms, 1),
+                    "prefill_ms": round(run.prefill_ms, 1),
+                    "answers": {k: dataclasses.asdict(v) for k, v in run.answers.items()}}
+        run = done[name]
+        if isinstance(run, BaseException):
+            pytest.fail(f"{name}: {run}", pytrace=False)
+        return run
+    return get
+
+
+@pytest.fixture(scope="session")
+def failed_startup(model_dir, server_logs):
+    """``failed_startup(model_path, backend, kv, tp=1, extra_args=(), env=None) -> log text`` of a server that must
+    refuse to start; fails the test if it becomes healthy."""
+    def start(model_path, backend: str, kv: str = "auto", tp: int = 1, extra_args=(), env=None) -> str:
+        name = f"expected-failure-{backend}-{kv}-tp{tp}-{len(os.listdir(server_logs))}"
+        server = SGLangServer(model_path, backend, kv, tp_size=tp, max_total_tokens=MAX_TOTAL_TOKENS,
+                              extra_args=tuple(extra_args), env_overrides=env,
+                              log_path=server_logs / f"{name}.log", startup_timeout_s=STARTUP_TIMEOUT_S)
+        try:
+            server.start()
+        except ServerStartError as err:
+            return err.log
+        server.stop()
+        pytest.fail(f"server started although it should have refused: {' '.join(server.args)}")
+    return start

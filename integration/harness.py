@@ -1,0 +1,23 @@
+"""Shared state of the integration session (imported by conftest.py and the tests; not a test module)."""
+import os
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS_PATH = Path(os.environ.get("INKLING_INTEGRATION_RESULTS") or HERE / "results" / "last_run.json")
+STARTUP_TIMEOUT_S = float(os.environ.get("INKLING_STARTUP_TIMEOUT_S", "300"))
+MAX_TOTAL_TOKENS = 4096
+
+# Numbers the tests measured, printed in the terminal summary and written to RESULTS_PATH.
+REPORT: dict = {}
+
+
+def run_name(model: str, backend: str, kv: str, tp: int) -> str:
+    return f"{model}/{backend}/{kv}/tp{tp}"
+
+
+def run_log_path(server_logs: Path, model: str, backend: str, kv: str = "auto", tp: int = 1) -> Path:
+    return server_logs / (run_name(model, backend, kv, tp).replace("/", "-") + ".log")
+
+
+def run_log(server_logs: Path, model: str, backend: str, kv: str = "auto", tp: int = 1) -> str:
+    return run_log_path(server_logs, model, backend, kv, tp).read_text(errors="replace")
