@@ -1,0 +1,486 @@
+"""Paged decode attention in Triton over bf16/fp16/fp32, per-tensor fp8 and MXFP8 KV pools.
+
+One query token per request. Split-KV (flash-decoding): stage 1 runs one program per (request, KV head, split of
+the request's keys) and processes all ``G = Hq / Hkv`` query heads of that KV head together with ``tl.dot``, so
+every KV byte is read once; stage 2 merges the splits' partial results (skipped when a batch needs one split).
+
+MXFP8 K and V are dequantized as they are read: each 32-channel block is multiplied by its scale, made from the
+UE8M0 byte's exponent bits (``byte << 23`` as float32 is ``2**(byte - 127)``; ``exp2`` per element halves the
+speed on an H200, see ``../shared/bench``). Multiplying by a power of two is exact, so the only rounding is
+the cast of the dequantized tile to bf16 for the tensor-core dot (exact too for e4m3 times a power of two in the
+bf16 range) and of the probabilities ``p`` to bf16 for the ``p @ V`` dot.
+
+Semantics are ``sglang_inkling_backend.reference.attention.paged_decode_attention``: logit = q.k * scale
+(+ rel_bias[b, h, d] for distance d < rel_extent), then the logit cap, keys within the window, optional sinks.
+
+Use ``plan_decode`` once per batch (it picks the split count and allocates the partial buffers) and
+``run_decode`` per layer, or ``paged_decode_attention`` for both at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import mxfp8
+from ..reference.attention import AttentionParams, PagedKV
+
+logger = logging.getLogger(__name__)
+
+# KV formats (constexpr in the kernels)
+KV_FLOAT = 0  # bf16 / fp16 / fp32 buffers
+KV_FP8 = 1  # float8_e4m3fn with a per-tensor k_scale / v_scale
+KV_MXFP8 = 2  # float8_e4m3fn with a UE8M0 scale per 32 channels
+
+LOG2E = 1.4426950408889634
+MIN_SPLIT_TOKENS = 256  # fewer keys per split and the merge costs more than the parallelism gains
+DEFAULT_BLOCK_N = 64
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Shared device helpers (also used by the extend kernel)
+# ---------------------------------------------------------------------------------------------------------------
+@triton.jit
+def e8m0_to_float(byte):
+    """UE8M0 byte -> 2**(byte - 127) as float32, from the exponent bits (exact for bytes 1..254)."""
+    return (byte.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def scale_offsets(slots, h, HKV: tl.constexpr, NB: tl.constexpr, PAGE: tl.constexpr,
+                  INTERLEAVED: tl.constexpr):
+    """Offset of the first scale byte of (slot, head h) in the pool's scale buffer (see ``ScaleLayout``)."""
+    if INTERLEAVED:
+        page = slots // PAGE
+        po = slots % PAGE
+        return (((page * HKV + h) * 32 + po % 32) * (PAGE // 32) + po // 32) * NB
+    else:
+        return (slots * HKV + h) * NB
+
+
+@triton.jit
+def load_kv_tile(buf_ptr, sf_ptr, slots, mask_n, h, stride_slot, stride_head, scalar_scale,
+                 HKV: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, KV_FORMAT: tl.constexpr,
+                 PAGE: tl.constexpr, INTERLEAVED: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """Rows ``slots`` of head ``h`` as a dequantized ``[BLOCK_N, D]`` tile in DOT_DTYPE (masked rows are 0).
+    The per-tensor fp8 scale is NOT applied here (the caller folds it into the logits / the output)."""
+    offs_d = tl.arange(0, D)
+    rows = slots * stride_slot + h * stride_head
+    x = tl.load(buf_ptr + rows[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
+    if KV_FORMAT == 2:
+        NB: tl.constexpr = D // 32
+        sf = tl.load(sf_ptr + scale_offsets(slots, h, HKV, NB, PAGE, INTERLEAVED)[:, None]
+                     + tl.arange(0, NB)[None, :], mask=mask_n[:, None], other=127)
+        x3 = tl.reshape(x.to(tl.float32), (BLOCK_N, NB, 32))
+        x = tl.reshape(x3 * e8m0_to_float(sf)[:, :, None], (BLOCK_N, D))
+    return x.to(DOT_DTYPE)
+
+
+@triton.jit
+def soft_cap(x, cap):
+    """cap * tanh(x / cap), tanh through exp2 (portable to the interpreter and AMD)."""
+    y = x / cap
+    t = tl.exp2(-2.0 * 1.4426950408889634 * tl.abs(y))
+    th = (1.0 - t) / (1.0 + t)
+    return cap * tl.where(y < 0, -th, th)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Stage 1: one program per (request, KV head, split)
+# ---------------------------------------------------------------------------------------------------------------
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, k_ptr, v_ptr, ksf_ptr, vsf_ptr,
+    kv_indptr_ptr, kv_indices_ptr,
+    rel_bias_ptr, sinks_ptr,
+    out_ptr, part_o_ptr, part_lse_ptr,
+    stride_qb, stride_qh,
+    stride_k_slot, stride_k_head, stride_v_slot, stride_v_head,
+    stride_rb_row, stride_rb_head, rel_extent,
+    stride_ob, stride_oh,
+    sm_scale, k_scale, v_scale, logit_cap, window,
+    split_len, max_splits,
+    G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, HKV: tl.constexpr, BLOCK_N: tl.constexpr,
+    KV_FORMAT: tl.constexpr, PAGE: tl.constexpr, INTERLEAVED: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    HAS_REL_BIAS: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr, HAS_SINKS: tl.constexpr,
+    DIRECT: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    split = tl.program_id(2)
+
+    kv_start = tl.load(kv_indptr_ptr + b).to(tl.int64)
+    seq_len = (tl.load(kv_indptr_ptr + b + 1) - tl.load(kv_indptr_ptr + b)).to(tl.int32)
+    first = 0
+    if HAS_WINDOW:
+        first = tl.maximum(seq_len - window, 0)
+    tok_begin = first + split * split_len
+    tok_end = tl.minimum(tok_begin + split_len, seq_len)
+    if tok_begin >= tok_end:
+        return
+    q_pos = seq_len - 1
+
+    offs_g = tl.arange(0, G_PAD)
+    mask_g = offs_g < G
+    heads = h * G + offs_g
+    offs_d = tl.arange(0, D)
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=mask_g[:, None], other=0.0).to(DOT_DTYPE)
+    # logits in base 2: exp2 is the native instruction
+    qk_scale = sm_scale * 1.4426950408889634
+    if KV_FORMAT == 1:
+        qk_scale = qk_scale * k_scale
+
+    m_i = tl.full([G_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([G_PAD], tl.float32)
+    acc = tl.zeros([G_PAD, D], tl.float32)
+
+    for start in range(tok_begin, tok_end, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < tok_end
+        slots = tl.load(kv_indices_ptr + kv_start + offs_n, mask=mask_n, other=0).to(tl.int64)
+
+        k = load_kv_tile(k_ptr, ksf_ptr, slots, mask_n, h, stride_k_slot, stride_k_head, k_scale,
+                         HKV, D, BLOCK_N, KV_FORMAT, PAGE, INTERLEAVED, DOT_DTYPE)
+        qk = tl.dot(q, tl.trans(k))
+        if HAS_CAP:
+            # the cap applies to the natural-base logit (after the bias)
+            qk = qk * (qk_scale / 1.4426950408889634)
+            if HAS_REL_BIAS:
+                dist = q_pos - offs_n
+                if start + BLOCK_N - 1 > q_pos - rel_extent:
+                    in_reach = mask_n & (dist < rel_extent)
+                    qk += tl.load(rel_bias_ptr + b * stride_rb_row + heads[:, None] * stride_rb_head
+                                  + dist[None, :], mask=mask_g[:, None] & in_reach[None, :], other=0.0)
+            qk = soft_cap(qk, logit_cap) * 1.4426950408889634
+        else:
+            qk = qk * qk_scale
+            if HAS_REL_BIAS:
+                dist = q_pos - offs_n
+                if start + BLOCK_N - 1 > q_pos - rel_extent:
+                    in_reach = mask_n & (dist < rel_extent)
+                    qk += tl.load(rel_bias_ptr + b * stride_rb_row + heads[:, None] * stride_rb_head
+                                  + dist[None, :], mask=mask_g[:, None] & in_reach[None, :],
+                                  other=0.0).to(tl.float32) * 1.4426950408889634
+        qk = tl.where(mask_n[None, :], qk, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = load_kv_tile(v_ptr, vsf_ptr, slots, mask_n, h, stride_v_slot, stride_v_head, v_scale,
+                         HKV, D, BLOCK_N, KV_FORMAT, PAGE, INTERLEAVED, DOT_DTYPE)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v)
+        m_i = m_new
+
+    if KV_FORMAT == 1:
+        acc = acc * v_scale
+    if DIRECT:
+        if HAS_SINKS:
+            sink = tl.load(sinks_ptr + heads, mask=mask_g, other=0.0).to(tl.float32) * 1.4426950408889634
+            m_fin = tl.maximum(m_i, sink)
+            scale_old = tl.exp2(m_i - m_fin)
+            acc = acc * scale_old[:, None]
+            l_i = l_i * scale_old + tl.exp2(sink - m_fin)
+        o = acc / l_i[:, None]
+        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=mask_g[:, None])
+    else:
+        row = (b * (HKV * G) + heads).to(tl.int64) * max_splits + split
+        tl.store(part_o_ptr + row[:, None] * D + offs_d[None, :], acc / l_i[:, None], mask=mask_g[:, None])
+        tl.store(part_lse_ptr + row, m_i + tl.log2(l_i), mask=mask_g)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Stage 2: merge the splits of one (request, query head)
+# ---------------------------------------------------------------------------------------------------------------
+@triton.jit
+def _decode_merge_kernel(
+    part_o_ptr, part_lse_ptr, kv_indptr_ptr, sinks_ptr, out_ptr,
+    stride_ob, stride_oh, window, split_len, max_splits,
+    HQ: tl.constexpr, D: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr,
+):
+    b = tl.program_id(0)
+    hq = tl.program_id(1)
+    seq_len = (tl.load(kv_indptr_ptr + b + 1) - tl.load(kv_indptr_ptr + b)).to(tl.int32)
+    n_keys = seq_len
+    if HAS_WINDOW:
+        n_keys = tl.minimum(seq_len, window)
+    n_splits = (n_keys + split_len - 1) // split_len
+    offs_d = tl.arange(0, D)
+    row0 = (b * HQ + hq).to(tl.int64) * max_splits
+    m = tl.load(part_lse_ptr + row0)  # split 0 always exists
+    l = tl.zeros_like(m)
+    acc = tl.zeros([D], tl.float32)
+    for s in range(0, n_splits):  # m starts at split 0's lse, so no -inf - -inf
+        lse = tl.load(part_lse_ptr + row0 + s)
+        o = tl.load(part_o_ptr + (row0 + s) * D + offs_d)
+        m_new = tl.maximum(m, lse)
+        a = tl.exp2(m - m_new)
+        w = tl.exp2(lse - m_new)
+        acc = acc * a + o * w
+        l = l * a + w
+        m = m_new
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + hq).to(tl.float32) * 1.4426950408889634
+        m_new = tl.maximum(m, sink)
+        a = tl.exp2(m - m_new)
+        acc = acc * a
+        l = l * a + tl.exp2(sink - m_new)
+    tl.store(out_ptr + b * stride_ob + hq * stride_oh + offs_d, (acc / l).to(out_ptr.dtype.element_ty))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Host side
+# ---------------------------------------------------------------------------------------------------------------
+def kv_format(kv: PagedKV) -> int:
+    if kv.is_mxfp8:
+        return KV_MXFP8
+    if kv.k_buffer.dtype == mxfp8.DATA_DTYPE:
+        return KV_FP8
+    return KV_FLOAT
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132  # the interpreter: any number works, use an H200's
+
+
+@dataclass
+class DecodePlan:
+    """Per-batch decisions and scratch buffers, reused by every layer of one decode step."""
+
+    batch: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    window: Optional[int]
+    num_splits: int
+    split_len: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    part_o: Optional[torch.Tensor]  # [B, Hq, num_splits, D] float32, None when one split suffices
+    part_lse: Optional[torch.Tensor]  # [B, Hq, num_splits] float32 (base-2 log-sum-exp)
+
+
+def choose_num_splits(batch: int, num_kv_heads: int, max_keys: int, num_sms: int, block_n: int) -> int:
+    """Enough (request, head, split) programs to fill the GPU about four times over, never a split shorter than
+    MIN_SPLIT_TOKENS keys."""
+    programs = batch * num_kv_heads
+    want = max(1, math.ceil(4 * num_sms / programs))
+    cap = max(1, math.ceil(max_keys / max(MIN_SPLIT_TOKENS, block_n)))
+    return min(want, cap)
+
+
+def plan_decode(kv_indptr: torch.Tensor, *, num_q_heads: int, num_kv_heads: int, head_dim: int,
+                window: Optional[int] = None, max_seq_len: Optional[int] = None, num_splits: Optional[int] = None,
+                block_n: int = DEFAULT_BLOCK_N, num_warps: int = 4, num_stages: int = 2) -> DecodePlan:
+    """Pick the split count for a batch and allocate the partial buffers.
+
+    ``max_seq_len`` (a host int) avoids reading ``kv_indptr`` back from the device; without it the plan syncs once.
+    """
+    if not isinstance(kv_indptr, torch.Tensor) or kv_indptr.dim() != 1 or kv_indptr.dtype not in (torch.int32,
+                                                                                                   torch.int64):
+        raise TypeError("kv_indptr must be a 1-D int32/int64 tensor")
+    if kv_indptr.numel() < 2:
+        raise ValueError(f"kv_indptr must have batch + 1 >= 2 entries, got {kv_indptr.numel()}")
+    for name, value in (("num_q_heads", num_q_heads), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim),
+                        ("block_n", block_n)):
+        if not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"num_q_heads ({num_q_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+    if window is not None and (not isinstance(window, int) or window <= 0):
+        raise ValueError(f"window must be None or a positive int, got {window!r}")
+    batch = kv_indptr.numel() - 1
+    if max_seq_len is None:
+        max_seq_len = int(kv_indptr.diff().max())
+    max_keys = max(1, min(max_seq_len, window) if window is not None else max_seq_len)
+    if num_splits is None:
+        num_splits = choose_num_splits(batch, num_kv_heads, max_keys, _num_sms(kv_indptr.device), block_n)
+    if not isinstance(num_splits, int) or num_splits <= 0:
+        raise ValueError(f"num_splits must be a positive int, got {num_splits!r}")
+    split_len = triton.cdiv(triton.cdiv(max_keys, num_splits), block_n) * block_n
+    num_splits = triton.cdiv(max_keys, split_len)
+    part_o = part_lse = None
+    if num_splits > 1:
+        dev = kv_indptr.device
+        part_o = torch.empty((batch, num_q_heads, num_splits, head_dim), dtype=torch.float32, device=dev)
+        part_lse = torch.empty((batch, num_q_heads, num_splits), dtype=torch.float32, device=dev)
+    return DecodePlan(batch, num_q_heads, num_kv_heads, head_dim, window, num_splits, split_len, block_n,
+                      num_warps, num_stages, part_o, part_lse)
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _dot_dtype(kv: PagedKV):
+    # The Triton interpreter's tl.dot gives garbage for bf16 operands (seen with triton 3.9 on the CPU: errors of
+    # 1e10 on a 16x16 product), so interpreted runs dot in float32; the GPU tests cover the bf16 path.
+    if interpreting():
+        return tl.float32
+    if kv.k_buffer.dtype == torch.float16:
+        return tl.float16
+    if kv.k_buffer.dtype == torch.float32:
+        return tl.float32
+    return tl.bfloat16
+
+
+def check_query_and_pool(q: torch.Tensor, kv: PagedKV, params: AttentionParams,
+                         out: Optional[torch.Tensor]) -> None:
+    """Checks shared by decode and extend (``q [rows, Hq, D]``; ``rel_bias [rows, Hq, rel_extent]``)."""
+    if not isinstance(kv, PagedKV):
+        raise TypeError(f"kv must be a PagedKV, got {type(kv).__name__}")
+    if not isinstance(params, AttentionParams):
+        raise TypeError(f"params must be an AttentionParams, got {type(params).__name__}")
+    if not isinstance(q, torch.Tensor) or q.dim() != 3 or q.dtype not in (torch.bfloat16, torch.float16,
+                                                                          torch.float32):
+        desc = f"{tuple(q.shape)} {q.dtype}" if isinstance(q, torch.Tensor) else type(q).__name__
+        raise TypeError(f"q must be a [rows, Hq, D] bf16/fp16/fp32 tensor, got {desc}")
+    rows, hq, d = q.shape
+    if q.stride(-1) != 1:
+        raise ValueError("q must be contiguous in its last (head_dim) dimension")
+    if d != kv.head_dim:
+        raise ValueError(f"q's head_dim {d} does not match the pool's {kv.head_dim}")
+    if d < 32 or d & (d - 1):
+        raise ValueError(f"head_dim must be a power of two >= 32 for the Triton kernels, got {d}")
+    if hq % kv.num_kv_heads:
+        raise ValueError(f"q's head count {hq} must be a multiple of the pool's KV heads {kv.num_kv_heads}")
+    for name, t in (("k_buffer", kv.k_buffer), ("v_buffer", kv.v_buffer)):
+        if t.device != q.device:
+            raise ValueError(f"kv.{name} is on {t.device}, q on {q.device}")
+        if t.stride(-1) != 1:
+            raise ValueError(f"kv.{name} must be contiguous in head_dim")
+    if kv.is_mxfp8:
+        for name in ("k_scales", "v_scales"):
+            t = getattr(kv, name)
+            if t.device != q.device:
+                raise ValueError(f"kv.{name} is on {t.device}, q on {q.device}")
+            if not t.is_contiguous():
+                raise ValueError(f"kv.{name} must be contiguous")
+    if params.rel_bias is not None:
+        rb = params.rel_bias
+        if rb.dim() != 3 or tuple(rb.shape[:2]) != (rows, hq) or rb.shape[2] < 1:
+            raise ValueError(f"params.rel_bias must have shape [{rows}, {hq}, rel_extent], got {tuple(rb.shape)}")
+        if rb.stride(-1) != 1 or rb.device != q.device:
+            raise ValueError("params.rel_bias must be contiguous in its last dim and on q's device")
+    if params.sinks is not None:
+        if tuple(params.sinks.shape) != (hq,) or params.sinks.device != q.device:
+            raise ValueError(f"params.sinks must have shape [{hq}] on q's device, got {tuple(params.sinks.shape)}")
+    if out is not None:
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != (rows, hq, d) or out.stride(-1) != 1:
+            raise ValueError(f"out must be a [{rows}, {hq}, {d}] tensor contiguous in its last dim")
+        if out.device != q.device or out.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            raise ValueError("out must be bf16/fp16/fp32 on q's device")
+
+
+def check_index_tensor(name: str, t: torch.Tensor, device: torch.device) -> None:
+    if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name} must be a 1-D int32/int64 tensor")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}, q on {device}")
+
+
+def check_decode_inputs(q: torch.Tensor, kv: PagedKV, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
+                        params: AttentionParams, out: Optional[torch.Tensor]) -> None:
+    """Shape, dtype and device checks that need no device sync (slot ranges are checked by ``validate_slots``)."""
+    check_query_and_pool(q, kv, params, out)
+    check_index_tensor("kv_indptr", kv_indptr, q.device)
+    check_index_tensor("kv_indices", kv_indices, q.device)
+    if kv_indptr.numel() != q.shape[0] + 1:
+        raise ValueError(f"kv_indptr must have batch + 1 = {q.shape[0] + 1} entries, got {kv_indptr.numel()}")
+
+
+def validate_slots(kv: PagedKV, kv_indptr: torch.Tensor, kv_indices: torch.Tensor) -> None:
+    """Range checks that read the indices back (one device sync): call once per batch, e.g. at plan time."""
+    if int(kv_indptr[0]) != 0 or bool((kv_indptr[1:] < kv_indptr[:-1]).any()):
+        raise ValueError("kv_indptr must start at 0 and be non-decreasing")
+    total = int(kv_indptr[-1])
+    if total > kv_indices.numel():
+        raise ValueError(f"kv_indptr[-1]={total} exceeds kv_indices' length {kv_indices.numel()}")
+    if bool((kv_indptr[1:] == kv_indptr[:-1]).any()):
+        raise ValueError("every decode request needs at least one key (its own), got an empty request")
+    used = kv_indices[:total]
+    if used.numel() and (int(used.min()) < 0 or int(used.max()) >= kv.num_slots):
+        raise ValueError(f"kv_indices must be slots in [0, {kv.num_slots}), got "
+                         f"[{int(used.min())}, {int(used.max())}]")
+
+
+def run_decode(plan: DecodePlan, q: torch.Tensor, kv: PagedKV, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
+               params: AttentionParams, out: Optional[torch.Tensor] = None, check: bool = True) -> torch.Tensor:
+    """One layer's decode attention with a batch's plan. Returns ``out`` ([B, Hq, D], q's dtype by default)."""
+    if check:
+        check_decode_inputs(q, kv, kv_indptr, kv_indices, params, out)
+        if (q.shape[0], q.shape[1], kv.num_kv_heads, q.shape[2]) != (plan.batch, plan.num_q_heads,
+                                                                    plan.num_kv_heads, plan.head_dim):
+            raise ValueError(f"plan was made for B={plan.batch}, Hq={plan.num_q_heads}, Hkv={plan.num_kv_heads}, "
+                             f"D={plan.head_dim}; got q {tuple(q.shape)} with Hkv={kv.num_kv_heads}")
+        if params.window != plan.window:
+            raise ValueError(f"plan was made for window={plan.window}, params.window={params.window}")
+    batch, hq, d = q.shape
+    hkv = kv.num_kv_heads
+    group = hq // hkv
+    if out is None:
+        out = torch.empty_like(q)
+    fmt = kv_format(kv)
+    if fmt == KV_MXFP8:
+        ksf, vsf = kv.k_scales.view(torch.uint8), kv.v_scales.view(torch.uint8)
+        page, interleaved = kv.layout.page_size, kv.layout.interleaved
+    else:
+        ksf = vsf = kv.k_buffer  # unused
+        page, interleaved = 1, False
+    rb = params.rel_bias
+    direct = plan.num_splits == 1
+    dummy = out
+    grid = (batch, hkv, plan.num_splits)
+    _decode_split_kernel[grid](
+        q, kv.k_buffer, kv.v_buffer, ksf, vsf,
+        kv_indptr, kv_indices,
+        rb if rb is not None else dummy, params.sinks if params.sinks is not None else dummy,
+        out, plan.part_o if not direct else dummy, plan.part_lse if not direct else dummy,
+        q.stride(0), q.stride(1),
+        kv.k_buffer.stride(0), kv.k_buffer.stride(1), kv.v_buffer.stride(0), kv.v_buffer.stride(1),
+        rb.stride(0) if rb is not None else 0, rb.stride(1) if rb is not None else 0,
+        rb.shape[2] if rb is not None else 0,
+        out.stride(0), out.stride(1),
+        float(params.softmax_scale), float(kv.k_scale), float(kv.v_scale), float(params.logit_cap),
+        params.window if params.window is not None else 0,
+        plan.split_len, plan.num_splits,
+        G=group, G_PAD=max(16, triton.next_power_of_2(group)), D=d, HKV=hkv, BLOCK_N=plan.block_n,
+        KV_FORMAT=fmt, PAGE=page, INTERLEAVED=interleaved, DOT_DTYPE=_dot_dtype(kv),
+        HAS_REL_BIAS=rb is not None, HAS_WINDOW=params.window is not None, HAS_CAP=params.logit_cap > 0,
+        HAS_SINKS=params.sinks is not None, DIRECT=direct,
+        num_warps=plan.num_warps, num_stages=plan.num_stages,
+    )
+    if not direct:
+        _decode_merge_kernel[(batch, hq)](
+            plan.part_o, plan.part_lse, kv_indptr, params.sinks if params.sinks is not None else dummy, out,
+            out.stride(0), out.stride(1), params.window if params.window is not None else 0,
+            plan.split_len, plan.num_splits,
+            HQ=hq, D=d, HAS_WINDOW=params.window is not None, HAS_SINKS=params.sinks is not None,
+            num_warps=4 if d >= 128 else 2,
+        )
+    return out
+
+
+def paged_decode_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
+                           params: AttentionParams, *, num_splits: Optional[int] = None,
+                           out: Optional[torch.Tensor] = None, max_seq_len: Optional[int] = None,
+                           validate: bool = True) -> torch.Tensor:
+    """Plan and run in one call (the reference's signature). ``validate`` range-checks the slots (one sync)."""
+    check_decode_inputs(q, kv, kv_indptr, kv_indices, params, out)
+    if validate:
+        validate_slots(kv, kv_indptr, kv_indices)
+    plan = plan_decode(kv_indptr, num_q_heads=q.shape[1], num_kv_heads=kv.num_kv_heads, head_dim=q.shape[2],
+                       window=params.window, max_seq_len=max_seq_len, num_splits=num_splits)
+    return run_decode(plan, q, kv, kv_indptr, kv_indices, params, out=out, check=False)

@@ -1,0 +1,197 @@
+"""Paged extend (prefill with a cached prefix, chunked prefill) attention in Triton over bf16/fp16/fp32, per-tensor
+fp8 and MXFP8 pools.
+
+Semantics are ``sglang_inkling_backend.reference.attention.paged_extend_attention``: request b's query rows
+``qo_indptr[b]:qo_indptr[b+1]`` are its last positions and see, causally, every key of the request that the window
+allows. One program handles ``BLOCK_M`` query rows of one request for all ``G`` query heads of one KV head (rows
+are (token, head) pairs), so a K/V tile is read and dequantized once for the whole group. K/V are dequantized tile
+by tile exactly as in the decode kernel (``load_kv_tile``). This is the correct-first path: it shares the decode
+kernel's tile loader and makes no attempt at Hopper-specific tuning.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ..reference.attention import AttentionParams, PagedKV
+from .decode_attention import (KV_MXFP8, _dot_dtype, check_index_tensor, check_query_and_pool, kv_format,
+                               load_kv_tile, soft_cap)
+
+
+@triton.jit
+def _extend_kernel(
+    q_ptr, k_ptr, v_ptr, ksf_ptr, vsf_ptr,
+    kv_indptr_ptr, kv_indices_ptr, qo_indptr_ptr, block_req_ptr, block_row_ptr,
+    rel_bias_ptr, sinks_ptr, out_ptr,
+    stride_qt, stride_qh,
+    stride_k_slot, stride_k_head, stride_v_slot, stride_v_head,
+    stride_rb_row, stride_rb_head, rel_extent,
+    stride_ot, stride_oh,
+    sm_scale, k_scale, v_scale, logit_cap, window,
+    G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, D: tl.constexpr, HKV: tl.constexpr,
+    BLOCK_N: tl.constexpr, KV_FORMAT: tl.constexpr, PAGE: tl.constexpr, INTERLEAVED: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, HAS_REL_BIAS: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+):
+    blk = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.load(block_req_ptr + blk)
+    row_begin = tl.load(block_row_ptr + blk)  # first query row (token index into q) of this block
+    q_start = tl.load(qo_indptr_ptr + b)
+    q_end = tl.load(qo_indptr_ptr + b + 1)
+    kv_start = tl.load(kv_indptr_ptr + b).to(tl.int64)
+    seq_len = (tl.load(kv_indptr_ptr + b + 1) - tl.load(kv_indptr_ptr + b)).to(tl.int32)
+    prefix = seq_len - (q_end - q_start).to(tl.int32)
+
+    r = tl.arange(0, BLOCK_R)
+    m = r // G
+    g = r % G
+    tok = row_begin + m
+    mask_r = (r < BLOCK_M * G) & (tok < q_end)
+    pos = prefix + (tok - q_start).to(tl.int32)  # query positions
+    heads = h * G + g
+    offs_d = tl.arange(0, D)
+    q = tl.load(q_ptr + tok.to(tl.int64)[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=mask_r[:, None], other=0.0).to(DOT_DTYPE)
+    qk_scale = sm_scale * 1.4426950408889634
+    if KV_FORMAT == 1:
+        qk_scale = qk_scale * k_scale
+
+    first_pos = prefix + (row_begin - q_start).to(tl.int32)
+    last_pos = tl.minimum(first_pos + BLOCK_M, seq_len) - 1
+    lo = 0
+    if HAS_WINDOW:
+        lo = tl.maximum(first_pos - window + 1, 0)
+        lo = (lo // BLOCK_N) * BLOCK_N
+    hi = last_pos + 1
+
+    m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_R], tl.float32)
+    acc = tl.zeros([BLOCK_R, D], tl.float32)
+    for start in range(lo, hi, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < hi
+        slots = tl.load(kv_indices_ptr + kv_start + offs_n, mask=mask_n, other=0).to(tl.int64)
+        k = load_kv_tile(k_ptr, ksf_ptr, slots, mask_n, h, stride_k_slot, stride_k_head, k_scale,
+                         HKV, D, BLOCK_N, KV_FORMAT, PAGE, INTERLEAVED, DOT_DTYPE)
+        qk = tl.dot(q, tl.trans(k))
+        dist = pos[:, None] - offs_n[None, :]
+        keep = mask_r[:, None] & mask_n[None, :] & (dist >= 0)
+        if HAS_WINDOW:
+            keep = keep & (dist <= window - 1)
+        if HAS_CAP:
+            qk = qk * (qk_scale / 1.4426950408889634)
+        else:
+            qk = qk * qk_scale
+        if HAS_REL_BIAS:
+            if start + BLOCK_N - 1 > first_pos - rel_extent:
+                in_reach = keep & (dist < rel_extent)
+                bias = tl.load(rel_bias_ptr + tok.to(tl.int64)[:, None] * stride_rb_row
+                               + heads[:, None] * stride_rb_head + dist, mask=in_reach, other=0.0).to(tl.float32)
+                if HAS_CAP:
+                    qk += bias
+                else:
+                    qk += bias * 1.4426950408889634
+        if HAS_CAP:
+            qk = soft_cap(qk, logit_cap) * 1.4426950408889634
+        qk = tl.where(keep, qk, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: keep everything at 0
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(qk - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = load_kv_tile(v_ptr, vsf_ptr, slots, mask_n, h, stride_v_slot, stride_v_head, v_scale,
+                         HKV, D, BLOCK_N, KV_FORMAT, PAGE, INTERLEAVED, DOT_DTYPE)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v)
+        m_i = m_new
+
+    if KV_FORMAT == 1:
+        acc = acc * v_scale
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + heads, mask=mask_r, other=0.0).to(tl.float32) * 1.4426950408889634
+        m_fin = tl.maximum(m_i, sink)
+        scale_old = tl.exp2(m_i - m_fin)
+        acc = acc * scale_old[:, None]
+        l_i = l_i * scale_old + tl.exp2(sink - m_fin)
+    o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # l_i is 0 only on padding rows, never stored
+    tl.store(out_ptr + tok.to(tl.int64)[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+             o.to(out_ptr.dtype.element_ty), mask=mask_r[:, None])
+
+
+def paged_extend_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
+                           qo_indptr: torch.Tensor, params: AttentionParams, *, out: Optional[torch.Tensor] = None,
+                           block_rows: int = 64, block_n: int = 64, validate: bool = True) -> torch.Tensor:
+    """``q [T, Hq, D]`` -> ``[T, Hq, D]`` (q's dtype unless ``out`` is given). Reads ``qo_indptr``/``kv_indptr`` on
+    the host to lay out the grid (extend is not graph-captured); ``validate`` also range-checks the slots."""
+    check_query_and_pool(q, kv, params, out)
+    check_index_tensor("qo_indptr", qo_indptr, q.device)
+    check_index_tensor("kv_indptr", kv_indptr, q.device)
+    check_index_tensor("kv_indices", kv_indices, q.device)
+    batch = qo_indptr.numel() - 1
+    if batch < 1 or kv_indptr.numel() != batch + 1:
+        raise ValueError(f"qo_indptr and kv_indptr must both have batch + 1 >= 2 entries, got "
+                         f"{qo_indptr.numel()} and {kv_indptr.numel()}")
+    qo, kvp = qo_indptr.tolist(), kv_indptr.tolist()
+    if qo[0] != 0 or qo[-1] != q.shape[0] or any(x > y for x, y in zip(qo, qo[1:])):
+        raise ValueError(f"qo_indptr must start at 0, be non-decreasing and end at q's row count {q.shape[0]}")
+    if kvp[0] != 0 or any(x > y for x, y in zip(kvp, kvp[1:])):
+        raise ValueError("kv_indptr must start at 0 and be non-decreasing")
+    if kvp[-1] > kv_indices.numel():
+        raise ValueError(f"kv_indptr[-1]={kvp[-1]} exceeds kv_indices' length {kv_indices.numel()}")
+    qlens = [y - x for x, y in zip(qo, qo[1:])]
+    kvlens = [y - x for x, y in zip(kvp, kvp[1:])]
+    if any(ql > kl for ql, kl in zip(qlens, kvlens)):
+        raise ValueError(f"each request needs at least as many keys as queries, got qlens {qlens} and kv lens "
+                         f"{kvlens}")
+    used = kv_indices[: kvp[-1]]
+    if validate and used.numel() and (int(used.min()) < 0 or int(used.max()) >= kv.num_slots):
+        raise ValueError(f"kv_indices must be slots in [0, {kv.num_slots}), got [{int(used.min())}, "
+                         f"{int(used.max())}]")
+    rb = params.rel_bias
+
+    total, hq, d = q.shape
+    hkv = kv.num_kv_heads
+    group = hq // hkv
+    block_r = max(block_rows, triton.next_power_of_2(group), 16)
+    block_m = max(1, block_r // group)
+    reqs, rows = [], []
+    for b_idx, (a, ql) in enumerate(zip(qo, qlens)):
+        for r0 in range(0, ql, block_m):
+            reqs.append(b_idx)
+            rows.append(a + r0)
+    if out is None:
+        out = torch.empty_like(q)
+    if not reqs:
+        return out
+    block_req = torch.tensor(reqs, dtype=torch.int32, device=q.device)
+    block_row = torch.tensor(rows, dtype=torch.int32, device=q.device)
+    fmt = kv_format(kv)
+    if fmt == KV_MXFP8:
+        ksf, vsf = kv.k_scales.view(torch.uint8), kv.v_scales.view(torch.uint8)
+        page, interleaved = kv.layout.page_size, kv.layout.interleaved
+    else:
+        ksf = vsf = kv.k_buffer
+        page, interleaved = 1, False
+    dummy = out
+    _extend_kernel[(len(reqs), hkv)](
+        q, kv.k_buffer, kv.v_buffer, ksf, vsf,
+        kv_indptr, kv_indices, qo_indptr, block_req, block_row,
+        rb if rb is not None else dummy, params.sinks if params.sinks is not None else dummy, out,
+        q.stride(0), q.stride(1),
+        kv.k_buffer.stride(0), kv.k_buffer.stride(1), kv.v_buffer.stride(0), kv.v_buffer.stride(1),
+        rb.stride(0) if rb is not None else 0, rb.stride(1) if rb is not None else 0,
+        rb.shape[2] if rb is not None else 0,
+        out.stride(0), out.stride(1),
+        float(params.softmax_scale), float(kv.k_scale), float(kv.v_scale), float(params.logit_cap),
+        params.window if params.window is not None else 0,
+        G=group, BLOCK_M=block_m, BLOCK_R=block_r, D=d, HKV=hkv, BLOCK_N=block_n, KV_FORMAT=fmt, PAGE=page,
+        INTERLEAVED=interleaved, DOT_DTYPE=_dot_dtype(kv), HAS_REL_BIAS=rb is not None,
+        HAS_WINDOW=params.window is not None, HAS_CAP=params.logit_cap > 0, HAS_SINKS=params.sinks is not None,
+        num_warps=4, num_stages=2,
+    )
+    return out

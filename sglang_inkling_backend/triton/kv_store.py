@@ -1,0 +1,133 @@
+"""Fused quantize-and-store of K/V rows into an MXFP8 pool (one kernel for K and V, data and scales).
+
+Byte-identical to ``mxfp8.quantize`` followed by ``ScaleLayout.scatter`` (what ``InklingKVPool.set_kv_buffer``
+does), including the non-finite rule: a block holding a NaN or an infinity gets the UE8M0 NaN byte and e4m3 NaNs.
+The scale exponent comes from the float's exponent and mantissa bits and e4m3 is encoded with integer operations
+(round to nearest even), never through the dtype cast: exact on the GPU and under the Triton interpreter alike
+(the interpreter's fp32 -> e4m3 cast is wrong at ties, see ``../shared/spec/mxfp8-kv.md``).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import mxfp8
+from ..reference.attention import PagedKV
+from .decode_attention import scale_offsets
+
+
+@triton.jit
+def encode_e4m3(y):
+    """float32 ``y`` with |y| <= 448 -> e4m3fn byte (int32 0..255), round to nearest even, from the bits."""
+    u = y.to(tl.int32, bitcast=True)
+    sign = (u >> 24) & 0x80
+    a = u & 0x7FFFFFFF
+    exp = a >> 23
+    # normal e4m3 (|y| >= 2**-6, fp32 exponent >= 121): round the 23-bit mantissa to 3 bits (a carry moves into
+    # the exponent, as it should), then rebias 127 -> 7
+    normal = ((a + 0x7FFFF + ((a >> 20) & 1)) >> 20) - (120 << 3)
+    # subnormal e4m3: round(|y| * 2**9) to an integer 0..8 (8 is the smallest normal's code, 0x08)
+    mant = (a & 0x7FFFFF) | 0x800000
+    shift = tl.minimum(tl.maximum(141 - exp, 1), 31)  # the clamp at 1 only matters for normals
+    half_minus_one = (1 << (shift - 1)) - 1
+    sub = (mant + half_minus_one + ((mant >> shift) & 1)) >> shift
+    return tl.where(exp >= 121, normal, sub) | sign
+
+
+@triton.jit
+def _quantize_store_kernel(
+    k_ptr, v_ptr, loc_ptr, kbuf_ptr, vbuf_ptr, ksf_ptr, vsf_ptr,
+    stride_kt, stride_kh, stride_vt, stride_vh, stride_buf_slot, stride_buf_head,
+    HKV: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, INTERLEAVED: tl.constexpr,
+):
+    t = tl.program_id(0)
+    hv = tl.program_id(1)  # K heads first, then V heads
+    NB: tl.constexpr = D // 32
+    is_v = hv >= HKV
+    h = hv % HKV
+    blk = tl.arange(0, NB)
+    offs = blk[:, None] * 32 + tl.arange(0, 32)[None, :]
+    slot = tl.load(loc_ptr + t).to(tl.int64)
+    if is_v:
+        x = tl.load(v_ptr + t * stride_vt + h * stride_vh + offs).to(tl.float32)
+    else:
+        x = tl.load(k_ptr + t * stride_kt + h * stride_kh + offs).to(tl.float32)
+
+    bits = x.to(tl.int32, bitcast=True)
+    finite = (bits & 0x7F800000) != 0x7F800000
+    block_finite = tl.min(finite.to(tl.int32), axis=1) == 1
+    amax = tl.max(tl.where(finite, tl.abs(x), 0.0), axis=1)
+    amax = tl.maximum(amax, 1e-30)
+    # smallest e with amax <= 448 * 2**(e - 127): amax = 1.m * 2**(E - 127), 448 = 1.75 * 2**8
+    abits = amax.to(tl.int32, bitcast=True)
+    e = (abits >> 23) - 8 + ((abits & 0x7FFFFF) > 0x600000).to(tl.int32)
+    e = tl.minimum(tl.maximum(e, 0), 254)
+    # x / 2**(e - 127) as a multiplication by 2**(127 - e) (exact); e == 254 needs two steps (2**-127 is subnormal)
+    inv = ((254 - tl.minimum(e, 253)) << 23).to(tl.float32, bitcast=True)
+    y = x * inv[:, None]
+    y = tl.where((e == 254)[:, None], (x * 5.421010862427522e-20) * 1.0842021724855044e-19, y)  # 2**-64 * 2**-63
+    y = tl.minimum(tl.maximum(y, -448.0), 448.0)
+    code = encode_e4m3(y)
+    code = tl.where(block_finite[:, None], code, 0x7F)
+    e = tl.where(block_finite, e, 0xFF)
+
+    data_off = slot * stride_buf_slot + h * stride_buf_head + offs
+    sf_off = scale_offsets(slot, h, HKV, NB, PAGE, INTERLEAVED) + blk
+    if is_v:
+        tl.store(vbuf_ptr + data_off, code.to(tl.uint8))
+        tl.store(vsf_ptr + sf_off, e.to(tl.uint8))
+    else:
+        tl.store(kbuf_ptr + data_off, code.to(tl.uint8))
+        tl.store(ksf_ptr + sf_off, e.to(tl.uint8))
+
+
+def store_kv_mxfp8(kv: PagedKV, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   validate: bool = True) -> None:
+    """Quantize ``k``, ``v`` (``[N, Hkv, D]`` or ``[N, Hkv * D]``, bf16/fp16/fp32) and store them at slots ``loc``
+    of the MXFP8 pool ``kv`` (data and scale bytes), in one kernel. ``validate`` range-checks ``loc`` (one sync);
+    every check runs before anything is written."""
+    if not isinstance(kv, PagedKV):
+        raise TypeError(f"kv must be a PagedKV, got {type(kv).__name__}")
+    if not kv.is_mxfp8:
+        raise ValueError("store_kv_mxfp8 needs an MXFP8 PagedKV (k_scales, v_scales and layout); use "
+                         "InklingKVPool.set_kv_buffer for other pools")
+    if not isinstance(loc, torch.Tensor) or loc.dim() != 1 or loc.dtype not in (torch.int32, torch.int64):
+        raise TypeError("loc must be a 1-D int32/int64 tensor of slot ids")
+    n, hkv, d = loc.numel(), kv.num_kv_heads, kv.head_dim
+    if d & (d - 1) or d < 32:
+        raise ValueError(f"head_dim must be a power of two >= 32 for the Triton store, got {d}")
+    views = []
+    for name, t in (("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            raise TypeError(f"{name} must be bf16/fp16/fp32, got {t.dtype}")
+        if tuple(t.shape) not in ((n, hkv, d), (n, hkv * d)):
+            raise ValueError(f"{name} must hold [{n}, Hkv={hkv}, D={d}] values, got shape {tuple(t.shape)}")
+        if t.device != kv.k_buffer.device:
+            raise ValueError(f"{name} is on {t.device}, the pool on {kv.k_buffer.device}")
+        t = t.view(n, hkv, d)
+        if t.stride(2) != 1:
+            raise ValueError(f"{name} must be contiguous in head_dim")
+        views.append(t)
+    if loc.device != kv.k_buffer.device:
+        raise ValueError(f"loc is on {loc.device}, the pool on {kv.k_buffer.device}")
+    for name, t in (("k_buffer", kv.k_buffer), ("v_buffer", kv.v_buffer)):
+        if t.stride() != kv.k_buffer.stride() or t.stride(2) != 1:
+            raise ValueError(f"kv.{name} must be contiguous in head_dim with the same strides as k_buffer")
+    if validate and n and (int(loc.min()) < 0 or int(loc.max()) >= kv.num_slots):
+        raise ValueError(f"loc must be slots in [0, {kv.num_slots}), got [{int(loc.min())}, {int(loc.max())}]")
+    if n == 0:
+        return
+    k3, v3 = views
+    _quantize_store_kernel[(n, 2 * hkv)](
+        k3, v3, loc, kv.k_buffer.view(torch.uint8), kv.v_buffer.view(torch.uint8),
+        kv.k_scales.view(torch.uint8), kv.v_scales.view(torch.uint8),
+        k3.stride(0), k3.stride(1), v3.stride(0), v3.stride(1), kv.k_buffer.stride(0), kv.k_buffer.stride(1),
+        HKV=hkv, D=d, PAGE=kv.layout.page_size, INTERLEAVED=kv.layout.interleaved,
+        num_warps=1 if d <= 128 else 2,
+    )
