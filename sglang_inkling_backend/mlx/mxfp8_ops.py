@@ -4,7 +4,8 @@ MLX has no fp8 dtype: e4m3 data and UE8M0 scales travel as uint8. The exponent r
 rule (the smallest e with ``amax <= 448 * 2^(e-127)``), computed from the float's bits so that an exact
 power-of-two ratio never rounds the wrong way; see ``metal/inkling_common.metal`` for the same rule in
 Metal. ``mx.to_fp8`` is round-to-nearest-even and saturating, which is what the format needs for finite
-inputs (it maps NaN to 0x7E; NaN inputs are not supported by this path).
+inputs; it maps NaN to 0x7E, so non-finite blocks are handled explicitly: like the core, a block holding a
+NaN or an infinity gets scale 0xFF (UE8M0 NaN) and data 0x7F (e4m3 NaN).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import mlx.core as mx
 BLOCK = 32
 E4M3_MAX = 448.0
 _AMAX_FLOOR = 1e-30  # an all-zero block gets exponent 19, as in SGLang
+UE8M0_NAN = 0xFF
+E4M3_NAN = 0x7F
 
 
 def ue8m0_exponent(amax: mx.array) -> mx.array:
@@ -25,9 +28,11 @@ def ue8m0_exponent(amax: mx.array) -> mx.array:
 
 
 def ue8m0_to_float(exponent: mx.array) -> mx.array:
-    """UE8M0 byte -> 2^(e - 127) as float32 (e = 0 is the subnormal 2^-127)."""
+    """UE8M0 byte -> 2^(e - 127) as float32 (e = 0 is the subnormal 2^-127, 0xFF is NaN)."""
     e = exponent.astype(mx.uint32)
-    return mx.where(e == 0, mx.array(0x00400000, mx.uint32), e << 23).view(mx.float32)
+    bits = mx.where(e == 0, mx.array(0x00400000, mx.uint32), e << 23)
+    bits = mx.where(e == UE8M0_NAN, mx.array(0x7FC00000, mx.uint32), bits)
+    return bits.view(mx.float32)
 
 
 def _check_head_dim(x: mx.array, name: str) -> None:
@@ -39,11 +44,14 @@ def quantize(x: mx.array) -> tuple[mx.array, mx.array]:
     """x [..., D] float -> (data uint8 [..., D] e4m3fn codes, scales uint8 [..., D // 32] UE8M0)."""
     _check_head_dim(x, "x")
     blocks = x.astype(mx.float32).reshape(*x.shape[:-1], x.shape[-1] // BLOCK, BLOCK)
-    exponent = ue8m0_exponent(mx.max(mx.abs(blocks), axis=-1))
+    element_finite = mx.isfinite(blocks)
+    block_finite = mx.all(element_finite, axis=-1)
+    exponent = ue8m0_exponent(mx.max(mx.where(element_finite, mx.abs(blocks), 0.0), axis=-1))
     inverse_scale = ((254 - exponent.astype(mx.uint32)) << 23).view(mx.float32)  # 2^(127 - e), exact
-    scaled = mx.clip(blocks * inverse_scale[..., None], -E4M3_MAX, E4M3_MAX)
-    data = mx.to_fp8(scaled).reshape(x.shape)
-    return data, exponent
+    scaled = mx.clip(mx.where(element_finite, blocks, 0.0) * inverse_scale[..., None], -E4M3_MAX, E4M3_MAX)
+    data = mx.where(block_finite[..., None], mx.to_fp8(scaled), E4M3_NAN).astype(mx.uint8)
+    exponent = mx.where(block_finite, exponent, UE8M0_NAN).astype(mx.uint8)
+    return data.reshape(x.shape), exponent
 
 
 def dequantize(data: mx.array, scales: mx.array, dtype=mx.float32) -> mx.array:

@@ -4,7 +4,7 @@
 //          kv_indptr [B + 1] int32; kv_indices [nnz] int32 (pool slots in position order, the new
 //          token's key last); params [2] float32 = (softmax_scale, logit_cap; 0 = no cap);
 //          sinks [Hq] float32 (read when HAS_SINKS); rel_bias [B, Hq, max(REL_EXTENT, 1)] float32
-//          (read when REL_EXTENT > 0: added to the scaled logit at distance i - j < REL_EXTENT).
+//          (read when REL_EXTENT > 0: added to the scaled logit at distance i - j < REL_EXTENT, before the cap).
 // Output:  out [B, Hq, D] float32.
 // Grid: (D / 32, Hq, B). One thread per (32-channel output block, q head, request): it recomputes the
 // full logits (D / 32 times redundant) and keeps its own 32 output channels, so threads never share
@@ -48,12 +48,12 @@ for (int j = first_key; j < seq_len; ++j) {
         }
     }
     float logit = dot * softmax_scale;
-    if (logit_cap > 0.0f) {
-        logit = logit_cap * metal::precise::tanh(logit / logit_cap);
-    }
     const int distance = query_pos - j;
     if (REL_EXTENT > 0 && distance < int(REL_EXTENT)) {
         logit += rel_bias[(request * uint(NUM_QO_HEADS) + head) * uint(REL_EXTENT) + uint(distance)];
+    }
+    if (logit_cap > 0.0f) {  // the cap applies after the relative bias, as in the reference
+        logit = logit_cap * metal::precise::tanh(logit / logit_cap);
     }
     const float new_max = metal::max(running_max, logit);
     const float correction = metal::exp(running_max - new_max);  // exp(-inf) = 0 on the first key

@@ -8,7 +8,8 @@
 // MXFP8 (SGLang's Inkling recipe, identical to sglang_inkling_backend.mxfp8):
 //   32 channels share one UE8M0 scale byte e (value 2^(e-127));
 //   e = clamp(ceil(log2(max(amax, 1e-30) / 448)) + 127, 0, 254), computed exactly from the bits;
-//   data = e4m3fn(x / 2^(e-127)), round-to-nearest-even, saturating at +-448.
+//   data = e4m3fn(x / 2^(e-127)), round-to-nearest-even, saturating at +-448;
+//   a block holding a NaN or an infinity gets scale 0xFF (UE8M0 NaN) and data 0x7F (e4m3 NaN).
 
 #define INKLING_MX_BLOCK 32u
 
@@ -27,13 +28,24 @@ inline float inkling_inverse_scale(uint e) {
     return as_type<float>((254u - e) << 23);
 }
 
-// UE8M0 byte -> 2^(e - 127). e = 0 is the subnormal 2^-127 (never produced by the quantizer).
+#define INKLING_FLOAT_NAN_BITS 0x7FC00000u
+#define INKLING_UE8M0_NAN 0xFFu
+#define INKLING_E4M3_NAN 0x7Fu
+
+inline bool inkling_is_finite(float x) {
+    return (as_type<uint>(x) & 0x7F800000u) != 0x7F800000u;  // bits: safe under any math mode
+}
+
+// UE8M0 byte -> 2^(e - 127). e = 0 is the subnormal 2^-127 (never produced by the quantizer); 0xFF is NaN.
 inline float inkling_ue8m0_to_float(uint e) {
+    if (e == INKLING_UE8M0_NAN) {
+        return as_type<float>(INKLING_FLOAT_NAN_BITS);
+    }
     return e == 0u ? as_type<float>(0x00400000u) : as_type<float>(e << 23);
 }
 
-// float -> e4m3fn byte, round-to-nearest-even, saturating at 448. Integer bit operations only, so the
-// result does not depend on how a compiler or interpreter casts to fp8. NaN is not supported.
+// Finite float -> e4m3fn byte, round-to-nearest-even, saturating at 448. Integer bit operations only, so
+// the result does not depend on how a compiler or interpreter casts to fp8.
 inline uchar inkling_e4m3_encode(float x) {
     const uint bits = as_type<uint>(x);
     const uint sign = (bits >> 24) & 0x80u;
@@ -54,8 +66,11 @@ inline uchar inkling_e4m3_encode(float x) {
     return uchar(sign | code);
 }
 
-// e4m3fn byte -> float (exact). 0x7F / 0xFF (NaN) are never produced by the quantizer.
+// e4m3fn byte -> float (exact); 0x7F / 0xFF are NaN.
 inline float inkling_e4m3_decode(uint code) {
+    if ((code & 0x7Fu) == INKLING_E4M3_NAN) {
+        return as_type<float>(INKLING_FLOAT_NAN_BITS);
+    }
     const uint sign = (code & 0x80u) << 24;
     const uint exponent = (code >> 3) & 0xFu;
     const uint mantissa = code & 0x7u;
@@ -101,8 +116,18 @@ inline void inkling_quantize_row(const device T* x, device uchar* data, device u
     for (uint block = 0; block < uint(HEAD_DIM) / INKLING_MX_BLOCK; ++block) {
         const uint first = block * INKLING_MX_BLOCK;
         float amax = 0.0f;
+        bool finite = true;
         for (uint c = 0; c < INKLING_MX_BLOCK; ++c) {
-            amax = metal::max(amax, metal::fabs(float(x[first + c])));
+            const float value = float(x[first + c]);
+            finite = finite && inkling_is_finite(value);
+            amax = inkling_is_finite(value) ? metal::max(amax, metal::fabs(value)) : amax;
+        }
+        if (!finite) {  // the core's choice: the whole block dequantizes to NaN
+            for (uint c = 0; c < INKLING_MX_BLOCK; ++c) {
+                data[first + c] = uchar(INKLING_E4M3_NAN);
+            }
+            scales[block] = uchar(INKLING_UE8M0_NAN);
+            continue;
         }
         const uint e = inkling_ue8m0_exponent(amax);
         const float inverse_scale = inkling_inverse_scale(e);
