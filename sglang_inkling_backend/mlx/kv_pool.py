@@ -2,10 +2,10 @@
 
 SGLang's own MLX pool (``MlxAttentionKVPool``) holds float buffers only. This one holds, per
 full-attention layer (index = ``full_kv_pool_index_by_layer[layer]``), ``k_buffer``/``v_buffer``
-uint8 ``[size, Hkv, D]`` and ``k_scale_buffer``/``v_scale_buffer`` uint8 shaped by the core's
-``ScaleLayout.for_pool(size, Hkv, D, page_size)``, so its bytes are those of the torch pool and of
+uint8 ``[num_slots, Hkv, D]`` and ``k_scale_buffer``/``v_scale_buffer`` uint8 shaped by the core's
+``ScaleLayout.for_pool(num_slots, Hkv, D, page_size)``, so its bytes are those of the torch pool and of
 SGLang's ``MHATokenToKVPoolMXFP8``. Scale buffers start zeroed (0xFF would be NaN). Slot 0 is the
-padding slot, as in SGLang's pools.
+padding slot, as in SGLang's pools; ``num_slots`` counts it (the core pool's ``size + page_size``).
 """
 
 from __future__ import annotations
@@ -17,20 +17,20 @@ from sglang_inkling_backend.scale_layout import ScaleLayout
 
 
 class MlxMXFP8KVPool:
-    def __init__(self, size: int, num_layers: int, num_kv_heads: int, head_dim: int, page_size: int = 1):
-        for name, value in (("size", size), ("num_layers", num_layers), ("num_kv_heads", num_kv_heads)):
+    def __init__(self, num_slots: int, num_layers: int, num_kv_heads: int, head_dim: int, page_size: int = 1):
+        for name, value in (("num_slots", num_slots), ("num_layers", num_layers), ("num_kv_heads", num_kv_heads)):
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if head_dim % mxfp8_ops.BLOCK != 0:
             raise ValueError(f"head_dim must be a multiple of {mxfp8_ops.BLOCK}, got {head_dim}")
-        self.size = size
+        self.num_slots = num_slots
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.page_size = page_size
-        self.scale_layout = ScaleLayout.for_pool(size, num_kv_heads, head_dim, page_size)
+        self.scale_layout = ScaleLayout.for_pool(num_slots, num_kv_heads, head_dim, page_size)
         scale_shape = tuple(self.scale_layout.shape)
-        self.k_buffer = [mx.zeros((size, num_kv_heads, head_dim), mx.uint8) for _ in range(num_layers)]
-        self.v_buffer = [mx.zeros((size, num_kv_heads, head_dim), mx.uint8) for _ in range(num_layers)]
+        self.k_buffer = [mx.zeros((num_slots, num_kv_heads, head_dim), mx.uint8) for _ in range(num_layers)]
+        self.v_buffer = [mx.zeros((num_slots, num_kv_heads, head_dim), mx.uint8) for _ in range(num_layers)]
         self.k_scale_buffer = [mx.zeros(scale_shape, mx.uint8) for _ in range(num_layers)]
         self.v_scale_buffer = [mx.zeros(scale_shape, mx.uint8) for _ in range(num_layers)]
 
@@ -58,7 +58,7 @@ class MlxMXFP8KVPool:
 
     def write_rows(self, pool_index: int, slots: mx.array, k_data: mx.array, k_scales: mx.array,
                    v_data: mx.array, v_scales: mx.array) -> None:
-        """Store quantized rows at ``slots`` (already validated: 0 <= slot < size, no skips)."""
+        """Store quantized rows at ``slots`` (already validated: 0 <= slot < num_slots, no skips)."""
         self.k_buffer[pool_index][slots] = k_data
         self.v_buffer[pool_index][slots] = v_data
         self.k_scale_buffer[pool_index] = self._scatter_scales(self.k_scale_buffer[pool_index], slots, k_scales)

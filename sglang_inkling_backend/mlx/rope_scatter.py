@@ -194,7 +194,7 @@ def rope_scatter_mxfp8(q, k, v, positions, slots, pool: MlxMXFP8KVPool, full_kv_
         raise ValueError(
             f"k has {k.shape[1]} heads x {k.shape[2]} dims, the pool {pool.num_kv_heads} x {pool.head_dim}"
         )
-    to_write = _slot_rows(slots, q.shape[0], pool.size)
+    to_write = _slot_rows(slots, q.shape[0], pool.num_slots)
     if mk.resolve_implementation(implementation, "inkling rope + MXFP8 scatter") == "metal":
         outputs = mk.run_metal(mk.ROPE_QK_MXFP8, rope_qk_mxfp8_launch(q, k, v, positions, rope))
     else:
