@@ -136,7 +136,8 @@ def handle_attention_backend_compatibility(server_args: Any, previous: Callable[
     graph_config = cfg.cuda_graph_config
     # Prefill graphs (FULL or breakable) need metadata this backend does not build.
     graph_config = with_phase(graph_config, Phase.PREFILL, backend=Backend.DISABLED)
-    if decode and not decode_graph_capturable(cfg.device):
+    head_dim = getattr(model_config_of(server_args), "head_dim", None)
+    if decode and not decode_graph_capturable(cfg.device, head_dim):
         if cfg.device == "cpu":
             # SGLang's CPU graph runner (--enable-torch-compile) would torch.compile the torch route, which loops
             # over requests on the host: an explicit opt-out instead of a compile that graph-breaks every layer.
@@ -160,13 +161,13 @@ def apply_inkling_prefill_cuda_graph_default(server_args: Any, previous: Callabl
     previous(server_args)
 
 
-def decode_graph_capturable(device: str | None) -> bool:
-    """Decode CUDA graphs need the Triton route (a CUDA/ROCm device and our Triton decode kernel)."""
+def decode_graph_capturable(device: str | None, head_dim: int | None = None) -> bool:
+    """Decode CUDA graphs need the Triton route (a CUDA/ROCm device, our Triton kernels, a head size they serve)."""
     if device not in (None, "cuda"):
         return False
-    from sglang_inkling_backend.sglang.routes import triton_decode_kernel
+    from sglang_inkling_backend.sglang.routes import triton_decode_kernel, triton_head_dim_ok
 
-    return triton_decode_kernel() is not None
+    return triton_decode_kernel() is not None and (head_dim is None or triton_head_dim_ok(head_dim))
 
 
 def validate_server_args(cfg: Any, model_config: Any, *, prefill: bool, decode: bool) -> None:

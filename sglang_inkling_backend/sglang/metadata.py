@@ -47,6 +47,10 @@ class InklingForwardMetadata:
     # Write slots in the SWA sub-pool for this batch's new tokens (hybrid SWA pools only). The in-tree Inkling model
     # reads it under this name from the backend's forward_metadata.
     swa_out_cache_loc: Optional[torch.Tensor] = None
+    # CUDA-graph metadata: tensors are views of DecodeGraphBuffers, writes must not sync, and max_seq_len (a host
+    # int, the context limit) sizes the decode kernel's grid the same at capture and at replay.
+    graph: bool = False
+    max_seq_len: Optional[int] = None
 
     def rails(self, window: Optional[int]) -> KVRails:
         """The rails a layer with ``window`` visible keys (None: full attention) reads."""

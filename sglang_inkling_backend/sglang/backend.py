@@ -1,0 +1,275 @@
+"""``InklingAttnBackend``: SGLang's ``AttentionBackend`` for ``--attention-backend inkling``.
+
+This module only adapts SGLang's objects; the rails come from ``metadata``, the work from ``impl`` and the route
+(torch reference or Triton, chosen once here, at construction) from ``routes``.
+
+What SGLang expects of a backend and where it is met:
+- ``token_to_kv_pool`` / ``req_to_token_pool`` attributes (read by models through the forward context);
+- ``init_forward_metadata`` (eager), ``forward_decode`` / ``forward_extend`` with ``**kwargs``;
+- decode CUDA graphs: ``init_cuda_graph_state`` allocates ``DecodeGraphBuffers``,
+  ``init_forward_metadata_out_graph`` refills them in place (capture and replay), ``get_cuda_graph_seq_len_fill_value``
+  is 1 (padded rows read slot 0, the padding sink); only the Triton route is capturable, and the resolution hook
+  turns decode graphs off otherwise;
+- ``forward_metadata.swa_out_cache_loc`` (the in-tree Inkling model reads it).
+The CPU graph runner (``--enable-torch-compile`` on CPU) is opted out of at resolution, with a log line.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+from sglang.srt.layers.radix_attention import AttentionType
+from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+
+from sglang_inkling_backend import mxfp8
+from sglang_inkling_backend.sglang import impl
+from sglang_inkling_backend.sglang.metadata import (
+    DecodeGraphBuffers,
+    InklingForwardMetadata,
+    build_forward_metadata,
+    gather_rails,
+    window_start,
+)
+from sglang_inkling_backend.sglang.pool import InklingMHATokenToKVPool
+from sglang_inkling_backend.sglang.routes import choose_route
+from sglang_inkling_backend.sglang.version import check_sglang_version
+
+logger = logging.getLogger(__name__)
+
+
+def model_windows(model) -> set[int]:
+    """Visible-key windows (``sliding_window_size + 1``) of the model's sliding-window attention layers."""
+    from sglang.srt.layers.radix_attention import RadixAttention
+
+    windows = set()
+    for module in model.modules() if model is not None else ():
+        if isinstance(module, RadixAttention):
+            size = module.sliding_window_size
+            if size is not None and size > -1:
+                windows.add(int(size) + 1)
+    return windows
+
+
+def leaf_pools(pool) -> list:
+    """The per-layer pools inside SGLang's composite pools (SWA, hybrid linear)."""
+    leaves = [p for p in (getattr(pool, "full_kv_pool", None), getattr(pool, "swa_kv_pool", None)) if p is not None]
+    return leaves or [pool]
+
+
+def kv_format_of(pool, kv_cache_dtype: torch.dtype) -> str:
+    formats = {p.kv_format for p in leaf_pools(pool) if isinstance(p, InklingMHATokenToKVPool)}
+    if len(formats) == 1:
+        return formats.pop()
+    if formats:
+        raise ValueError(f"inkling: the KV pool mixes formats {sorted(formats)}")
+    # Not our pool (its hook did not run): only an unquantized SGLang pool can be read as it is.
+    plain = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+    if kv_cache_dtype not in plain:
+        raise ValueError(f"inkling: the KV pool {type(pool).__name__} is not the inkling pool and holds "
+                         f"{kv_cache_dtype}; quantized KV needs the inkling pool (was the plugin's pool hook applied?)")
+    return plain[kv_cache_dtype]
+
+
+class InklingAttnBackend(AttentionBackend):
+    """Paged attention over bf16 / per-tensor fp8 / MXFP8 KV, with per-layer sliding windows and relative bias."""
+
+    def __init__(self, model_runner):
+        super().__init__()
+        check_sglang_version()
+        self.device = torch.device(model_runner.device)
+        self.req_to_token_pool = model_runner.req_to_token_pool
+        self.token_to_kv_pool = model_runner.token_to_kv_pool
+        self.model_dtype = model_runner.dtype
+        self.page_size = model_runner.page_size
+        self.kv_cache_dtype = model_runner.kv_cache_dtype
+        self.kv_format = kv_format_of(self.token_to_kv_pool, self.kv_cache_dtype)
+        self.is_swa_pool = isinstance(self.token_to_kv_pool, SWAKVPool)
+        self.max_context_len = self.req_to_token_pool.req_to_token.shape[1]
+        model_config = model_runner.model_config
+        if getattr(model_config, "is_encoder_decoder", False):
+            raise ValueError("--attention-backend inkling serves decoder-only models; this one is encoder-decoder")
+        self.windows = model_windows(getattr(model_runner, "model", None))
+        head_dims = {d for d in (getattr(model_config, "head_dim", None), getattr(model_config, "swa_head_dim", None))
+                     if isinstance(d, int)}
+        self.route = choose_route(self.device, head_dims)
+        self.forward_metadata: Optional[InklingForwardMetadata] = None
+        self._graph_buffers: Optional[DecodeGraphBuffers] = None
+        self._eager_inputs = None
+        logger.info("inkling: backend ready: %s KV, route %s, windows %s, %s pool", self.kv_format, self.route.name,
+                    sorted(self.windows) or "none", type(self.token_to_kv_pool).__name__)
+        from sglang_inkling_backend.sglang import inkling_model
+
+        inkling_model.install_seam_if_loaded()
+
+    # --- metadata ----------------------------------------------------------------------------------------------
+    def _full_to_swa(self) -> Optional[torch.Tensor]:
+        if not self.is_swa_pool:
+            return None
+        mapping = self.token_to_kv_pool.full_to_swa_index_mapping
+        if mapping is None:
+            raise RuntimeError("inkling: the SWA pool has no full->SWA index mapping registered")
+        return mapping
+
+    @staticmethod
+    def _check_mode(forward_mode) -> None:
+        if forward_mode.is_target_verify() or forward_mode.is_draft_extend_v2():
+            raise NotImplementedError("--attention-backend inkling does not support speculative decoding "
+                                      f"(forward mode {forward_mode.name})")
+        if forward_mode.is_dllm_extend():
+            raise NotImplementedError("--attention-backend inkling does not support diffusion LLM extend")
+
+    def init_forward_metadata(self, forward_batch):
+        mode = forward_batch.forward_mode
+        if mode.is_idle():
+            self.forward_metadata = None
+            return
+        self._check_mode(mode)
+        r2t = self.req_to_token_pool.req_to_token
+        extend_seq_lens = None if mode.is_decode() else forward_batch.extend_seq_lens
+        self.forward_metadata = build_forward_metadata(
+            r2t, forward_batch.req_pool_indices, forward_batch.seq_lens, extend_seq_lens=extend_seq_lens,
+            windows=self.windows, full_to_swa=self._full_to_swa(), out_cache_loc=forward_batch.out_cache_loc)
+        self._eager_inputs = (forward_batch.req_pool_indices, forward_batch.seq_lens, extend_seq_lens)
+        seq_lens_cpu = getattr(forward_batch, "seq_lens_cpu", None)
+        self.forward_metadata.max_seq_len = int((seq_lens_cpu if seq_lens_cpu is not None
+                                                 else forward_batch.seq_lens).max())
+
+    def _rails(self, layer, window: Optional[int]):
+        md = self.forward_metadata
+        if window is None:
+            return md.full
+        in_swa_pool = self.is_swa_pool and self.token_to_kv_pool.layers_mapping[layer.layer_id][1]
+        if self.is_swa_pool and not in_swa_pool:
+            key = (window, "full-pool")  # a windowed layer kept in the full sub-pool reads untranslated slots
+        else:
+            key = window
+        if key not in md.windows:
+            if md.graph:
+                raise RuntimeError(f"inkling: window {window} of layer {layer.layer_id} was not known when the CUDA "
+                                   f"graph buffers were built (known: {sorted(self.windows)})")
+            rows, seq_lens, extend_seq_lens = self._eager_inputs
+            seq_lens = seq_lens.to(torch.int64)
+            qlens = torch.ones_like(seq_lens) if extend_seq_lens is None else extend_seq_lens.to(torch.int64)
+            rails = gather_rails(self.req_to_token_pool.req_to_token, rows, seq_lens,
+                                 window_start(seq_lens, qlens, window))
+            if key == window and self.is_swa_pool:
+                rails.indices = self._full_to_swa()[rails.indices]
+            md.windows[key] = rails
+        return md.windows[key]
+
+    # --- CUDA graphs (decode) -----------------------------------------------------------------------------------
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
+        if not self.route.graph_capturable:
+            raise RuntimeError(f"inkling: decode CUDA graphs need the Triton route; this backend runs the "
+                               f"{self.route.name} route. Pass --disable-cuda-graph")
+        self._graph_buffers = DecodeGraphBuffers(max_bs, self.max_context_len, self.windows, self.device,
+                                                 swa=self.is_swa_pool)
+
+    def get_cuda_graph_seq_len_fill_value(self):
+        return 1
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
+        if self._graph_buffers is None:
+            raise RuntimeError("inkling: init_cuda_graph_state was not called before graph metadata")
+        mode = forward_batch.forward_mode
+        if not mode.is_decode_or_idle():
+            raise NotImplementedError(f"inkling: CUDA graphs cover decode only, got forward mode {mode.name}")
+        bs = forward_batch.batch_size
+        md = self._graph_buffers.refill(
+            self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices[:bs], forward_batch.seq_lens[:bs],
+            full_to_swa=self._full_to_swa(),
+            out_cache_loc=forward_batch.out_cache_loc[:bs] if self.is_swa_pool else None)
+        md.graph = True
+        md.max_seq_len = self.max_context_len
+        self.forward_metadata = md
+
+    # --- forward -----------------------------------------------------------------------------------------------
+    def _geometry(self, layer) -> impl.LayerGeometry:
+        if layer.is_cross_attention or layer.attn_type != AttentionType.DECODER:
+            raise NotImplementedError(f"--attention-backend inkling serves causal decoder self-attention; layer "
+                                      f"{layer.layer_id} is {layer.attn_type.name}"
+                                      f"{' cross-attention' if layer.is_cross_attention else ''}")
+        if layer.qk_head_dim != layer.v_head_dim:
+            raise NotImplementedError(f"--attention-backend inkling needs qk_head_dim == v_head_dim, layer "
+                                      f"{layer.layer_id} has {layer.qk_head_dim} and {layer.v_head_dim}")
+        if getattr(layer, "xai_temperature_len", -1) and layer.xai_temperature_len > 0:
+            raise NotImplementedError("--attention-backend inkling does not implement xai_temperature_len")
+        cap = float(layer.logit_cap or 0.0)
+        if cap > 0 and layer.logit_capping_method != "tanh":
+            raise NotImplementedError(f"--attention-backend inkling implements the tanh logit cap only, layer "
+                                      f"{layer.layer_id} asks for {layer.logit_capping_method!r}")
+        size = layer.sliding_window_size
+        k_scale = getattr(layer, "k_scale_float", None)
+        v_scale = getattr(layer, "v_scale_float", None)
+        return impl.LayerGeometry(
+            layer_id=layer.layer_id, num_q_heads=layer.tp_q_head_num, num_kv_heads=layer.tp_k_head_num,
+            head_dim=layer.qk_head_dim, softmax_scale=layer.scaling,
+            window=int(size) + 1 if size is not None and size > -1 else None, logit_cap=cap,
+            k_scale=float(k_scale) if k_scale else 1.0, v_scale=float(v_scale) if v_scale else 1.0)
+
+    def _paged_kv(self, geometry: impl.LayerGeometry):
+        pool = self.token_to_kv_pool
+        k_buffer = pool.get_key_buffer(geometry.layer_id)
+        v_buffer = pool.get_value_buffer(geometry.layer_id)
+        sfk = sfv = None
+        if self.kv_format == "mxfp8":
+            sfk, sfv = pool.get_kv_scale_buffer(geometry.layer_id)
+        return impl.paged_kv(self.kv_format, k_buffer, v_buffer, page_size=self.page_size, k_scales=sfk,
+                             v_scales=sfv, k_scale=geometry.k_scale, v_scale=geometry.v_scale)
+
+    def _store(self, layer, geometry, forward_batch, k, v, kwargs) -> None:
+        md = self.forward_metadata
+        k_desc, v_desc = kwargs.get("k_descale"), kwargs.get("v_descale")
+        if (k_desc is None) != (v_desc is None):
+            raise ValueError("k_descale and v_descale must be given together (pre-quantized MXFP8 K/V)")
+        if k_desc is not None and k.dtype != mxfp8.DATA_DTYPE:
+            raise ValueError(f"k_descale/v_descale come with float8_e4m3fn K/V, got {k.dtype}")
+        if md.graph:
+            in_swa = self.is_swa_pool and self.token_to_kv_pool.layers_mapping[layer.layer_id][1]
+            loc = md.swa_out_cache_loc if in_swa else forward_batch.out_cache_loc
+            impl.store_kv_unchecked(self._paged_kv(geometry), loc, k, v, k_block_scales=k_desc,
+                                    v_block_scales=v_desc)
+            return
+        loc = KVWriteLoc.for_layer(forward_batch, layer, swa_loc=md.swa_out_cache_loc)
+        n, hkv, d = forward_batch.out_cache_loc.numel(), geometry.num_kv_heads, geometry.head_dim
+        k, v = k.reshape(n, hkv, d), v.reshape(n, hkv, d)
+        if k_desc is not None:
+            self.token_to_kv_pool.set_kv_buffer(layer, loc, k, v, k_desc, v_desc)
+        elif self.kv_format == "fp8_e4m3":
+            self.token_to_kv_pool.set_kv_buffer(layer, loc, k, v, geometry.k_scale, geometry.v_scale)
+        else:
+            self.token_to_kv_pool.set_kv_buffer(layer, loc, k, v, None, None)
+
+    def _attend(self, decode: bool, q, k, v, layer, forward_batch, save_kv_cache, kwargs):
+        md = self.forward_metadata
+        if md is None or md.is_decode != decode:
+            raise RuntimeError(f"inkling: forward_{'decode' if decode else 'extend'} without matching metadata "
+                               "(init_forward_metadata was not called for this batch)")
+        geometry = self._geometry(layer)
+        rows = q.shape[0]
+        params = impl.attention_params(geometry, kwargs, rows)
+        if save_kv_cache and k is not None and v is not None:
+            self._store(layer, geometry, forward_batch, k, v, kwargs)
+        q3 = impl.dequantize_query(q, geometry.num_q_heads, geometry.head_dim, kwargs.get("q_descale"))
+        if self.route.name == "triton" and q3.dtype == torch.float32 and self.model_dtype != torch.float32:
+            q3 = q3.to(self.model_dtype)
+        kv = self._paged_kv(geometry)
+        rails = self._rails(layer, geometry.window)
+        if decode:
+            out = self.route.decode(q3, kv, rails, params, max_seq_len=md.max_seq_len)
+        else:
+            out = self.route.extend(q3, kv, rails, md.qo_indptr, params)
+        return out.to(self.model_dtype).reshape(rows, geometry.num_q_heads * geometry.head_dim)
+
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+        return self._attend(True, q, k, v, layer, forward_batch, save_kv_cache, kwargs)
+
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+        self._check_mode(forward_batch.forward_mode)
+        return self._attend(False, q, k, v, layer, forward_batch, save_kv_cache, kwargs)
+
+    def support_triton(self):
+        return self.route.name == "triton"

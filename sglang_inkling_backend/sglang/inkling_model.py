@@ -1,0 +1,103 @@
+"""The seam that lets SGLang's in-tree Inkling model run on ``--attention-backend inkling``.
+
+``srt/models/inkling_common/attn.py`` asks ``serving_attention_backend(forward_batch)`` which backend serves the
+call, then ``assert attention_backend in ("fa4", "triton")`` and shapes its kwargs for that backend. This backend
+implements the FA4 contract, so for Inkling the name ``inkling`` is answered as ``fa4``:
+
+- the fused decode prologue runs (k/v short conv + conv-cache shift + q/k RMSNorm + tau, optionally MXFP8 q and the
+  MXFP8/bf16 KV store into this backend's pool, whose buffers and 5-D page-128 scale layout pass the model's
+  eligibility checks), and ``inkling_attn_prologue_decode`` is routed to ours: the Triton kernel on CUDA/ROCm
+  (``sglang_inkling_backend.triton.prologue``), the torch reference elsewhere
+  (``sglang_inkling_backend.reference.prologue``), both with SGLang's signature;
+- the attention call then carries ``rel_bias`` (+ ``rel_bias_event``) or ``score_mod`` + ``aux_tensors``,
+  ``q_descale`` (MXFP8 q), ``save_kv_cache=False`` after a prologue store; ``InklingAttnBackend`` reads them all, and
+  ``forward_metadata.swa_out_cache_loc`` is where the model expects it.
+
+Both hooks go through SGLang's ``HookRegistry`` and act only when the serving backend is inkling: the name map
+touches only the answer ``inkling``, and the prologue hook defers to SGLang's kernel unless the decode backend is
+inkling. They are installed by ``InklingAttnBackend`` at construction (the scheduler process, after the model was
+loaded) and only if the Inkling model's module is loaded: on a CPU host that module cannot even be imported (it needs
+the CUDA-only ``cutlass`` package), which is why the seam is tested at the level of these functions.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+
+from sglang_inkling_backend.sglang import BACKEND_NAME
+
+logger = logging.getLogger(__name__)
+
+ATTN_MODULE = "sglang.srt.models.inkling_common.attn"
+PROLOGUE_MODULE = "sglang.kernels.ops.attention.inkling_attn_prologue"
+SERVING_TARGET = f"{ATTN_MODULE}.serving_attention_backend"
+PROLOGUE_TARGET = f"{PROLOGUE_MODULE}.inkling_attn_prologue_decode"
+# The backend whose kwarg contract (rel_bias / q_descale / fused prologue) this backend implements.
+CONTRACT_BACKEND = "fa4"
+
+
+def serving_backend_after(result, *args, **kwargs):
+    """AFTER hook on ``serving_attention_backend``: ``inkling`` is answered as the contract it implements."""
+    return CONTRACT_BACKEND if result == BACKEND_NAME else result
+
+
+def decode_backend_is_inkling() -> bool:
+    from sglang.srt.model_executor.forward_context import get_attn_backend
+
+    try:
+        backend = get_attn_backend()
+    except Exception:  # no forward context: not inside a model forward
+        return False
+    return getattr(backend, "decode_attention_backend_str", None) == BACKEND_NAME
+
+
+def our_prologue_decode(qkvr):
+    """The decode prologue this backend runs for a ``qkvr`` tensor on its device."""
+    if qkvr.is_cuda:
+        try:
+            from sglang_inkling_backend.triton.prologue import inkling_attn_prologue_decode
+
+            return inkling_attn_prologue_decode
+        except Exception as err:
+            logger.warning("inkling: Triton decode prologue unavailable (%s); using the torch reference", err)
+    from sglang_inkling_backend.reference.prologue import inkling_attn_prologue_decode
+
+    return inkling_attn_prologue_decode
+
+
+def prologue_decode_around(original, *args, **kwargs):
+    """AROUND hook on SGLang's ``inkling_attn_prologue_decode``: ours when inkling serves decode."""
+    if not decode_backend_is_inkling():
+        return original(*args, **kwargs)
+    qkvr = args[0] if args else kwargs["qkvr"]
+    return our_prologue_decode(qkvr)(*args, **kwargs)
+
+
+def install_seam_if_loaded() -> bool:
+    """Install both hooks if the Inkling model's module is loaded in this process; True if installed."""
+    if ATTN_MODULE not in sys.modules:
+        return False
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    for target, fn, kind in ((SERVING_TARGET, serving_backend_after, HookType.AFTER),
+                             (PROLOGUE_TARGET, prologue_decode_around, HookType.AROUND)):
+        if not any(hook is fn for _, hook, _ in HookRegistry._hooks.get(target, ())):
+            HookRegistry.register(target, fn, kind, source=None)
+    HookRegistry.apply_hooks()  # applies only targets not patched yet
+    installed = seam_installed()
+    if installed:
+        logger.info("inkling: Inkling model seam installed (serving name %r -> %r contract, decode prologue -> "
+                    "sglang_inkling_backend)", BACKEND_NAME, CONTRACT_BACKEND)
+    else:
+        logger.error("inkling: could not install the Inkling model seam; the model will reject "
+                     "--attention-backend inkling")
+    return installed
+
+
+def seam_installed() -> bool:
+    attn = sys.modules.get(ATTN_MODULE)
+    prologue = sys.modules.get(PROLOGUE_MODULE)
+    if attn is None or prologue is None:
+        return False
+    return (getattr(attn.serving_attention_backend, "__wrapped__", None) is not None
+            and getattr(prologue.inkling_attn_prologue_decode, "__wrapped__", None) is not None)

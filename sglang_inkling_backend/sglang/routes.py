@@ -1,0 +1,89 @@
+"""The attention implementations the backend routes to, chosen once per backend (at construction).
+
+- ``TorchRoute``: the core's torch reference (``sglang_inkling_backend.reference.attention``): readable, float32
+  inside, per-request loops. The CPU route, and the fallback anywhere else.
+- ``TritonRoute``: ``sglang_inkling_backend.triton`` kernels on CUDA/ROCm (decode split-KV kernel, extend kernel).
+
+A route answers ``decode(q, kv, rails, params)`` and ``extend(q, kv, rails, qo_indptr, params)`` with ``[rows, Hq, D]``
+(float32 or q's dtype; the backend casts to the model dtype).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+
+from sglang_inkling_backend.reference import attention as reference
+from sglang_inkling_backend.reference.attention import AttentionParams, PagedKV
+from sglang_inkling_backend.sglang.metadata import KVRails
+
+logger = logging.getLogger(__name__)
+
+
+class TorchRoute:
+    name = "torch"
+    graph_capturable = False
+
+    def decode(self, q: torch.Tensor, kv: PagedKV, rails: KVRails, params: AttentionParams,
+               max_seq_len: Optional[int] = None) -> torch.Tensor:
+        return reference.paged_decode_attention(q, kv, rails.indptr, rails.indices, params)
+
+    def extend(self, q: torch.Tensor, kv: PagedKV, rails: KVRails, qo_indptr: torch.Tensor,
+               params: AttentionParams) -> torch.Tensor:
+        return reference.paged_extend_attention(q, kv, rails.indptr, rails.indices, qo_indptr, params)
+
+
+class TritonRoute:
+    name = "triton"
+    graph_capturable = True
+
+    def __init__(self, kernels):
+        self.kernels = kernels
+
+    def decode(self, q: torch.Tensor, kv: PagedKV, rails: KVRails, params: AttentionParams,
+               max_seq_len: Optional[int] = None) -> torch.Tensor:
+        # With max_seq_len (a host int) the kernel's plan needs no device sync: what CUDA-graph capture needs.
+        return self.kernels.paged_decode_attention(q, kv, rails.indptr, rails.indices, params,
+                                                   max_seq_len=max_seq_len, validate=False)
+
+    def extend(self, q: torch.Tensor, kv: PagedKV, rails: KVRails, qo_indptr: torch.Tensor,
+               params: AttentionParams) -> torch.Tensor:
+        return self.kernels.paged_extend_attention(q, kv, rails.indptr, rails.indices, qo_indptr, params,
+                                                   validate=False)
+
+
+def triton_decode_kernel():
+    """``sglang_inkling_backend.triton`` if it imports and provides the decode and extend kernels, else None."""
+    try:
+        from sglang_inkling_backend import triton as kernels
+    except Exception as err:  # no triton, or a broken build: the torch route serves, with a log line
+        logger.debug("sglang_inkling_backend.triton unavailable: %s", err)
+        return None
+    if not all(hasattr(kernels, name) for name in ("paged_decode_attention", "paged_extend_attention")):
+        return None
+    return kernels
+
+
+def triton_head_dim_ok(head_dim: int) -> bool:
+    return head_dim >= 32 and head_dim & (head_dim - 1) == 0
+
+
+def choose_route(device: torch.device, head_dims=()):
+    """Torch on CPU; Triton on CUDA/ROCm when our kernels import and serve the model's head sizes; else torch, with
+    one log line saying why."""
+    if device.type == "cpu":
+        logger.info("inkling: attention route: torch reference (device %s)", device)
+        return TorchRoute()
+    kernels = triton_decode_kernel()
+    if kernels is None:
+        logger.warning("inkling: attention route: torch reference on %s (sglang_inkling_backend.triton kernels are "
+                       "not available); slower than the Triton route", device)
+        return TorchRoute()
+    unsupported = sorted(d for d in set(head_dims) if not triton_head_dim_ok(d))
+    if unsupported:
+        logger.warning("inkling: attention route: torch reference on %s (the Triton kernels need a power-of-two "
+                       "head_dim >= 32, the model has %s); slower than the Triton route", device, unsupported)
+        return TorchRoute()
+    logger.info("inkling: attention route: Triton kernels on %s", device)
+    return TritonRoute(kernels)

@@ -1,0 +1,334 @@
+"""InklingAttnBackend inside the real SGLang 0.5.23 (in-process on CPU, no server): real pools (ours, SGLang's
+SWAKVPool around ours), real RadixAttention layers and ForwardMode, a scripted scheduler that allocates slots.
+
+Oracles:
+- bf16: SGLang's own TorchNativeAttnBackend fed the same batches (token-for-token the path the integration tests
+  compare against), and a dense float32 attention over the K/V we generated;
+- fp8_e4m3 / MXFP8: the dense attention over the K/V we generated after the format's quantize/dequantize round
+  trip (mxfp8.quantize / an e4m3 cast), which checks slots, scale layout and rails independently of the pool.
+"""
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sglang_inkling_backend.sglang.cpu_testing import prepare_sglang_cpu_import
+
+prepare_sglang_cpu_import()
+
+from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend  # noqa: E402
+from sglang.srt.layers.radix_attention import RadixAttention  # noqa: E402
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool  # noqa: E402
+from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool  # noqa: E402
+from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
+
+from sglang_inkling_backend import mxfp8  # noqa: E402
+from sglang_inkling_backend.sglang.backend import InklingAttnBackend  # noqa: E402
+from sglang_inkling_backend.sglang.pool import inkling_pool_class  # noqa: E402
+
+HQ, HKV, D = 4, 2, 32
+WINDOW_SIZE = 3  # RadixAttention.sliding_window_size: 4 visible keys
+
+
+def make_layers(windows=(WINDOW_SIZE, -1), head_dim=D, logit_cap=0.0):
+    return torch.nn.ModuleList([
+        RadixAttention(HQ, head_dim, 1.0 / math.sqrt(head_dim), HKV, layer_id=i, sliding_window_size=w,
+                       logit_cap=logit_cap) for i, w in enumerate(windows)])
+
+
+class Harness:
+    """A scripted scheduler: owns req_to_token, hands out (shuffled) slots, keeps every token's K/V for the dense
+    oracle, and drives one or more backends with identical batches."""
+
+    def __init__(self, layers, pool_factory, *, size=256, page_size=1, max_reqs=8, context=160, seed=0,
+                 kv_cache_dtype=torch.bfloat16, swa=None):
+        self.layers, self.page_size = layers, page_size
+        self.gen = torch.Generator().manual_seed(seed)
+        self.r2t_pool = ReqToTokenPool(max_reqs, context, "cpu", False)
+        self.pool = pool_factory()
+        self.runner = SimpleNamespace(
+            device="cpu", req_to_token_pool=self.r2t_pool, token_to_kv_pool=self.pool, dtype=torch.bfloat16,
+            page_size=page_size, kv_cache_dtype=kv_cache_dtype, model=layers,
+            model_config=SimpleNamespace(is_encoder_decoder=False, head_dim=layers[0].head_dim, context_len=context))
+        self.free = (torch.randperm(size - 1, generator=self.gen) + 1).tolist()  # slot 0 is the padding sink
+        self.swa_map = swa
+        self.history = {}  # req row -> {layer: (k list, v list)} in position order
+
+    def alloc(self, n):
+        out, self.free = self.free[:n], self.free[n:]
+        return torch.tensor(out, dtype=torch.int64)
+
+    def batch(self, rows, new_lens, decode):
+        rows_t = torch.tensor(rows, dtype=torch.int64)
+        prefix = torch.tensor([len(self.history.get(r, {}).get(0, ([], []))[0]) for r in rows], dtype=torch.int64)
+        new = torch.tensor(new_lens, dtype=torch.int64)
+        seq_lens = prefix + new
+        locs = []
+        for r, p, n in zip(rows, prefix.tolist(), new_lens):
+            slots = self.alloc(n)
+            self.r2t_pool.req_to_token[r, p:p + n] = slots.to(torch.int32)
+            if self.swa_map is not None:
+                self.swa_map[slots] = slots  # identity-sized SWA pool in these tests, but a real mapping tensor
+            locs.append(slots)
+        fb = SimpleNamespace(
+            forward_mode=ForwardMode.DECODE if decode else ForwardMode.EXTEND, batch_size=len(rows),
+            req_pool_indices=rows_t, seq_lens=seq_lens, seq_lens_cpu=seq_lens.clone(), seq_lens_sum=int(seq_lens.sum()),
+            out_cache_loc=torch.cat(locs), out_cache_loc_is_physical=False,
+            extend_seq_lens=None if decode else new, extend_seq_lens_cpu=None if decode else new.tolist(),
+            extend_prefix_lens=None if decode else prefix, extend_prefix_lens_cpu=None if decode else prefix.tolist(),
+            encoder_lens=None, encoder_out_cache_loc=None, spec_info=None)
+        return fb
+
+    def qkv(self, fb, layer):
+        t = int(fb.out_cache_loc.numel())
+        rnd = lambda *s: torch.randn(*s, generator=self.gen).to(torch.bfloat16)  # noqa: E731
+        return rnd(t, HQ * layer.head_dim), rnd(t, HKV, layer.head_dim), rnd(t, HKV, layer.head_dim)
+
+    def record(self, fb, layer, k, v):
+        qlens = fb.extend_seq_lens.tolist() if fb.extend_seq_lens is not None else [1] * fb.batch_size
+        start = 0
+        for r, n in zip(fb.req_pool_indices.tolist(), qlens):
+            ks, vs = self.history.setdefault(r, {}).setdefault(layer.layer_id, ([], []))
+            ks.extend(k[start:start + n])
+            vs.extend(v[start:start + n])
+            start += n
+
+
+def dense_reference(h, fb, layer, q, kv_round_trip, rel_bias=None, sinks=None, v_round_trip=None):
+    """float32 attention of fb's queries over h.history (already including this batch's tokens); K (and V, unless
+    v_round_trip is given) pass through kv_round_trip, the storage format's quantize/dequantize."""
+    v_round_trip = v_round_trip or kv_round_trip
+    qlens = fb.extend_seq_lens.tolist() if fb.extend_seq_lens is not None else [1] * fb.batch_size
+    out, start = [], 0
+    hd = layer.head_dim
+    for r, n in zip(fb.req_pool_indices.tolist(), qlens):
+        ks, vs = h.history[r][layer.layer_id]
+        k = kv_round_trip(torch.stack(ks)).repeat_interleave(HQ // HKV, dim=1)
+        v = v_round_trip(torch.stack(vs)).repeat_interleave(HQ // HKV, dim=1)
+        L = k.shape[0]
+        qq = q[start:start + n].float().view(n, HQ, hd)
+        logits = torch.einsum("qhd,khd->hqk", qq, k) * layer.scaling
+        qpos = torch.arange(L - n, L).view(-1, 1)
+        dist = qpos - torch.arange(L).view(1, -1)
+        if rel_bias is not None:
+            e = rel_bias.shape[-1]
+            bias = rel_bias[start:start + n].float().gather(2, dist.clamp(0, e - 1).unsqueeze(1).expand(n, HQ, L))
+            logits = logits + torch.where(((dist >= 0) & (dist < e)).unsqueeze(1), bias, 0.0).transpose(0, 1)
+        if layer.logit_cap > 0:
+            logits = layer.logit_cap * torch.tanh(logits / layer.logit_cap)
+        keep = dist >= 0
+        if layer.sliding_window_size > -1:
+            keep &= dist <= layer.sliding_window_size
+        logits = logits.masked_fill(~keep.unsqueeze(0), float("-inf"))
+        if sinks is not None:
+            logits = torch.cat([logits, sinks.float().view(HQ, 1, 1).expand(HQ, n, 1)], dim=-1)
+            p = torch.softmax(logits, -1)[..., :-1]
+        else:
+            p = torch.softmax(logits, -1)
+        out.append(torch.einsum("hqk,khd->qhd", p, v).reshape(n, HQ * hd))
+        start += n
+    return torch.cat(out)
+
+
+def bf16_pool(size=256, page_size=1, layers=2):
+    return lambda: inkling_pool_class("bf16")(size, page_size, torch.bfloat16, HKV, D, layers, "cpu", False)
+
+
+# A serving script: prefill of mixed lengths, a prefix-cache hit (a new request reusing req 0's first 9 slots),
+# chunked prefill (req 2 in two chunks, the second mixed with decodes), then decode steps past the window.
+def serving_script(h):
+    yield h.batch([0, 1], [9, 5], decode=False)
+    # prefix hit: request 3 shares request 0's first 9 slots (the radix cache reuses them), extends by 4
+    h.r2t_pool.req_to_token[3, :9] = h.r2t_pool.req_to_token[0, :9]
+    h.history[3] = {lid: (list(kv[0][:9]), list(kv[1][:9])) for lid, kv in h.history[0].items()}
+    yield h.batch([3, 2], [4, 6], decode=False)
+    yield h.batch([2], [7], decode=False)  # second chunk of request 2
+    for _ in range(3):
+        yield h.batch([0, 1, 2, 3], [1, 1, 1, 1], decode=True)
+
+
+def run_script(h, backends, check):
+    for fb in serving_script(h):
+        for backend in backends:
+            backend.init_forward_metadata(fb)
+        for layer in h.layers:
+            q, k, v = h.qkv(fb, layer)
+            h.record(fb, layer, k, v)
+            outs = [b.forward(q, k, v, layer, fb) for b in backends]
+            check(fb, layer, q, outs)
+
+
+def test_bf16_matches_torch_native_and_dense_reference():
+    layers = make_layers()
+    h = Harness(layers, bf16_pool())
+    ours = InklingAttnBackend(h.runner)
+    native_runner = SimpleNamespace(**vars(h.runner))
+    native_runner.token_to_kv_pool = MHATokenToKVPool(256, 1, torch.bfloat16, HKV, D, 2, "cpu", False)
+    native = TorchNativeAttnBackend(native_runner)
+    assert ours.windows == {WINDOW_SIZE + 1} and ours.route.name == "torch"
+    worst = {"native": 0.0, "dense": 0.0}
+
+    def check(fb, layer, q, outs):
+        mine, theirs = outs
+        assert mine.shape == theirs.shape == q.shape and mine.dtype == torch.bfloat16
+        dense = dense_reference(h, fb, layer, q, lambda x: x.float())
+        worst["native"] = max(worst["native"], float((mine.float() - theirs.float()).abs().max()))
+        worst["dense"] = max(worst["dense"], float((mine.float() - dense).abs().max()))
+
+    run_script(h, [ours, native], check)
+    # both round once to bf16 at the end (|out| < 4 here, bf16 ulp there 2**-6); SDPA's bf16 internals add a bit
+    assert worst["dense"] <= 2 ** -7, worst
+    assert worst["native"] <= 2 ** -5, worst
+    # the pools hold the same bytes at the same slots
+    for lid in range(2):
+        assert torch.equal(ours.token_to_kv_pool.get_key_buffer(lid), native.token_to_kv_pool.get_key_buffer(lid))
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8", "fp8_e4m3"])
+def test_quantized_kv_matches_dense_reference_of_the_round_trip(fmt):
+    page = 128 if fmt == "mxfp8" else 1
+    layers = make_layers()
+    h = Harness(layers, lambda: inkling_pool_class(fmt)(256, page, torch.float8_e4m3fn, HKV, D, 2, "cpu", False),
+                page_size=page, kv_cache_dtype=torch.float8_e4m3fn)
+    if fmt == "fp8_e4m3":
+        layers[1].k_scale_float, layers[1].v_scale_float = 0.5, 0.25  # a checkpoint's per-tensor scales
+    ours = InklingAttnBackend(h.runner)
+    assert ours.kv_format == fmt
+    if fmt == "mxfp8":
+        sfk, _ = ours.token_to_kv_pool.get_kv_scale_buffer(0)
+        assert sfk.dim() == 5 and sfk.dtype == torch.float8_e8m0fnu  # SGLang's interleaved layout and dtype
+
+    def round_trip(scale):
+        if fmt == "mxfp8":
+            return lambda x: mxfp8.dequantize(*mxfp8.quantize(x), torch.float32)
+        return lambda x: (x.float() / scale).clamp(-448, 448).to(torch.float8_e4m3fn).float() * scale
+
+    worst = [0.0]
+
+    def check(fb, layer, q, outs):
+        (mine,) = outs
+        dense = dense_reference(h, fb, layer, q, round_trip(layer.k_scale_float or 1.0),
+                                v_round_trip=round_trip(layer.v_scale_float or 1.0))
+        worst[0] = max(worst[0], float((mine.float() - dense).abs().max()))
+
+    run_script(h, [ours], check)
+    assert worst[0] <= 2 ** -7, worst
+    # fp8 layer 1 stored with the checkpoint's scales: bytes are e4m3(k / 0.5) and e4m3(v / 0.25)
+    if fmt == "fp8_e4m3":
+        row = 0
+        slots = h.r2t_pool.req_to_token[row, :3].long()
+        k_hist = torch.stack(h.history[row][1][0][:3])
+        v_hist = torch.stack(h.history[row][1][1][:3])
+        pool = ours.token_to_kv_pool
+        assert torch.equal(pool.get_key_buffer(1)[slots].view(torch.uint8),
+                           (k_hist.float() / 0.5).to(torch.float8_e4m3fn).view(torch.uint8))
+        assert torch.equal(pool.get_value_buffer(1)[slots].view(torch.uint8),
+                           (v_hist.float() / 0.25).to(torch.float8_e4m3fn).view(torch.uint8))
+
+
+def test_swa_pool_window_rails_and_write_loc():
+    """A hybrid SWA pool (SGLang's SWAKVPool around ours): the windowed layer lives in a sub-pool with its own
+    slots, reached through full_to_swa_index_mapping, and must match the dense reference."""
+    layers = make_layers()
+    size = 256
+    mapping = torch.zeros(size + 2, dtype=torch.int64)
+    mapping[-1] = -1
+
+    def swa_pool():
+        pool = SWAKVPool(size=size, size_swa=size, page_size=1, dtype=torch.bfloat16, head_num=HKV, head_dim=D,
+                         swa_attention_layer_ids=[0], full_attention_layer_ids=[1], device="cpu",
+                         token_to_kv_pool_class=inkling_pool_class("bf16"))
+        pool.register_mapping(mapping)
+        return pool
+
+    h = Harness(layers, swa_pool, swa=mapping)
+    # SWA slots differ from full slots: reverse them so a missed translation reads the wrong rows
+    ours = InklingAttnBackend(h.runner)
+    assert ours.is_swa_pool
+    worst = [0.0]
+
+    def check(fb, layer, q, outs):
+        worst[0] = max(worst[0], float((outs[0].float() - dense_reference(h, fb, layer, q, lambda x: x.float()))
+                                       .abs().max()))
+
+    orig_batch = h.batch
+
+    def batch_with_distinct_swa_slots(rows, new_lens, decode):
+        fb = orig_batch(rows, new_lens, decode)
+        mapping[fb.out_cache_loc] = size - fb.out_cache_loc  # a permutation of 1..size-1
+        return fb
+
+    h.batch = batch_with_distinct_swa_slots
+    run_script(h, [ours], check)
+    assert worst[0] <= 2 ** -7
+    # the windowed layer's K went to the SWA sub-pool at the translated slot
+    slot = int(h.r2t_pool.req_to_token[1, 0])
+    k0 = h.history[1][0][0][0]
+    assert torch.equal(ours.token_to_kv_pool.swa_kv_pool.get_key_buffer(0)[size - slot], k0)
+
+
+def test_sinks_logit_cap_and_relative_bias_kwargs():
+    layers = make_layers(logit_cap=5.0)
+    h = Harness(layers, bf16_pool())
+    ours = InklingAttnBackend(h.runner)
+    sinks = torch.tensor([0.5, -1.0, 2.0, 0.0])
+    worst = [0.0]
+    for fb in serving_script(h):
+        ours.init_forward_metadata(fb)
+        for layer in layers:
+            q, k, v = h.qkv(fb, layer)
+            h.record(fb, layer, k, v)
+            rows = q.shape[0]
+            rel = torch.randn(rows, HQ, 6, generator=h.gen).to(torch.bfloat16)
+            if layer.layer_id == 0:  # the Inkling model's triton-style kwargs
+                from sglang.kernels.ops.attention.score_mod import relative_bias_score_mod
+
+                out = ours.forward(q, k, v, layer, fb, sinks=sinks, score_mod=relative_bias_score_mod,
+                                   aux_tensors=[rel])
+            else:  # its FA4-style kwargs, plus an unknown kwarg that must be ignored
+                out = ours.forward(q, k, v, layer, fb, sinks=sinks, rel_bias=rel, rel_bias_event=None)
+            dense = dense_reference(h, fb, layer, q, lambda x: x.float(), rel_bias=rel, sinks=sinks)
+            worst[0] = max(worst[0], float((out.float() - dense).abs().max()))
+    assert worst[0] <= 2 ** -7
+
+
+def test_unsupported_calls_fail_clearly():
+    layers = make_layers()
+    h = Harness(layers, bf16_pool())
+    ours = InklingAttnBackend(h.runner)
+    fb = h.batch([0], [3], decode=False)
+    ours.init_forward_metadata(fb)
+    q, k, v = h.qkv(fb, layers[0])
+    with pytest.raises(NotImplementedError, match="only the relative-bias score_mod"):
+        ours.forward(q, k, v, layers[0], fb, score_mod=lambda *a: a, aux_tensors=[q])
+    with pytest.raises(NotImplementedError, match="MLA"):
+        ours.forward(q, k, v, layers[0], fb, k_rope=k)
+    with pytest.raises(ValueError, match=r"sinks must have shape \[4\]"):
+        ours.forward(q, k, v, layers[0], fb, sinks=torch.zeros(3))
+    layers[1].logit_capping_method = "sigmoid"
+    layers[1].logit_cap = 1.0
+    with pytest.raises(NotImplementedError, match="tanh logit cap only"):
+        ours.forward(q, k, v, layers[1], fb)
+    verify = SimpleNamespace(**vars(fb))
+    verify.forward_mode = ForwardMode.TARGET_VERIFY
+    with pytest.raises(NotImplementedError, match="speculative decoding"):
+        ours.init_forward_metadata(verify)
+    with pytest.raises(RuntimeError, match="--disable-cuda-graph"):
+        ours.init_cuda_graph_state(4, 4)
+
+
+def test_pool_rejects_bad_writes_before_writing():
+    pool = inkling_pool_class("mxfp8")(256, 128, torch.float8_e4m3fn, HKV, D, 1, "cpu", False)
+    layer = make_layers(windows=(-1,))[0]
+    before = pool.get_key_buffer(0).clone()
+    k = torch.randn(2, HKV, D, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"loc must be slots in \[0, 384\)"):
+        pool.set_kv_buffer(layer, torch.tensor([5, 384]), k, k)
+    with pytest.raises(ValueError, match="per-tensor k_scale/v_scale"):
+        pool.set_kv_buffer(layer, torch.tensor([5, 6]), k, k, 2.0, 2.0)
+    assert torch.equal(pool.get_key_buffer(0).view(torch.uint8), before.view(torch.uint8))
+    with pytest.raises(ValueError, match="v_head_dim == head_dim"):
+        inkling_pool_class("bf16")(256, 1, torch.bfloat16, HKV, D, 1, "cpu", False, v_head_dim=64)
