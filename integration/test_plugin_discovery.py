@@ -20,6 +20,7 @@ def test_server_registers_the_plugin_through_its_entry_point(workload, server_lo
     run = workload("smollm2-135m-instruct", "inkling")
     assert run.answers["reference"].output_ids  # it served with --attention-backend inkling
     log = run_log(server_logs, "smollm2-135m-instruct", "inkling")
+    assert "'attention_backend': 'inkling'" in log  # SGLang's own echo of the resolved server arguments
     assert "Failed to load plugin inkling" not in log
     assert "registering --attention-backend inkling FAILED" not in log
 
