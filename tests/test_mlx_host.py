@@ -38,9 +38,12 @@ from sglang.srt.plugins.hook_registry import HookRegistry  # noqa: E402
 from sglang_inkling_backend import mxfp8  # noqa: E402
 from sglang_inkling_backend.mlx import host  # noqa: E402
 from sglang_inkling_backend.mlx.interop import to_torch  # noqa: E402
+from sglang_inkling_backend.reference.attention import AttentionParams, PagedKV, paged_decode_attention  # noqa: E402
+from sglang_inkling_backend.scale_layout import ScaleLayout  # noqa: E402
 
 WINDOWS = {0: 4, 1: 4, 3: None, 4: 4, 5: None}  # layer 2: an auxiliary (non-attention) layer
-HQ, HKV, D, HIDDEN = 4, 2, 64, 32
+HQ, HKV, D = 4, 2, 64
+HIDDEN = HQ * D  # o_proj is the identity, so a layer returns its attention output
 
 
 class TinyAttention(nn.Module):
@@ -53,18 +56,22 @@ class TinyAttention(nn.Module):
         self.k_proj = nn.Linear(HIDDEN, HKV * D, bias=False)
         self.v_proj = nn.Linear(HIDDEN, HKV * D, bias=False)
         self.o_proj = nn.Linear(HQ * D, HIDDEN, bias=False)
+        self.o_proj.weight = mx.eye(HIDDEN)
         self.rope = rope if rope is not None else nn.RoPE(D, traditional=False, base=base)
 
 
-def layout():
+def layout(modules=None):
+    """SGLang's layout over stand-in layers holding SGLang's wrapper, as patch_model_attention leaves them."""
+    layers = [SimpleNamespace(self_attn=sw.MLXAttentionWrapper(modules[i], i, window_size=WINDOWS[i]))
+              if modules and i in WINDOWS else SimpleNamespace() for i in range(6)]
     attrs = ["self_attn" if i in WINDOWS else None for i in range(6)]
-    return MlxModelCacheLayout.from_attention_discovery([object()] * 6, attrs, dict(WINDOWS))
+    return MlxModelCacheLayout.from_attention_discovery(layers, attrs, dict(WINDOWS))
 
 
 def fake_runner(seed=0):
     mx.random.seed(seed)
-    lay = layout()
     modules = {i: TinyAttention() for i in WINDOWS}
+    lay = layout(modules)
     runner = SimpleNamespace(_cache_layout=lay, _aot_kernels=aot.MlxAOTKernelSet(), _attention_kv_pool=None,
                              _req_to_token_pool=None, _req_pool_idx={}, _pool_size=64)
     runner._get_attn_config = lambda: (HKV, D, mx.float32)
@@ -126,58 +133,90 @@ def test_sglang_context_refuses_the_fused_kernel_without_the_full_map():
                                 aot=aot.MlxAOTKernelContext(rope=rope_ctx))
 
 
-def _decode_step(runner, modules, caches, req_ids, x):
+def _decode_step(runner, caches, req_ids, x):
+    lay = runner._cache_layout
     ctx = runner._build_batched_decode_context(caches, req_ids)
     sw.set_context(ctx)
     try:
-        return ctx, {layer: sw.MLXAttentionWrapper(modules[layer], layer, window_size=WINDOWS[layer])(x)
-                     for layer in WINDOWS}
+        return ctx, {layer: getattr(lay.layers[layer], "self_attn")(x) for layer in WINDOWS}
     finally:
         sw.clear_context()
 
 
-def test_decode_step_through_sglangs_wrapper_writes_mxfp8_into_the_full_layers_buffers():
+def _sync_prefill_to_pool(runner, caches, rows, seq_lens):
+    """What SGLang's _sync_new_kv_to_pool does after prefill: full layers' cache K/V into the pool slots."""
+    lay = runner._cache_layout
+    table = runner._req_to_token_pool.req_to_token
+    for cache, row, n in zip(caches, rows, seq_lens):
+        slots = mx.array(table[row, :n].tolist(), dtype=mx.int32)
+        k_all = mx.stack([cache[i].keys[0, :, :n, :].transpose(1, 0, 2) for i in lay.full_attention_layer_indices])
+        v_all = mx.stack([cache[i].values[0, :, :n, :].transpose(1, 0, 2) for i in lay.full_attention_layer_indices])
+        runner._attention_kv_pool.set_kv_all_layers(slots, k_all, v_all)
+
+
+def test_decode_step_through_sglangs_wrapper_uses_the_mxfp8_pool():
     runner, modules = fake_runner()
     plan = host.install_on_runner(runner)
     assert plan.full_layer_ids == (3, 5) and runner._aot_kernels.rope.enabled
+    wrapper_class = host.make_inkling_wrapper_class()
+    assert [type(runner._cache_layout.layers[i].self_attn) is wrapper_class for i in WINDOWS] == \
+        [False, False, True, False, True]
     req_to_token = torch.arange(2 * 32, dtype=torch.int32).view(2, 32) + 1  # slot 0 stays the padding slot
     runner.init_cache_pools(SimpleNamespace(req_to_token=req_to_token))
     assert isinstance(runner._attention_kv_pool, host.InklingMlxAttentionKVPool)
     runner._req_pool_idx = {"a": 1, "b": 0}
     seq_lens = [3, 6]
     caches = prefilled_caches(seq_lens)
+    _sync_prefill_to_pool(runner, caches, [1, 0], seq_lens)
     x = mx.random.normal((2, 1, HIDDEN))
-    ctx, outputs = _decode_step(runner, modules, caches, ["a", "b"], x)
+    ctx, outputs = _decode_step(runner, caches, ["a", "b"], x)
     assert ctx.full_kv_pool_index_by_layer == {3: 0, 5: 1}
-    assert ctx.aot.rope.new_token_slots.tolist() == [32 + 3 + 1, 6 + 1]  # req_to_token[row, seq_len]
+    new_slots = ctx.aot.rope.new_token_slots.tolist()
+    assert new_slots == [32 + 3 + 1, 6 + 1]  # req_to_token[row, seq_len]
+    assert [caches[b][layer].offset for b in range(2) for layer in WINDOWS] == [4] * 5 + [7] * 5
 
-    # the same step on SGLang's own path (mx.fast.rope, no pool): same outputs up to the RoPE evaluation
-    runner_ref, _ = fake_runner()
+    # SGLang's own path on the same step (mx.fast.rope, float per-request caches)
+    ref_modules = modules
+    ref_layout = layout(ref_modules)
+    runner_ref = SimpleNamespace(_cache_layout=ref_layout)
     runner_ref._build_batched_decode_context = lambda c, r: sw.BatchedDecodeContext(
-        batch_size=2, seq_lens=seq_lens, attention_layer_caches=layout().attention_layer_caches(c),
-        attention_pool_index_by_layer=layout().attention_pool_index_by_layer,
-        full_kv_pool_index_by_layer=layout().full_kv_pool_index_by_layer)
+        batch_size=2, seq_lens=seq_lens, attention_layer_caches=ref_layout.attention_layer_caches(c),
+        attention_pool_index_by_layer=ref_layout.attention_pool_index_by_layer,
+        full_kv_pool_index_by_layer=ref_layout.full_kv_pool_index_by_layer)
     caches_ref = prefilled_caches(seq_lens)
-    _, outputs_ref = _decode_step(runner_ref, modules, caches_ref, ["a", "b"], x)
-    for layer in WINDOWS:
-        assert mx.abs(outputs[layer] - outputs_ref[layer]).max().item() < 1e-4, layer
+    _, outputs_ref = _decode_step(runner_ref, caches_ref, ["a", "b"], x)
+    for layer in (0, 1, 4):  # sliding layers: SGLang's wrapper, untouched
+        assert mx.array_equal(outputs[layer], outputs_ref[layer]), layer
 
     pool = runner._attention_kv_pool.mxfp8
+    kv_indptr, kv_indices = ctx.inkling_kv
+    assert kv_indptr.tolist() == [0, 4, 11]
+    assert kv_indices.tolist() == req_to_token[1, :4].tolist() + req_to_token[0, :7].tolist()
     for layer, buffer in ((3, 0), (5, 1)):
-        for b, slot in enumerate(ctx.aot.rope.new_token_slots.tolist()):
+        # the new token's K/V in the layer's own pool buffer, byte-exact
+        for b, slot in enumerate(new_slots):
             cache = caches[b][layer]
-            k_rot = to_torch(cache.keys[0, :, cache.offset - 1, :])  # what the wrapper wrote into the cache
-            v_new = to_torch(cache.values[0, :, cache.offset - 1, :])
-            kd, ks = mxfp8.quantize(k_rot)
-            vd, vs = mxfp8.quantize(v_new)
+            kd, ks = mxfp8.quantize(to_torch(cache.keys[0, :, cache.offset - 1, :]))
             assert torch.equal(to_torch(pool.k_buffer[buffer])[slot], kd.view(torch.uint8))
             assert torch.equal(to_torch(pool.k_scale_buffer[buffer])[slot], ks)
-            assert torch.equal(to_torch(pool.v_buffer[buffer])[slot], vd.view(torch.uint8))
-            assert torch.equal(to_torch(pool.v_scale_buffer[buffer])[slot], vs)
-    written = sorted(ctx.aot.rope.new_token_slots.tolist())
+        # the output is the core reference attention over that pool buffer (q rotated by mx.fast.rope)
+        q = modules[layer].q_proj(x).reshape(2, 1, HQ, D).transpose(0, 2, 1, 3)
+        q_rot = modules[layer].rope(q, offset=mx.array(seq_lens))[:, :, 0, :]
+        layout_t = ScaleLayout.for_pool(pool.num_slots, HKV, D, 1)
+        kv = PagedKV(to_torch(pool.k_buffer[buffer]).view(torch.float8_e4m3fn),
+                     to_torch(pool.v_buffer[buffer]).view(torch.float8_e4m3fn),
+                     to_torch(pool.k_scale_buffer[buffer]), to_torch(pool.v_scale_buffer[buffer]), layout_t)
+        ref = paged_decode_attention(to_torch(q_rot), kv, to_torch(kv_indptr), to_torch(kv_indices),
+                                     AttentionParams(softmax_scale=D ** -0.5))
+        ours = to_torch(outputs[layer]).view(2, HQ, D)
+        assert (ours - ref).abs().max().item() < 1e-4, layer
+        # and SGLang's float path differs from it only by the MXFP8 rounding of K and V
+        sglang = to_torch(outputs_ref[layer]).view(2, HQ, D)
+        assert 0 < (ours - sglang).abs().max().item() < 0.1 * sglang.abs().max().item(), layer
+    written = sorted(set(kv_indices.tolist()))
     for buffer in (0, 1):
         rows = mx.any(pool.k_buffer[buffer].reshape(pool.num_slots, -1) != 0, axis=1).tolist()
-        assert [i for i, r in enumerate(rows) if r] == written  # nothing else written, sliding layers never
+        assert [i for i, r in enumerate(rows) if r] == written  # prefill + new tokens; sliding layers never
 
 
 def test_missing_request_row_raises_instead_of_rope_only():

@@ -15,14 +15,19 @@ right after ``MlxTpModelWorker._init_model_runner`` built it (``register_mlx_hoo
   core ``LayerPlan`` (checked against SGLang's layout) and new-token slots that raise instead of silently
   degrading to RoPE-only.
 
-SGLang's ``MLXAttentionWrapper`` then calls the kernel for full-attention layers only, with
-``full_kv_pool_index_by_layer[layer]``; sliding-window layers keep ``mx.fast.rope`` and per-request caches.
-Decode SDPA keeps reading SGLang's per-request caches; ``decode_attention.decode_attention_mxfp8`` reads the
-pool (see the closing note of issue 5 for what runs only on a Mac).
+- the full-attention layers' ``MLXAttentionWrapper`` becomes ``InklingMLXAttentionWrapper``: at decode it
+  calls the fused kernel with ``full_kv_pool_index_by_layer[layer]`` and then attends over the MXFP8 pool
+  (``decode_attention_mxfp8``, Metal kernel on Apple) through ``req_to_token``; it still writes SGLang's
+  per-request cache, whose offsets drive the runner. Sliding-window layers keep SGLang's wrapper
+  (``mx.fast.rope``, per-request windowed caches).
+
+Where SGLang's runner keeps no pool (radix cache disabled, or a model with sliding-window layers: it skips the
+pool because nothing would read it), the Inkling decode path stays off and says so in the log.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -213,10 +218,10 @@ class InklingDecodeContextFactory:
             missing = [rid for rid in req_ids if rid not in runner._req_pool_idx]
             if missing:
                 raise ValueError(f"requests without a req_to_token row: {missing}")
-            slots = new_token_slots(runner._req_to_token_pool.req_to_token,
-                                    [runner._req_pool_idx[rid] for rid in req_ids], seq_lens)
+            rows = [runner._req_pool_idx[rid] for rid in req_ids]
+            slots = new_token_slots(runner._req_to_token_pool.req_to_token, rows, seq_lens)
             aot = MlxAOTKernelContext(rope=MlxAOTRoPEContext(kernel, runner._attention_kv_pool, slots))
-        return BatchedDecodeContext(
+        ctx = BatchedDecodeContext(
             batch_size=len(req_ids),
             seq_lens=seq_lens,
             attention_layer_caches=[[caches[i][layer] for i in range(len(req_ids))] for layer in attention_layers],
@@ -224,6 +229,92 @@ class InklingDecodeContextFactory:
             full_kv_pool_index_by_layer=self.plan.full_kv_pool_index_by_layer,
             aot=aot,
         )
+        ctx.inkling_kv = None
+        if aot.rope is not None and isinstance(runner._attention_kv_pool, InklingMlxAttentionKVPool):
+            # Request b's keys: the pool slots of positions 0..seq_len (its new token last).
+            table = runner._req_to_token_pool.req_to_token
+            indices = [int(slot) for row, n in zip(rows, seq_lens) for slot in table[row, : n + 1].tolist()]
+            indptr = [0]
+            for n in seq_lens:
+                indptr.append(indptr[-1] + n + 1)
+            ctx.inkling_kv = (mx.array(indptr, dtype=mx.int32), mx.array(indices, dtype=mx.int32))
+        return ctx
+
+
+# ---- the attention wrapper of full-attention layers ----------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def make_inkling_wrapper_class():
+    """``InklingMLXAttentionWrapper``, a subclass of SGLang's ``MLXAttentionWrapper`` (built lazily: SGLang's
+    class exists only where its MLX modules import)."""
+    from sglang.srt.hardware_backend.mlx.kv_cache.attention_wrapper import MLXAttentionWrapper
+
+    from sglang_inkling_backend.mlx.decode_attention import decode_attention_mxfp8
+
+    class InklingMLXAttentionWrapper(MLXAttentionWrapper):
+        """Decode of a full-attention layer over the MXFP8 pool; everything else as SGLang's wrapper."""
+
+        def _batched_decode(self, x, ctx):
+            if self._window_size is not None or getattr(ctx, "inkling_kv", None) is None:
+                return super()._batched_decode(x, ctx)
+            inner, batch = self._inner, ctx.batch_size
+            n_heads, n_kv_heads = self._n_heads, self._n_kv_heads
+            q_out, keys, values = inner.q_proj(x), inner.k_proj(x), inner.v_proj(x)
+            head_dim = self._head_dim or keys.shape[-1] // n_kv_heads
+            gate = None
+            if q_out.shape[-1] == n_heads * head_dim:
+                queries = q_out.reshape(batch, 1, n_heads, head_dim)
+            elif q_out.shape[-1] == 2 * n_heads * head_dim:  # gated attention, as SGLang's wrapper handles it
+                queries, gate = mx.split(q_out.reshape(batch, 1, n_heads, 2 * head_dim), 2, axis=-1)
+                gate = gate.reshape(batch, 1, n_heads * head_dim)
+            else:
+                raise RuntimeError(f"Unexpected q_proj output shape {q_out.shape} for {type(inner).__name__}")
+            keys = keys.reshape(batch, 1, n_kv_heads, head_dim)
+            values = values.reshape(batch, 1, n_kv_heads, head_dim)
+            if self._has_q_norm:
+                queries = inner.q_norm(queries)
+            if self._has_k_norm:
+                keys = inner.k_norm(keys)
+            q, k, v = queries[:, 0], keys[:, 0], values[:, 0]  # [B, H, D]
+            rope_ctx = ctx.aot.rope
+            pool = rope_ctx.kv_pool
+            pool_index = ctx.full_kv_pool_index_by_layer[self._layer_idx]
+            q_rot, k_rot, _, _ = rope_ctx.kernel.rope_pool_fused(
+                q, k, v, ctx.offsets, rope_ctx.new_token_slots, pool.k_buffer[pool_index],
+                pool.v_buffer[pool_index], head_dim=head_dim, num_qo_heads=n_heads, num_kv_heads=n_kv_heads,
+                rope_base=rope_ctx.kernel.base)
+            # SGLang's per-request cache still gets the token: its offsets drive the runner's bookkeeping.
+            caches = ctx.attention_layer_caches[ctx.attention_pool_index_by_layer[self._layer_idx]]
+            for i in range(batch):
+                caches[i].write_token(k_rot[i][None, :, None, :], v[i][None, :, None, :])
+            kv_indptr, kv_indices = ctx.inkling_kv
+            mxfp8_pool = pool.mxfp8
+            out = decode_attention_mxfp8(
+                q_rot, mxfp8_pool.k_buffer[pool_index], mxfp8_pool.k_scale_buffer[pool_index],
+                mxfp8_pool.v_buffer[pool_index], mxfp8_pool.v_scale_buffer[pool_index], kv_indptr, kv_indices,
+                softmax_scale=self._scale, sinks=self._sinks, implementation=_implementation)
+            out = out.astype(x.dtype).reshape(batch, 1, n_heads * head_dim)
+            if gate is not None:
+                out = out * mx.sigmoid(gate)
+            return inner.o_proj(out)
+
+    return InklingMLXAttentionWrapper
+
+
+def swap_full_layer_wrappers(layout: Any) -> int:
+    """Replace the ``MLXAttentionWrapper`` of every full-attention layer by ``InklingMLXAttentionWrapper``."""
+    from sglang.srt.hardware_backend.mlx.kv_cache.attention_wrapper import MLXAttentionWrapper
+
+    wrapper_class = make_inkling_wrapper_class()
+    swapped = 0
+    for layer_idx in layout.full_attention_layer_indices:
+        layer, attr = layout.layers[layer_idx], layout.attention_attr(layer_idx)
+        current = getattr(layer, attr)
+        if isinstance(current, MLXAttentionWrapper) and not isinstance(current, wrapper_class):
+            setattr(layer, attr, wrapper_class(current._inner, layer_idx, window_size=current._window_size))
+            swapped += 1
+    return swapped
 
 
 # ---- installing on a runner, and the SGLang hook -------------------------------------------------------------
@@ -257,8 +348,13 @@ def install_on_runner(runner: Any) -> LayerPlan:
         if isinstance(pool, MlxAttentionKVPool):
             runner._attention_kv_pool = InklingMlxAttentionKVPool(pool.pool_size, pool.num_layers, pool.n_kv_heads,
                                                                   pool.head_dim, pool.dtype)
+        elif pool is None:
+            logger.warning("inkling MLX: SGLang's runner keeps no full-attention pool here (radix cache disabled, "
+                           "or sliding-window layers); decode stays on SGLang's per-request caches")
 
     runner.init_cache_pools = init_cache_pools
+    if kernel.enabled:
+        swap_full_layer_wrappers(layout)
     runner._build_batched_decode_context = InklingDecodeContextFactory(runner, plan)
     runner._inkling_plan = plan
     logger.info("inkling MLX path installed: %d full / %d sliding-window attention layers, MXFP8 pool, fused "
