@@ -81,9 +81,11 @@ class ScaleLayout:
                              f"[{int(slots.min())}, {int(slots.max())}]")
         return slots.long()
 
-    def flat_index(self, slots: torch.Tensor) -> torch.Tensor:
-        """Offsets into ``sf.view(-1)`` of every scale byte of ``slots``: ``LongTensor [N, Hkv, D // 32]``."""
-        slots = self.check_slots(slots)
+    def flat_index(self, slots: torch.Tensor, check: bool = True) -> torch.Tensor:
+        """Offsets into ``sf.view(-1)`` of every scale byte of ``slots``: ``LongTensor [N, Hkv, D // 32]``.
+        ``check=False`` skips the range check, which reads the slots on the host (no sync inside a CUDA graph);
+        the caller then guarantees the range."""
+        slots = self.check_slots(slots) if check else slots.long()
         hkv, nb = self.num_kv_heads, self.blocks_per_head
         head = torch.arange(hkv, device=slots.device).view(1, hkv, 1)
         block = torch.arange(nb, device=slots.device).view(1, 1, nb)
@@ -105,15 +107,15 @@ class ScaleLayout:
         if not sf.is_contiguous():
             raise ValueError(f"{name} must be contiguous")
 
-    def gather(self, sf: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    def gather(self, sf: torch.Tensor, slots: torch.Tensor, check: bool = True) -> torch.Tensor:
         """The scale bytes of ``slots``: uint8 ``[N, Hkv, D // 32]``."""
         self.check_buffer(sf)
-        return sf.view(torch.uint8).reshape(-1)[self.flat_index(slots)]
+        return sf.view(torch.uint8).reshape(-1)[self.flat_index(slots, check)]
 
-    def scatter(self, sf: torch.Tensor, slots: torch.Tensor, scales: torch.Tensor) -> None:
+    def scatter(self, sf: torch.Tensor, slots: torch.Tensor, scales: torch.Tensor, check: bool = True) -> None:
         """Write ``scales [N, Hkv, D // 32]`` (uint8) at ``slots``, in place."""
         self.check_buffer(sf)
-        index = self.flat_index(slots)
+        index = self.flat_index(slots, check)
         if tuple(scales.shape) != tuple(index.shape):
             raise ValueError(f"scales must have shape {tuple(index.shape)}, got {tuple(scales.shape)}")
         sf.view(torch.uint8).view(-1)[index.reshape(-1)] = scales.view(torch.uint8).reshape(-1).to(sf.device)
