@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import mlx.core as mx
+import numpy as np
+import torch
 
 from sglang_inkling_backend.layer_plan import LayerPlan, LayerSpec
 from sglang_inkling_backend.mlx import mxfp8_ops
@@ -232,12 +234,10 @@ class InklingDecodeContextFactory:
         ctx.inkling_kv = None
         if aot.rope is not None and isinstance(runner._attention_kv_pool, InklingMlxAttentionKVPool):
             # Request b's keys: the pool slots of positions 0..seq_len (its new token last).
-            table = runner._req_to_token_pool.req_to_token
-            indices = [int(slot) for row, n in zip(rows, seq_lens) for slot in table[row, : n + 1].tolist()]
-            indptr = [0]
-            for n in seq_lens:
-                indptr.append(indptr[-1] + n + 1)
-            ctx.inkling_kv = (mx.array(indptr, dtype=mx.int32), mx.array(indices, dtype=mx.int32))
+            table = runner._req_to_token_pool.req_to_token  # torch, on the CPU in SGLang's MLX runner
+            indices = torch.cat([table[row, : n + 1] for row, n in zip(rows, seq_lens)]).to(torch.int32)
+            indptr = np.concatenate([[0], np.cumsum(np.asarray(seq_lens) + 1)]).astype(np.int32)
+            ctx.inkling_kv = (mx.array(indptr), mx.array(indices.numpy()))
         return ctx
 
 
