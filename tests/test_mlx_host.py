@@ -3,6 +3,7 @@ BatchedDecodeContext, MLXAttentionWrapper, per-request caches) with small stand-
 mlx_lm's ``create_causal_mask`` (mlx_lm is not installed), the model (a tiny attention module) and the runner (a
 namespace with the attributes the wiring reads). SGLang's runner itself needs Metal + MPS and mlx_lm."""
 
+import os
 import sys
 import types
 from types import SimpleNamespace
@@ -12,6 +13,10 @@ import pytest
 mx = pytest.importorskip("mlx.core")
 nn = pytest.importorskip("mlx.nn")
 torch = pytest.importorskip("torch")
+
+if not torch.cuda.is_available():
+    # sglang imports triton; the Triton CPU tests later in this process need interpreter mode chosen first
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from sglang_inkling_backend.sglang.cpu_testing import prepare_sglang_cpu_import  # noqa: E402
 
