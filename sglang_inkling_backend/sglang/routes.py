@@ -21,16 +21,27 @@ from sglang_inkling_backend.sglang.metadata import KVRails
 logger = logging.getLogger(__name__)
 
 
+def gather_rails_kv(kv: PagedKV, rails: KVRails) -> tuple[PagedKV, KVRails]:
+    """Read (and dequantize) every slot the batch attends over in one call, as a compact float32 PagedKV with
+    rails renumbered 0..nnz-1. The reference then loops over requests without re-reading scales per request:
+    same numbers (the reference dequantizes to float32 too), one gather per layer instead of one per request."""
+    nnz = int(rails.indptr[-1])
+    k, v = kv.read(rails.indices[:nnz])
+    return PagedKV(k, v), KVRails(rails.indptr, torch.arange(nnz, device=k.device))
+
+
 class TorchRoute:
     name = "torch"
     graph_capturable = False
 
     def decode(self, q: torch.Tensor, kv: PagedKV, rails: KVRails, params: AttentionParams,
                max_seq_len: Optional[int] = None) -> torch.Tensor:
+        kv, rails = gather_rails_kv(kv, rails)
         return reference.paged_decode_attention(q, kv, rails.indptr, rails.indices, params)
 
     def extend(self, q: torch.Tensor, kv: PagedKV, rails: KVRails, qo_indptr: torch.Tensor,
                params: AttentionParams) -> torch.Tensor:
+        kv, rails = gather_rails_kv(kv, rails)
         return reference.paged_extend_attention(q, kv, rails.indptr, rails.indices, qo_indptr, params)
 
 
