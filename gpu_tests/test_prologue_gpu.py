@@ -152,3 +152,18 @@ def test_fused_prologue_in_a_cuda_graph(mx):
     ref_args = {k: (v.clone() if isinstance(v, torch.Tensor) and k != "qkvr" else v) for k, v in args.items()}
     ref_out = reference.inkling_attn_prologue_decode(**ref_args)
     compare(ref_args, ref_out, dev_args, dev_out, f"graph mxfp8={mx}")
+
+
+def test_value_errors_on_gpu_leave_buffers_untouched():
+    args, packed = random_case(8, 16, 2, 4, True, True, True, SEED + 11)
+    dev_args = to_device(args, packed, "cuda")
+    dev_args["loc"][3] = dev_args["k_buf"].shape[0]  # one past the pool
+    before = {k: v.clone() for k, v in dev_args.items() if isinstance(v, torch.Tensor) and k != "qkvr"}
+    with pytest.raises(ValueError, match="loc must be <"):
+        fused.inkling_attn_prologue_decode(**dev_args)
+    dev_args["loc"][3] = dev_args["loc"][4]  # duplicate store slot
+    before["loc"] = dev_args["loc"].clone()
+    with pytest.raises(ValueError, match="loc must be distinct"):
+        fused.inkling_attn_prologue_decode(**dev_args)
+    for k, v in before.items():
+        assert torch.equal(as_bytes(dev_args[k]), as_bytes(v)), k

@@ -198,6 +198,25 @@ def test_k_norm_rounds_conv_to_bf16_first():
     assert torch.equal(v.view(64, 2, D), v_conv.to(torch.bfloat16))  # v only rounds
 
 
+def test_norm_is_ieee_float32_bit_for_bit():
+    """inv = 1 / sqrt(sum_sq / 128 + eps) with correctly rounded float32 sqrt and division (numpy's are), then
+    bf16((x * inv) * gamma): the same bits a CUDA kernel with sqrt.rn / div.rn gets. (torch's float32 CPU sqrt is
+    not correctly rounded; this once cost a GPU-vs-reference mismatch.)"""
+    import numpy as np
+
+    from sglang_inkling_backend.reference.prologue import head_rmsnorm
+
+    g = torch.Generator().manual_seed(2)
+    x = (torch.randn(8192, D, generator=g) * torch.rand(8192, 1, generator=g) * 4).bfloat16().float()
+    gamma = (1 + 0.2 * torch.randn(D, generator=g)).bfloat16()
+    ours = head_rmsnorm(x, gamma, 1e-6)
+    xn = x.numpy()
+    sum_sq = (xn.astype(np.float64) ** 2).sum(-1, keepdims=True).astype(np.float32)
+    inv = np.float32(1.0) / np.sqrt(sum_sq / np.float32(128) + np.float32(1e-6))
+    expected = torch.from_numpy((xn * inv) * gamma.float().numpy()).bfloat16()
+    assert torch.equal(ours, expected)
+
+
 def test_tau_folds_after_the_norm_rounding():
     args, _ = make_case(T=3, hq=2, seed=5)
     tau = torch.tensor([1.0, 1.0693147, 1.37])

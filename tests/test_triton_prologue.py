@@ -138,6 +138,17 @@ def test_fused_equals_reference(name, hq, hkv, W, mx, tau, track):
     assert_same_call(args)
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_fused_equals_reference_inkling_rank_shape(seed):
+    """Hq 16, Hkv 2 (Inkling per rank at TP4): 16k q values per seed, enough to meet bf16 rounding ties."""
+    T = 8
+    args, _ = make_case(T=T, hq=16, hkv=2, cache_slots=20, kv_slots=256, mxfp8_mode=seed != 1, seed=100 + seed)
+    args["log_scaling_tau"] = 1.0 + torch.rand(T, generator=torch.Generator().manual_seed(seed))
+    args["track_mask"] = torch.arange(T) % 2 == 0
+    args["track_indices"] = torch.arange(10, 10 + T)
+    assert_same_call(args)
+
+
 def test_fused_equals_reference_full_row_and_no_store():
     args, packed = make_case(T=3, hq=2, hkv=2, seed=4)
     args["qkvr"] = packed.clone()  # the whole packed row instead of the q view

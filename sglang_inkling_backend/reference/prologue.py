@@ -26,8 +26,8 @@ offsets can reach past ``qkvr.shape[1]``):
 
    The sum of squares is accumulated in float64 and rounded once to float32: squares of bf16 values are exact,
    so the sum is exact (for any reduction order) whenever a head's values span less than ~2^30, and every kernel
-   that does the same lands on the same float32 bits. ``1 / sqrt`` is IEEE (SGLang's CUDA ``rsqrtf`` may differ by
-   an ulp; its own tests allow 2e-2).
+   that does the same lands on the same float32 bits. ``1 / sqrt`` is IEEE float32, correctly rounded (SGLang's
+   CUDA ``rsqrtf`` may differ by an ulp; its own tests allow 2e-2).
 4. Log-scaling tau (``log_scaling_tau[t]``, float32): ``q_n = bf16(q_n * tau)``, a second rounding, before any
    quantization. k and v are not scaled.
 5. MXFP8 mode: q is quantized (``mxfp8.quantize``: e4m3 data + one UE8M0 scale per (token, head, 32-block),
@@ -135,35 +135,58 @@ def _check_mxfp8_scale_buffers(k_buf, dq, dkv, sfk, sfv, page_size) -> ScaleLayo
     return ScaleLayout.for_pool(sf_shape[0] * page_size, dkv // HEAD_DIM, HEAD_DIM, page_size)
 
 
+def _has_duplicates(keys: torch.Tensor) -> torch.Tensor:
+    """Device-side bool: does ``keys`` (1-D) repeat a value? (sort + neighbours: no host sync)."""
+    ordered = torch.sort(keys).values
+    return (ordered[1:] == ordered[:-1]).any()
+
+
 def _check_values(qkvr, k_cache, cache_indices, loc, k_buf, track_mask, track_indices, do_store,
                   layout: Optional[ScaleLayout]) -> None:
-    """Checks that read index values (one host round trip on a GPU)."""
+    """Checks that read index values, on the host: the index tensors travel there in one copy (one round trip on
+    a GPU). Rows a rule does not apply to get distinct negative stand-in keys."""
     num_cache_slots = k_cache.shape[0]
+    num_kv_slots = layout.num_slots if layout is not None else k_buf.shape[0]
+    T = cache_indices.shape[0]
+    parts = [cache_indices.long(), loc.long()]
+    if track_mask is not None:
+        parts += [track_mask.reshape(-1).long(), track_indices.long()]
+    host = torch.cat(parts).cpu().split(T)
+    cache_indices, loc = host[0], host[1]
+    if track_mask is not None:
+        track_mask, track_indices = host[2].bool(), host[3]
     ci = cache_indices.long()
     real = ci != PAD_SLOT
-    if bool(((ci < PAD_SLOT) | (ci >= num_cache_slots)).any()):
-        raise ValueError(f"cache_indices must be -1 (padding) or a conv-cache slot in [0, {num_cache_slots}), "
-                         f"got values in [{int(ci.min())}, {int(ci.max())}]")
-    written = [ci[real]]
+    stand_in = -2 - torch.arange(2 * T, device=ci.device)  # never a slot, never equal to each other
+    written = [torch.where(real, ci, stand_in[:T])]
+    flags = {"ci_range": ((ci < PAD_SLOT) | (ci >= num_cache_slots)).any()}
     if track_mask is not None:
         tracked = track_mask.reshape(-1) & real
-        ti = track_indices.long()[tracked]
-        if bool(((ti < 0) | (ti >= num_cache_slots)).any()):
-            raise ValueError(f"track_indices of tracked real rows must be conv-cache slots in "
-                             f"[0, {num_cache_slots}), got values in [{int(ti.min())}, {int(ti.max())}]")
-        written.append(ti)
-    written = torch.cat(written)
-    if torch.unique(written).numel() != written.numel():
+        ti = track_indices.long()
+        flags["track_range"] = (tracked & ((ti < 0) | (ti >= num_cache_slots))).any()
+        written.append(torch.where(tracked, ti, stand_in[T:]))
+    flags["cache_dup"] = _has_duplicates(torch.cat(written))
+    if do_store:
+        dst = loc.long()
+        stored = real & (dst >= 0)
+        flags["loc_range"] = (stored & (dst >= num_kv_slots)).any()
+        flags["loc_dup"] = _has_duplicates(torch.where(stored, dst, stand_in[:T]))
+    failed = dict(zip(flags, torch.stack(list(flags.values())).tolist()))
+    if failed["ci_range"]:
+        raise ValueError(f"cache_indices must be -1 (padding) or a conv-cache slot in [0, {num_cache_slots}), "
+                         f"got values in [{int(ci.min())}, {int(ci.max())}]")
+    if failed.get("track_range"):
+        bad = track_indices.long()[tracked]
+        raise ValueError(f"track_indices of tracked real rows must be conv-cache slots in "
+                         f"[0, {num_cache_slots}), got values in [{int(bad.min())}, {int(bad.max())}]")
+    if failed["cache_dup"]:
         raise ValueError("the conv-cache slots this call writes (cache_indices of real rows and their "
                          "track_indices) must be distinct")
-    if do_store:
-        num_kv_slots = layout.num_slots if layout is not None else k_buf.shape[0]
-        stored = loc.long()[real & (loc.long() >= 0)]
-        if bool((stored >= num_kv_slots).any()):
-            raise ValueError(f"loc must be < {num_kv_slots} (the KV pool's slots) on stored rows, "
-                             f"got max {int(stored.max())}")
-        if torch.unique(stored).numel() != stored.numel():
-            raise ValueError("loc must be distinct on stored rows (real rows with loc >= 0)")
+    if failed.get("loc_range"):
+        raise ValueError(f"loc must be < {num_kv_slots} (the KV pool's slots) on stored rows, "
+                         f"got max {int(loc.long()[stored].max())}")
+    if failed.get("loc_dup"):
+        raise ValueError("loc must be distinct on stored rows (real rows with loc >= 0)")
 
 
 def validate_prologue_args(
@@ -326,10 +349,19 @@ def shifted_window(x: torch.Tensor, hist: torch.Tensor, has_history: torch.Tenso
     return torch.cat([older, x.unsqueeze(1)], dim=1)
 
 
+def ieee_sqrt_f32(x: torch.Tensor) -> torch.Tensor:
+    """Correctly rounded float32 sqrt. torch's own float32 sqrt on the CPU is not (torch 2.13: about 15% of
+    inputs 1 ulp off); sqrt in float64 rounded once to float32 is exact-rounded (the double rounding is innocuous)."""
+    return torch.sqrt(x.double()).float()
+
+
 def head_rmsnorm(x: torch.Tensor, gamma: torch.Tensor, eps: float) -> torch.Tensor:
-    """``bf16((x * inv) * gamma)`` per 128-channel head, ``x [..., 128]`` float32 holding bf16 values."""
+    """``bf16((x * inv) * gamma)`` per 128-channel head, ``x [..., 128]`` float32 holding bf16 values, with
+    ``inv = 1 / sqrt(sum_sq / 128 + eps)`` in IEEE float32 (sqrt and division correctly rounded, as CUDA's
+    ``sqrt.rn`` / ``div.rn``)."""
     sum_sq = (x.double() * x.double()).sum(dim=-1, keepdim=True).float()
-    inv = 1.0 / torch.sqrt(sum_sq / HEAD_DIM + eps)
+    mean_sq = sum_sq / HEAD_DIM + eps  # float32; / 128 is exact
+    inv = (1.0 / ieee_sqrt_f32(mean_sq).double()).float()  # correctly rounded float32 division
     return ((x * inv) * gamma.float()).to(torch.bfloat16)
 
 
@@ -380,7 +412,7 @@ def inkling_attn_prologue_decode(
     ci = cache_indices.long()
     real = ci != PAD_SLOT
     read_slot = torch.where(real, ci, torch.zeros_like(ci))  # padding rows read slot 0 (times cm)
-    has_history = cache_mask.clone()
+    has_history = cache_mask
     cm = has_history.float().unsqueeze(1)
     # Gathering copies: every tap is read before anything below writes the caches.
     k_hist = k_cache[read_slot].float()

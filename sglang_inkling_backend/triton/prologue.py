@@ -104,7 +104,8 @@ def _head_rmsnorm(x, gamma, eps):
     """``x [R, 128]`` float32 (bf16 values) -> float32 holding ``bf16((x * inv) * gamma)``."""
     x64 = x.to(tl.float64)
     sum_sq = tl.sum(x64 * x64, axis=1).to(tl.float32)
-    inv = tl.div_rn(1.0, tl.sqrt_rn(sum_sq * 0.0078125 + eps))  # / 128 is exact as * 2^-7
+    one = tl.full(sum_sq.shape, 1.0, tl.float32)
+    inv = tl.div_rn(one, tl.sqrt_rn(sum_sq * 0.0078125 + eps))  # / 128 is exact as * 2^-7
     return _round_to_bf16((x * inv[:, None]) * gamma[None, :])
 
 
@@ -153,13 +154,13 @@ def _inkling_prologue_decode_kernel(
     q_out_ptr, k_out_ptr, v_out_ptr, sfq_ptr,
     loc_ptr, k_buf_ptr, v_buf_ptr, kv_slot_stride, sfk_ptr, sfv_ptr,
     track_mask_ptr, track_indices_ptr, track_stride, num_cache_slots, num_kv_slots,
-    HQ: tl.constexpr, HKV: tl.constexpr, Q_HEADS: tl.constexpr, W: tl.constexpr, PAGE: tl.constexpr,
+    HQ: tl.constexpr, HKV: tl.constexpr, Q_HEADS: tl.constexpr, NUM_Q_PROGRAMS: tl.constexpr,
+    W: tl.constexpr, PAGE: tl.constexpr,
     USE_SILU: tl.constexpr, USE_RESIDUAL: tl.constexpr, HAS_TAU: tl.constexpr, DO_TRACK: tl.constexpr,
     DO_STORE: tl.constexpr, MXFP8: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     role = tl.program_id(1)
-    NUM_Q_PROGRAMS: tl.constexpr = (HQ + Q_HEADS - 1) // Q_HEADS
     d = tl.arange(0, 128)
     row_ptr = qkvr_ptr + t * row_stride
 
@@ -192,7 +193,8 @@ def _inkling_prologue_decode_kernel(
         track_slot = slot
         if DO_TRACK:
             track_slot = tl.load(track_indices_ptr + t * track_stride).to(tl.int64)
-            do_track = is_real & (tl.load(track_mask_ptr + t) != 0) & (track_slot >= 0) & (track_slot < num_cache_slots)
+            tracked = tl.load(track_mask_ptr + t) != 0
+            do_track = is_real & tracked & (track_slot >= 0) & (track_slot < num_cache_slots)
             track_slot = tl.where(do_track, track_slot, 0)
         k_acc = _conv_and_shift(row_ptr + k_off, k_cache_ptr, k_weight_ptr, c, slot, cache_stride_slot,
                                 cache_stride_w, weight_stride_c, weight_stride_w, has_history, is_real,
@@ -288,8 +290,9 @@ def inkling_attn_prologue_decode(
         sfq = None
         q_out_arg, k_buf_arg, v_buf_arg = q_out, k_buf, v_buf
         sfk_arg = sfv_arg = q_out  # unused (MXFP8=False)
+    q_scale = sfq.view(_E8M0) if sfq is not None and _E8M0 is not None else sfq  # SGLang returns e8m0
     if T == 0:
-        return q_out, k_out, v_out, (sfq.view(_E8M0) if sfq is not None and _E8M0 is not None else sfq)
+        return q_out, k_out, v_out, q_scale
 
     # Bool tensors travel as bytes; tau as float32.
     cache_mask_arg = cache_mask.view(torch.uint8)
@@ -300,7 +303,8 @@ def inkling_attn_prologue_decode(
     else:
         track_mask_arg, track_indices_arg, track_stride = cache_mask_arg, loc, 0
     q_heads = min(4, triton.next_power_of_2(hq))
-    grid = (T, triton.cdiv(hq, q_heads) + hkv)
+    num_q_programs = triton.cdiv(hq, q_heads)
+    grid = (T, num_q_programs + hkv)
     _inkling_prologue_decode_kernel[grid](
         qkvr, qkvr.stride(0), q_off, k_off, v_off,
         k_cache, v_cache, k_cache.stride(0), k_cache.stride(1),
@@ -311,12 +315,9 @@ def inkling_attn_prologue_decode(
         loc, k_buf_arg, v_buf_arg, k_buf.stride(0), sfk_arg, sfv_arg,
         track_mask_arg, track_indices_arg, track_stride, k_cache.shape[0],
         geo.layout.num_slots if geo.layout is not None else k_buf.shape[0],
-        HQ=hq, HKV=hkv, Q_HEADS=q_heads, W=geo.conv_width, PAGE=page_size,
+        HQ=hq, HKV=hkv, Q_HEADS=q_heads, NUM_Q_PROGRAMS=num_q_programs, W=geo.conv_width, PAGE=page_size,
         USE_SILU=geo.use_silu, USE_RESIDUAL=bool(use_residual), HAS_TAU=log_scaling_tau is not None,
         DO_TRACK=geo.do_track, DO_STORE=bool(do_store), MXFP8=bool(mxfp8_quant),
         num_warps=4,
     )
-    q_scale = None
-    if sfq is not None:
-        q_scale = sfq.view(_E8M0) if _E8M0 is not None else sfq
     return q_out, k_out, v_out, q_scale
