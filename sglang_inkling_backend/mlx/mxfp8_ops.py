@@ -2,10 +2,10 @@
 
 MLX has no fp8 dtype: e4m3 data and UE8M0 scales travel as uint8. The exponent rule is SGLang's ceil
 rule (the smallest e with ``amax <= 448 * 2^(e-127)``), computed from the float's bits so that an exact
-power-of-two ratio never rounds the wrong way; see ``metal/inkling_common.metal`` for the same rule in
-Metal. ``mx.to_fp8`` is round-to-nearest-even and saturating, which is what the format needs for finite
-inputs; it maps NaN to 0x7E, so non-finite blocks are handled explicitly: like the core, a block holding a
-NaN or an infinity gets scale 0xFF (UE8M0 NaN) and data 0x7F (e4m3 NaN).
+power-of-two ratio never rounds the wrong way. e4m3 encoding and decoding are integer bit operations, the same
+algorithm as ``metal/inkling_common.metal`` (so twin and kernel agree by construction, and nothing depends on
+``mx.to_fp8``, which MLX 0.29 lacks and which maps NaN to 0x7E). Like the core, a block holding a NaN or an
+infinity gets scale 0xFF (UE8M0 NaN) and data 0x7F (e4m3 NaN).
 """
 
 from __future__ import annotations
@@ -35,6 +35,33 @@ def ue8m0_to_float(exponent: mx.array) -> mx.array:
     return bits.view(mx.float32)
 
 
+def e4m3_encode(x: mx.array) -> mx.array:
+    """Finite float32 in [-448, 448] -> e4m3fn bytes (uint8), round-to-nearest-even."""
+    bits = x.astype(mx.float32).view(mx.uint32)
+    sign = (bits >> 24) & 0x80
+    magnitude = bits & 0x7FFFFFFF
+    mantissa = magnitude & 0x7FFFFF
+    kept = mantissa >> 20
+    rest = mantissa & 0xFFFFF
+    round_up = (rest > 0x80000) | ((rest == 0x80000) & ((kept & 1) == 1))
+    normal_exponent = mx.maximum(magnitude >> 23, 120) - 120  # clamped: only used where |x| >= 2^-6
+    normal = mx.minimum(((normal_exponent << 3) | kept) + round_up.astype(mx.uint32), 0x7E)
+    subnormal = mx.round(magnitude.view(mx.float32) * 512.0).astype(mx.uint32)  # ties to even; 8 -> 2^-6
+    code = mx.where(magnitude >= 0x3C800000, normal, subnormal)
+    return (code | sign).astype(mx.uint8)
+
+
+def e4m3_decode(data: mx.array) -> mx.array:
+    """e4m3fn bytes -> float32 (exact); 0x7F / 0xFF are NaN."""
+    code = data.astype(mx.uint32)
+    exponent = (code >> 3) & 0xF
+    mantissa = code & 0x7
+    normal = (((exponent + 120) << 23) | (mantissa << 20)).view(mx.float32)
+    magnitude = mx.where(exponent == 0, mantissa.astype(mx.float32) * 0.001953125, normal)
+    value = mx.where((code & 0x80) != 0, -magnitude, magnitude)
+    return mx.where((code & 0x7F) == E4M3_NAN, mx.nan, value)
+
+
 def _check_head_dim(x: mx.array, name: str) -> None:
     if x.ndim < 1 or x.shape[-1] % BLOCK != 0:
         raise ValueError(f"{name} must have a last dimension divisible by {BLOCK}, got shape {x.shape}")
@@ -49,7 +76,7 @@ def quantize(x: mx.array) -> tuple[mx.array, mx.array]:
     exponent = ue8m0_exponent(mx.max(mx.where(element_finite, mx.abs(blocks), 0.0), axis=-1))
     inverse_scale = ((254 - exponent.astype(mx.uint32)) << 23).view(mx.float32)  # 2^(127 - e), exact
     scaled = mx.clip(mx.where(element_finite, blocks, 0.0) * inverse_scale[..., None], -E4M3_MAX, E4M3_MAX)
-    data = mx.where(block_finite[..., None], mx.to_fp8(scaled), E4M3_NAN).astype(mx.uint8)
+    data = mx.where(block_finite[..., None], e4m3_encode(scaled), E4M3_NAN).astype(mx.uint8)
     exponent = mx.where(block_finite, exponent, UE8M0_NAN).astype(mx.uint8)
     return data.reshape(x.shape), exponent
 
@@ -61,7 +88,7 @@ def dequantize(data: mx.array, scales: mx.array, dtype=mx.float32) -> mx.array:
         raise TypeError(f"data and scales must be uint8, got {data.dtype} and {scales.dtype}")
     if scales.shape != (*data.shape[:-1], data.shape[-1] // BLOCK):
         raise ValueError(f"scales shape {scales.shape} does not match data shape {data.shape}")
-    values = mx.from_fp8(data, dtype=mx.float32).reshape(*scales.shape, BLOCK)
+    values = e4m3_decode(data).reshape(*scales.shape, BLOCK)
     return (values * ue8m0_to_float(scales)[..., None]).reshape(data.shape).astype(dtype)
 
 
