@@ -84,3 +84,17 @@ def test_scale_offsets_match_core_layout(page_size):
 def test_bad_head_dim_is_rejected():
     with pytest.raises(ValueError, match="divisible by 32"):
         mxfp8_ops.quantize(mx.zeros((2, 48)))
+
+
+def test_e4m3_codec_against_torch():
+    """Decode: all 256 codes. Encode: a dense sweep of [-448, 448], every code and every midpoint (ties)."""
+    codes = torch.arange(256, dtype=torch.uint8)
+    ref = codes.view(torch.float8_e4m3fn).float()
+    ours = to_torch(mxfp8_ops.e4m3_decode(from_torch(codes)))
+    assert torch.equal(ours.isnan(), ref.isnan())
+    assert torch.equal(ours[~ref.isnan()], ref[~ref.isnan()])
+    finite = ref[~ref.isnan()].sort().values
+    x = torch.cat([torch.linspace(-448, 448, 400_001), (torch.rand(200_000) * 2 - 1) * 2.0 ** -5, finite,
+                   (finite[:-1] + finite[1:]) / 2, torch.tensor([-0.0, 0.0])])
+    encoded = to_torch(mxfp8_ops.e4m3_encode(from_torch(x)))
+    assert torch.equal(encoded, x.to(torch.float8_e4m3fn).view(torch.uint8))
