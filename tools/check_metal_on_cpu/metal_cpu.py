@@ -29,6 +29,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Sequence
@@ -48,9 +49,11 @@ _DTYPES = {
 }
 
 _COMPILE_FLAGS = (
-    "-std=c++17", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter",
+    "-std=c++17", "-O1", "-g", "-Wall", "-Wextra", "-Wno-unused-parameter",
     "-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer",
     "-ffp-contract=off",
+    # warnings are errors with the g++ CI uses; other compilers (Apple clang on a Mac) warn differently
+    *(("-Werror",) if sys.platform.startswith("linux") else ()),
 )
 
 _MAIN = r"""
