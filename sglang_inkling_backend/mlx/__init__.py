@@ -10,4 +10,8 @@ the core package never imports it. Modules:
 - ``kv_pool``: the MXFP8 pool on the MLX side (uint8 data + scale buffers in the core ScaleLayout).
 - ``context``: the MLX decode context built from the core factory and the layer plan.
 - ``host``: the wiring into SGLang's MLX runner.
+- ``interop``: byte-exact mx.array <-> torch.Tensor (bf16 included).
+- ``selfcheck``: ``python -m sglang_inkling_backend.mlx.selfcheck``, the path against the core on this machine.
+
+The ``.metal`` sources under ``metal/`` are package data: the wheel must ship them.
 """
