@@ -1,0 +1,116 @@
+"""Decode CUDA-graph path of the inkling backend on a GPU: capture once, replay for new batches.
+
+Host-free parts only (``metadata.DecodeGraphBuffers``, ``impl.store_kv_unchecked``, ``routes.TritonRoute``), so it
+runs without SGLang on any CUDA machine: the buffers are refilled in place between replays, the captured write and
+Triton decode read them, and every replay must equal an eager torch-reference decode of the same batch.
+Skipped without CUDA (the CPU CI covers the refill logic in test_sglang_metadata.py).
+"""
+import itertools
+import math
+
+import torch
+
+try:
+    import pytest
+except ImportError:  # the GPU box may have no pytest: run as a script (see the bottom)
+    pytest = None
+
+HQ, HKV, D = 8, 2, 128
+CASES = list(itertools.product(["bf16", "mxfp8", "fp8_e4m3"], [None, 48]))
+
+
+def check_decode_graph_capture_and_replay(kv_format, window):
+    from sglang_inkling_backend import mxfp8
+    from sglang_inkling_backend.reference.attention import AttentionParams, PagedKV
+    from sglang_inkling_backend.scale_layout import ScaleLayout
+    from sglang_inkling_backend.sglang.impl import store_kv_unchecked
+    from sglang_inkling_backend.sglang.metadata import DecodeGraphBuffers, build_forward_metadata
+    from sglang_inkling_backend.sglang.routes import TorchRoute, choose_route
+
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+    slots, page, max_bs, ctx = 8192, 128, 8, 512
+    dtype = torch.bfloat16 if kv_format == "bf16" else torch.float8_e4m3fn
+    k_buf = torch.zeros(slots, HKV, D, dtype=dtype, device=dev)
+    v_buf = torch.zeros_like(k_buf)
+    if kv_format == "mxfp8":
+        layout = ScaleLayout.for_pool(slots, HKV, D, page)
+        kv = PagedKV(k_buf, v_buf, layout.empty(dev), layout.empty(dev), layout)
+    elif kv_format == "fp8_e4m3":
+        kv = PagedKV(k_buf, v_buf, k_scale=0.5, v_scale=0.25)
+    else:
+        kv = PagedKV(k_buf, v_buf)
+    # fill history for every request row (positions 0..ctx-1 at random slots 1..)
+    r2t = (torch.randperm(slots - 1, device=dev, generator=g)[: 9 * ctx] + 1).view(9, ctx).to(torch.int32)
+    hist_k = torch.randn(9 * ctx, HKV, D, device=dev, generator=g).to(torch.bfloat16)
+    hist_v = torch.randn(9 * ctx, HKV, D, device=dev, generator=g).to(torch.bfloat16)
+    store_kv_unchecked(kv, r2t.reshape(-1).long(), hist_k, hist_v)
+
+    route = choose_route(dev, {D})
+    assert route.name == "triton"
+    buffers = DecodeGraphBuffers(max_bs, ctx, [window] if window else [], dev, swa=False)
+    params = AttentionParams(softmax_scale=1 / math.sqrt(D), window=window)
+    static_rows = torch.zeros(max_bs, dtype=torch.int64, device=dev)
+    static_lens = torch.ones(max_bs, dtype=torch.int64, device=dev)  # the fill value: 1
+    static_loc = torch.zeros(max_bs, dtype=torch.int64, device=dev)
+    static_q = torch.zeros(max_bs, HQ, D, dtype=torch.bfloat16, device=dev)
+    static_k = torch.zeros(max_bs, HKV, D, dtype=torch.bfloat16, device=dev)
+    static_v = torch.zeros_like(static_k)
+
+    def step():
+        md = buffers.refill(r2t, static_rows, static_lens)  # out of graph: host ops allowed
+        return md
+
+    md = step()
+
+    def body():
+        store_kv_unchecked(kv, static_loc, static_k, static_v)
+        return route.decode(static_q, kv, md.rails(window), params, max_seq_len=ctx)
+
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        body()  # warm up (compiles the kernels)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = body()
+
+    for trial, bs in enumerate((3, 8, 5)):
+        rows = torch.randperm(9, device=dev, generator=g)[:bs]
+        lens = torch.randint(1, ctx + 1, (bs,), device=dev, generator=g)
+        static_rows.zero_(); static_lens.fill_(1); static_loc.zero_()
+        static_rows[:bs], static_lens[:bs] = rows, lens
+        static_loc[:bs] = r2t[rows, lens - 1].long()
+        static_q.normal_(generator=g); static_k.normal_(generator=g); static_v.normal_(generator=g)
+        step()  # refill in place, then replay
+        graph.replay()
+        torch.cuda.synchronize()
+        # eager reference on the same pool state
+        eager_md = build_forward_metadata(r2t, rows, lens, windows=[window] if window else [])
+        ref = TorchRoute().decode(static_q[:bs].float(), kv, eager_md.rails(window), params)
+        err = (static_out[:bs].float() - ref).abs().max().item()
+        assert err < 2e-2, (trial, err)
+        # the captured store wrote the new tokens (bytes equal to an eager quantization)
+        got = kv.read(static_loc[:bs])[0]
+        if kv_format == "mxfp8":
+            want = mxfp8.dequantize(*mxfp8.quantize(static_k[:bs]), torch.float32)
+        elif kv_format == "fp8_e4m3":
+            want = (static_k[:bs].float() / 0.5).to(torch.float8_e4m3fn).float() * 0.5
+        else:
+            want = static_k[:bs].float()
+        assert torch.equal(got, want), trial
+
+
+if pytest is not None:
+    @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+    @pytest.mark.parametrize("kv_format, window", CASES)
+    def test_decode_graph_capture_and_replay(kv_format, window):
+        check_decode_graph_capture_and_replay(kv_format, window)
+
+
+if __name__ == "__main__":
+    for case in CASES:
+        check_decode_graph_capture_and_replay(*case)
+        print("ok", case)
