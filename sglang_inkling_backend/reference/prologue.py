@@ -135,58 +135,41 @@ def _check_mxfp8_scale_buffers(k_buf, dq, dkv, sfk, sfv, page_size) -> ScaleLayo
     return ScaleLayout.for_pool(sf_shape[0] * page_size, dkv // HEAD_DIM, HEAD_DIM, page_size)
 
 
-def _has_duplicates(keys: torch.Tensor) -> torch.Tensor:
-    """Device-side bool: does ``keys`` (1-D) repeat a value? (sort + neighbours: no host sync)."""
-    ordered = torch.sort(keys).values
-    return (ordered[1:] == ordered[:-1]).any()
-
-
-def _check_values(qkvr, k_cache, cache_indices, loc, k_buf, track_mask, track_indices, do_store,
+def _check_values(k_cache, cache_indices, loc, k_buf, track_mask, track_indices, do_store,
                   layout: Optional[ScaleLayout]) -> None:
     """Checks that read index values, on the host: the index tensors travel there in one copy (one round trip on
-    a GPU). Rows a rule does not apply to get distinct negative stand-in keys."""
+    a GPU)."""
     num_cache_slots = k_cache.shape[0]
-    num_kv_slots = layout.num_slots if layout is not None else k_buf.shape[0]
     T = cache_indices.shape[0]
     parts = [cache_indices.long(), loc.long()]
     if track_mask is not None:
         parts += [track_mask.reshape(-1).long(), track_indices.long()]
     host = torch.cat(parts).cpu().split(T)
-    cache_indices, loc = host[0], host[1]
-    if track_mask is not None:
-        track_mask, track_indices = host[2].bool(), host[3]
-    ci = cache_indices.long()
+    ci, dst = host[0], host[1]
     real = ci != PAD_SLOT
-    stand_in = -2 - torch.arange(2 * T, device=ci.device)  # never a slot, never equal to each other
-    written = [torch.where(real, ci, stand_in[:T])]
-    flags = {"ci_range": ((ci < PAD_SLOT) | (ci >= num_cache_slots)).any()}
-    if track_mask is not None:
-        tracked = track_mask.reshape(-1) & real
-        ti = track_indices.long()
-        flags["track_range"] = (tracked & ((ti < 0) | (ti >= num_cache_slots))).any()
-        written.append(torch.where(tracked, ti, stand_in[T:]))
-    flags["cache_dup"] = _has_duplicates(torch.cat(written))
-    if do_store:
-        dst = loc.long()
-        stored = real & (dst >= 0)
-        flags["loc_range"] = (stored & (dst >= num_kv_slots)).any()
-        flags["loc_dup"] = _has_duplicates(torch.where(stored, dst, stand_in[:T]))
-    failed = dict(zip(flags, torch.stack(list(flags.values())).tolist()))
-    if failed["ci_range"]:
+    if bool(((ci < PAD_SLOT) | (ci >= num_cache_slots)).any()):
         raise ValueError(f"cache_indices must be -1 (padding) or a conv-cache slot in [0, {num_cache_slots}), "
                          f"got values in [{int(ci.min())}, {int(ci.max())}]")
-    if failed.get("track_range"):
-        bad = track_indices.long()[tracked]
-        raise ValueError(f"track_indices of tracked real rows must be conv-cache slots in "
-                         f"[0, {num_cache_slots}), got values in [{int(bad.min())}, {int(bad.max())}]")
-    if failed["cache_dup"]:
+    written = [ci[real]]
+    if track_mask is not None:
+        tracked = host[2].bool() & real
+        ti = host[3][tracked]
+        if bool(((ti < 0) | (ti >= num_cache_slots)).any()):
+            raise ValueError(f"track_indices of tracked real rows must be conv-cache slots in "
+                             f"[0, {num_cache_slots}), got values in [{int(ti.min())}, {int(ti.max())}]")
+        written.append(ti)
+    written = torch.cat(written)
+    if torch.unique(written).numel() != written.numel():
         raise ValueError("the conv-cache slots this call writes (cache_indices of real rows and their "
                          "track_indices) must be distinct")
-    if failed.get("loc_range"):
-        raise ValueError(f"loc must be < {num_kv_slots} (the KV pool's slots) on stored rows, "
-                         f"got max {int(loc.long()[stored].max())}")
-    if failed.get("loc_dup"):
-        raise ValueError("loc must be distinct on stored rows (real rows with loc >= 0)")
+    if do_store:
+        num_kv_slots = layout.num_slots if layout is not None else k_buf.shape[0]
+        stored = dst[real & (dst >= 0)]
+        if bool((stored >= num_kv_slots).any()):
+            raise ValueError(f"loc must be < {num_kv_slots} (the KV pool's slots) on stored rows, "
+                             f"got max {int(stored.max())}")
+        if torch.unique(stored).numel() != stored.numel():
+            raise ValueError("loc must be distinct on stored rows (real rows with loc >= 0)")
 
 
 def validate_prologue_args(
@@ -264,6 +247,10 @@ def validate_prologue_args(
         _require_tensor(g, name)
         _require_dtype(g, name, torch.bfloat16)
         _require_shape(g, name, (HEAD_DIM,))
+    for name, t in (("cache_indices", cache_indices), ("cache_mask", cache_mask), ("loc", loc),
+                    ("q_gamma", q_gamma), ("k_gamma", k_gamma)):
+        if not t.is_contiguous():  # kernels index these as flat arrays
+            raise ValueError(f"{name} must be contiguous, got strides {tuple(t.stride())}")
     do_track = track_mask is not None
     if do_track:
         _require_tensor(track_mask, "track_mask")
@@ -313,8 +300,8 @@ def validate_prologue_args(
             raise ValueError(f"{name} is on {t.device}, qkvr on {device}: all tensors must share a device")
 
     if check_values and num_tokens > 0:
-        _check_values(qkvr, k_cache, cache_indices, loc, k_buf, track_mask if do_track else None,
-                      track_indices, do_store, layout)
+        _check_values(k_cache, cache_indices, loc, k_buf, track_mask if do_track else None, track_indices,
+                      do_store, layout)
     return PrologueGeometry(num_tokens, dq // HEAD_DIM, hkv, conv_width, row_extent,
                             activation in ("silu", "swish"), do_track, layout)
 
