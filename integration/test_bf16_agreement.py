@@ -6,7 +6,7 @@ lengths) and a repeated long prefix (a radix-cache hit, so extend runs over a ca
 import pytest
 
 from harness import REPORT
-from workloads import REFERENCE_TOKENS
+from workloads import REFERENCE_TOKENS, TIE_GAP_NATS, compare_greedy
 
 MODELS = ["gemma-3-270m", "smollm2-135m-instruct"]
 
@@ -22,13 +22,13 @@ def test_torch_native_reproduces_the_hf_reference(workload, model):
 def test_inkling_greedy_tokens_identical_to_torch_native(workload, model):
     expected = workload(model, "torch_native")
     got = workload(model, "inkling")
-    mismatches = {name: (got.answers[name].output_ids, answer.output_ids)
-                  for name, answer in expected.answers.items() if got.answers[name].output_ids != answer.output_ids}
-    REPORT.setdefault("bf16_inkling_vs_torch_native", {})[model] = {
-        "prompts": len(expected.answers), "identical": len(expected.answers) - len(mismatches),
-        "startup_s": [round(got.startup_s, 1), round(expected.startup_s, 1)],
-        "per_token_ms": [round(got.per_token_ms, 1), round(expected.per_token_ms, 1)]}
-    assert not mismatches, f"inkling vs torch_native token mismatches (inkling, torch_native): {mismatches}"
+    comparison = compare_greedy(expected, got)
+    REPORT.setdefault("bf16_torch_native_vs_inkling", {})[model] = comparison | {
+        "startup_s": [round(expected.startup_s, 1), round(got.startup_s, 1)],
+        "per_token_ms": [round(expected.per_token_ms, 1), round(got.per_token_ms, 1)]}
+    # A divergence is only excused where both runs put the two tokens at most TIE_GAP_NATS apart.
+    assert not comparison["mismatches"], (
+        f"torch_native vs inkling greedy mismatches (not near-ties <= {TIE_GAP_NATS} nats): {comparison['mismatches']}")
 
 
 @pytest.mark.parametrize("model", MODELS)

@@ -134,11 +134,14 @@ class SGLangServer:
 
     # --- requests -------------------------------------------------------------------------------------------
     def generate(self, prompt: str | None = None, max_new_tokens: int = 8, input_ids: list[int] | None = None,
-                 return_logprob: bool = False, timeout_s: float = 300.0) -> dict:
-        """Greedy generation through SGLang's native ``/generate``. Returns ``output_ids``, ``text``, the
-        chosen tokens' ``logprobs`` (when asked) and the server-side ``e2e_latency``."""
+                 return_logprob: bool = False, top_logprobs_num: int = 0, timeout_s: float = 300.0) -> dict:
+        """Greedy generation through SGLang's native ``/generate``. Returns ``output_ids``, ``text``, ``meta``
+        (SGLang's meta_info) and, when asked, the chosen tokens' ``logprobs`` and per position the ``top_logprobs``
+        as ``[(token_id, logprob), ...]``."""
         body = {"sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens},
-                "return_logprob": return_logprob}
+                "return_logprob": return_logprob or top_logprobs_num > 0}
+        if top_logprobs_num:
+            body["top_logprobs_num"] = top_logprobs_num
         if input_ids is not None:
             body["input_ids"] = input_ids
         else:
@@ -149,8 +152,11 @@ class SGLangServer:
             out = json.loads(response.read())
         meta = out.get("meta_info", {})
         result = {"text": out["text"], "output_ids": out.get("output_ids"), "meta": meta}
-        if return_logprob:
+        if body["return_logprob"]:
             result["logprobs"] = [entry[0] for entry in meta["output_token_logprobs"]]
             if result["output_ids"] is None:
                 result["output_ids"] = [entry[1] for entry in meta["output_token_logprobs"]]
+        if top_logprobs_num:
+            result["top_logprobs"] = [[(entry[1], entry[0]) for entry in position]
+                                      for position in meta["output_top_logprobs"]]
         return result
