@@ -22,8 +22,15 @@ class KVGeometry:
                    head_dim=head_dim)
 
     def kv_heads_per_rank(self, tp_size: int = 1) -> int:
-        # SGLang splits KV heads across ranks and replicates them when tp_size > num_kv_heads.
-        return max(1, self.num_kv_heads // tp_size)
+        """SGLang's QKVParallelLinear split: KV heads divided across ranks, one replicated head per rank when
+        tp_size >= num_kv_heads."""
+        if tp_size < 1:
+            raise ValueError(f"tp_size must be >= 1, got {tp_size}")
+        if tp_size >= self.num_kv_heads:
+            return 1
+        if self.num_kv_heads % tp_size:
+            raise ValueError(f"tp_size {tp_size} does not split this model's {self.num_kv_heads} KV heads")
+        return self.num_kv_heads // tp_size
 
     def bytes_per_token(self, kv_dtype: str, tp_size: int = 1) -> int:
         """Bytes one token's K and V take across all layers, on one tensor-parallel rank."""
