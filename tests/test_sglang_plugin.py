@@ -170,6 +170,11 @@ def test_unsupported_kv_cache_dtype_fails(tmp_path):
         _resolve(tmp_path, attention_backend="inkling", kv_cache_dtype="fp8_e5m2")
 
 
+def test_tp_size_that_does_not_split_the_heads_fails(tmp_path):
+    with pytest.raises(ValueError, match=r"--tp-size 3 does not divide this model's 4 query heads.*1, 2, 4"):
+        _resolve(tmp_path, attention_backend="inkling", tp_size=3)
+
+
 def test_graphs_resolved_off_on_cpu(tmp_path):
     view = _resolve(tmp_path, attention_backend="inkling")
     assert view.page_size == 1

@@ -193,6 +193,13 @@ def validate_server_args(cfg: Any, model_config: Any, *, prefill: bool, decode: 
     if getattr(getattr(model_config, "attention_arch", None), "name", None) == "MLA":
         raise ValueError("--attention-backend inkling serves multi-head (MHA/GQA) attention; this model uses MLA. "
                          "Choose another --attention-backend")
+    num_heads = getattr(model_config, "num_attention_heads", None)
+    tp_size = getattr(cfg, "tp_size", 1) or 1
+    if isinstance(num_heads, int) and num_heads % tp_size:
+        divisors = [d for d in range(1, num_heads + 1) if num_heads % d == 0]
+        raise ValueError(
+            f"--tp-size {tp_size} does not divide this model's {num_heads} query heads, so the ranks cannot split "
+            f"them for --attention-backend inkling; allowed --tp-size values: {', '.join(map(str, divisors))}")
     head_dim = getattr(model_config, "head_dim", None)
     if kv_dtype == "mxfp8" and head_dim is not None and head_dim % 32 != 0:
         raise ValueError(
