@@ -103,7 +103,59 @@ def check_decode_graph_capture_and_replay(kv_format, window):
         assert torch.equal(got, want), trial
 
 
+def check_eager_triton_route_matches_torch_route(kv_format, window):
+    """Eager extend (mixed prefix / chunk lengths) and decode with relative bias, sinks and logit cap: the Triton
+    route against the torch reference route on the same pool and rails."""
+    from sglang_inkling_backend.reference.attention import AttentionParams, PagedKV
+    from sglang_inkling_backend.scale_layout import ScaleLayout
+    from sglang_inkling_backend.sglang.impl import store_kv_unchecked
+    from sglang_inkling_backend.sglang.metadata import build_forward_metadata
+    from sglang_inkling_backend.sglang.routes import TorchRoute, choose_route
+
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(1)
+    slots, page, ctx = 8192, 128, 600
+    dtype = torch.bfloat16 if kv_format == "bf16" else torch.float8_e4m3fn
+    k_buf = torch.zeros(slots, HKV, D, dtype=dtype, device=dev)
+    v_buf = torch.zeros_like(k_buf)
+    if kv_format == "mxfp8":
+        layout = ScaleLayout.for_pool(slots, HKV, D, page)
+        kv = PagedKV(k_buf, v_buf, layout.empty(dev), layout.empty(dev), layout)
+    elif kv_format == "fp8_e4m3":
+        kv = PagedKV(k_buf, v_buf, k_scale=0.5, v_scale=0.25)
+    else:
+        kv = PagedKV(k_buf, v_buf)
+    r2t = (torch.randperm(slots - 1, device=dev, generator=g)[: 4 * ctx] + 1).view(4, ctx).to(torch.int32)
+    store_kv_unchecked(kv, r2t.reshape(-1).long(), torch.randn(4 * ctx, HKV, D, device=dev, generator=g),
+                       torch.randn(4 * ctx, HKV, D, device=dev, generator=g))
+    triton_route, torch_route = choose_route(dev, {D}), TorchRoute()
+    rows = torch.tensor([2, 0, 3], device=dev)
+    for extend_lens, seq_lens in ((torch.tensor([300, 7, 1], device=dev), torch.tensor([300, 150, 599], device=dev)),
+                                  (None, torch.tensor([600, 33, 129], device=dev))):
+        md = build_forward_metadata(r2t, rows, seq_lens, extend_seq_lens=extend_lens, windows=[window] if window else [])
+        n = int(md.qo_indptr[-1])
+        q = torch.randn(n, HQ, D, device=dev, generator=g).to(torch.bfloat16)
+        params = AttentionParams(softmax_scale=1 / D, window=window, logit_cap=30.0,
+                                 rel_bias=torch.randn(n, HQ, 40, device=dev, generator=g).to(torch.bfloat16),
+                                 sinks=torch.randn(HQ, device=dev, generator=g))
+        rails = md.rails(window)
+        if extend_lens is None:
+            got = triton_route.decode(q, kv, rails, params, max_seq_len=int(seq_lens.max()))
+            want = torch_route.decode(q.float(), kv, rails, params)
+        else:
+            got = triton_route.extend(q, kv, rails, md.qo_indptr, params)
+            want = torch_route.extend(q.float(), kv, rails, md.qo_indptr, params)
+        err = (got.float() - want).abs().max().item()
+        assert err < 2e-2, (kv_format, window, extend_lens is None, err)
+
+
 if pytest is not None:
+    @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+    @pytest.mark.parametrize("kv_format, window", CASES)
+    def test_eager_triton_route_matches_torch_route(kv_format, window):
+        check_eager_triton_route_matches_torch_route(kv_format, window)
+
+
     @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
     @pytest.mark.parametrize("kv_format, window", CASES)
     def test_decode_graph_capture_and_replay(kv_format, window):
@@ -113,4 +165,5 @@ if pytest is not None:
 if __name__ == "__main__":
     for case in CASES:
         check_decode_graph_capture_and_replay(*case)
+        check_eager_triton_route_matches_torch_route(*case)
         print("ok", case)
