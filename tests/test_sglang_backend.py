@@ -332,3 +332,27 @@ def test_pool_rejects_bad_writes_before_writing():
     assert torch.equal(pool.get_key_buffer(0).view(torch.uint8), before.view(torch.uint8))
     with pytest.raises(ValueError, match="v_head_dim == head_dim"):
         inkling_pool_class("bf16")(256, 1, torch.bfloat16, HKV, D, 1, "cpu", False, v_head_dim=64)
+
+
+def test_mxfp8_pool_moves_and_offloads_scales_with_data():
+    from sglang.srt.mem_cache.device_pool_info import KVScaleLayout
+
+    pool = inkling_pool_class("mxfp8")(256, 128, torch.float8_e4m3fn, HKV, D, 2, "cpu", False)
+    layer = make_layers(windows=(-1, -1))[1]
+    g = torch.Generator().manual_seed(7)
+    src, dst = torch.tensor([3, 130, 200]), torch.tensor([9, 10, 255])
+    k = torch.randn(3, HKV, D, generator=g).to(torch.bfloat16) * torch.tensor([1e-3, 1.0, 1e3]).view(3, 1, 1)
+    v = torch.randn(3, HKV, D, generator=g).to(torch.bfloat16)
+    pool.set_kv_buffer(layer, src, k, v)
+    read = lambda slots: pool.core.read_kv(1, slots)  # noqa: E731  (SGLang layer 1 = local layer 1 here)
+    expect = read(src)
+    pool.move_kv_cache(dst, src)
+    assert all(torch.equal(a, b) for a, b in zip(read(dst), expect))
+    saved = pool.get_cpu_copy(src)
+    pool.set_kv_buffer(layer, src, torch.zeros_like(k), torch.zeros_like(v))
+    pool.load_cpu_copy(saved, src)
+    assert all(torch.equal(a, b) for a, b in zip(read(src), expect))
+    (info,) = pool.get_device_pool_infos()
+    assert info.buffer_info.scales.layout == KVScaleLayout.MXFP8_INTERLEAVED
+    k_bytes, v_bytes = pool.get_kv_size_bytes()
+    assert k_bytes == 2 * (384 * HKV * D + 384 * HKV * D // 32)  # 2 layers, 384 slots: data + one byte per 32

@@ -185,6 +185,11 @@ def validate_server_args(cfg: Any, model_config: Any, *, prefill: bool, decode: 
         raise ValueError(
             f"--kv-cache-dtype {kv_dtype} with the inkling backend needs inkling for both prefill and decode (the "
             f"quantized pool is this backend's); got {_flag_pair(cfg)}")
+    if KV_CACHE_DTYPE_TO_FORMAT[kv_dtype] in QUANTIZED_FORMATS and getattr(cfg, "enable_hierarchical_cache", False):
+        raise ValueError(
+            f"--enable-hierarchical-cache is not supported with --kv-cache-dtype {kv_dtype} on --attention-backend "
+            "inkling (SGLang's host tier does not know this pool's scale buffers); drop the flag or use "
+            "--kv-cache-dtype auto/bf16")
     if model_config is None:
         return
     if getattr(model_config, "is_encoder_decoder", False):

@@ -77,6 +77,16 @@ class InklingMHATokenToKVPool(MHATokenToKVPool):
         self._kv_buffer_descs = self._build_kv_buffer_descs()
         self._init_data_ptrs_and_strides()
 
+    def _mha_scale_buffers(self):
+        """Scale buffers as SGLang's device-pool description names them (MXFP8: interleaved at page 128)."""
+        if self.KV_FORMAT != "mxfp8":
+            return None
+        from sglang.srt.mem_cache.device_pool_info import KVScaleBuffers, KVScaleLayout
+
+        return KVScaleBuffers(k=tuple(self.k_scale_buffer), v=tuple(self.v_scale_buffer),
+                              layout=KVScaleLayout.MXFP8_INTERLEAVED if self.mxfp8_sf_interleaved
+                              else KVScaleLayout.TOKEN)
+
     @property
     def kv_format(self) -> str:
         return self.KV_FORMAT
