@@ -175,6 +175,11 @@ def test_tp_size_that_does_not_split_the_heads_fails(tmp_path):
         _resolve(tmp_path, attention_backend="inkling", tp_size=3)
 
 
+def test_hierarchical_cache_with_quantized_kv_fails(tmp_path):
+    with pytest.raises(ValueError, match="--enable-hierarchical-cache is not supported with --kv-cache-dtype mxfp8"):
+        _resolve(tmp_path, attention_backend="inkling", kv_cache_dtype="mxfp8", enable_hierarchical_cache=True)
+
+
 def test_graphs_resolved_off_on_cpu(tmp_path):
     view = _resolve(tmp_path, attention_backend="inkling")
     assert view.page_size == 1
