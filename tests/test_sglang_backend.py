@@ -9,6 +9,7 @@ Oracles:
 """
 from __future__ import annotations
 
+import itertools
 import math
 from types import SimpleNamespace
 
@@ -356,3 +357,40 @@ def test_mxfp8_pool_moves_and_offloads_scales_with_data():
     assert info.buffer_info.scales.layout == KVScaleLayout.MXFP8_INTERLEAVED
     k_bytes, v_bytes = pool.get_kv_size_bytes()
     assert k_bytes == 2 * (384 * HKV * D + 384 * HKV * D // 32)  # 2 layers, 384 slots: data + one byte per 32
+
+
+def test_cpu_graph_runner_hooks_with_padded_batch():
+    """What SGLang's CPUGraphRunner does: capture metadata for a padded batch (fill value 1, req row 0, slot 0), then
+    replay through init_forward_metadata; real rows equal an unpadded eager decode."""
+    layers = make_layers()
+    h = Harness(layers, bf16_pool())
+    ours = InklingAttnBackend(h.runner)
+    for fb in itertools.islice(serving_script(h), 3):  # prefill the requests (lazily: batches read history)
+        ours.init_forward_metadata(fb)
+        for layer in layers:
+            q, k, v = h.qkv(fb, layer)
+            h.record(fb, layer, k, v)
+            ours.forward(q, k, v, layer, fb)
+    ours.init_cpu_graph_state(8, 8)
+    fill = ours.get_cpu_graph_seq_len_fill_value()
+    assert fill == 1
+    fb = h.batch([0, 1, 2], [1, 1, 1], decode=True)
+    pad = 5
+    padded = SimpleNamespace(**vars(fb))
+    padded.batch_size = 3 + pad
+    padded.req_pool_indices = torch.cat([fb.req_pool_indices, torch.zeros(pad, dtype=torch.int64)])
+    padded.seq_lens = torch.cat([fb.seq_lens, torch.full((pad,), fill)])
+    padded.seq_lens_cpu = padded.seq_lens.clone()
+    padded.out_cache_loc = torch.cat([fb.out_cache_loc, torch.zeros(pad, dtype=torch.int64)])
+    ours.init_forward_metadata_capture_cpu_graph(padded.batch_size, padded.batch_size, padded.req_pool_indices,
+                                                 padded.seq_lens, padded.out_cache_loc, None, ForwardMode.DECODE, None)
+    assert ours.forward_metadata.batch_size == 8 and ours.forward_metadata.is_decode
+    ours.init_forward_metadata(padded)  # replay path
+    for layer in layers:
+        q, k, v = h.qkv(fb, layer)
+        h.record(fb, layer, k, v)
+        qp = torch.cat([q, torch.zeros(pad, q.shape[1], dtype=q.dtype)])
+        kp = torch.cat([k, torch.zeros(pad, *k.shape[1:], dtype=k.dtype)])
+        out = ours.forward(qp, kp, torch.cat([v, torch.zeros_like(kp[3:])]), layer, padded)
+        dense = dense_reference(h, fb, layer, q, lambda x: x.float())
+        assert float((out[:3].float() - dense).abs().max()) <= 2 ** -7

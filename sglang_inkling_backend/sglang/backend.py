@@ -11,11 +11,13 @@ What SGLang expects of a backend and where it is met:
   is 1 (padded rows read slot 0, the padding sink); only the Triton route is capturable, and the resolution hook
   turns decode graphs off otherwise;
 - ``forward_metadata.swa_out_cache_loc`` (the in-tree Inkling model reads it).
-The CPU graph runner (``--enable-torch-compile`` on CPU) is opted out of at resolution, with a log line.
+The CPU graph runner (``--enable-torch-compile`` on CPU): its duck-typed hooks are implemented, and attention runs
+eagerly inside the compiled model.
 """
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 from typing import Optional
 
 import torch
@@ -186,6 +188,26 @@ class InklingAttnBackend(AttentionBackend):
         md.max_seq_len = self.max_context_len
         self.forward_metadata = md
 
+    # --- CPU graph runner (--enable-torch-compile on CPU) --------------------------------------------------------
+    # SGLang's CPUGraphRunner torch.compiles the model's decode forward per batch size and calls these duck-typed
+    # hooks. Attention stays eager inside the compiled model (``_attend`` is torch.compiler.disable'd): its rails
+    # are dynamic per batch, and the torch route loops over requests on the host.
+    def init_cpu_graph_state(self, max_bs: int, max_num_tokens: int):
+        pass  # metadata is rebuilt eagerly for every replay (the runner calls init_forward_metadata)
+
+    def get_cpu_graph_seq_len_fill_value(self):
+        return 1  # padded rows: one key, req_to_token row 0, slot 0 (the padding sink)
+
+    def init_forward_metadata_capture_cpu_graph(self, bs, num_tokens, req_pool_indices, seq_lens, out_cache_loc,
+                                                encoder_lens, forward_mode, spec_info):
+        if not forward_mode.is_decode():
+            raise NotImplementedError(f"inkling: the CPU graph runner captures decode only, got {forward_mode.name}")
+        if encoder_lens is not None or spec_info is not None:
+            raise NotImplementedError("inkling: CPU graph capture with encoder lens or speculative info")
+        self.init_forward_metadata(SimpleNamespace(
+            forward_mode=forward_mode, req_pool_indices=req_pool_indices[:bs], seq_lens=seq_lens[:bs],
+            seq_lens_cpu=None, out_cache_loc=out_cache_loc[:num_tokens], extend_seq_lens=None))
+
     # --- forward -----------------------------------------------------------------------------------------------
     def _geometry(self, layer) -> impl.LayerGeometry:
         if layer.is_cross_attention or layer.attn_type != AttentionType.DECODER:
@@ -243,6 +265,7 @@ class InklingAttnBackend(AttentionBackend):
         else:
             self.token_to_kv_pool.set_kv_buffer(layer, loc, k, v, None, None)
 
+    @torch.compiler.disable
     def _attend(self, decode: bool, q, k, v, layer, forward_batch, save_kv_cache, kwargs):
         md = self.forward_metadata
         if md is None or md.is_decode != decode:

@@ -139,11 +139,11 @@ def handle_attention_backend_compatibility(server_args: Any, previous: Callable[
     head_dim = getattr(model_config_of(server_args), "head_dim", None)
     if decode and not decode_graph_capturable(cfg.device, head_dim):
         if cfg.device == "cpu":
-            # SGLang's CPU graph runner (--enable-torch-compile) would torch.compile the torch route, which loops
-            # over requests on the host: an explicit opt-out instead of a compile that graph-breaks every layer.
-            log = logger.warning if cfg.enable_torch_compile else logger.info
-            log("inkling: CPU graph runner not used (--enable-torch-compile ignored for attention); the torch "
-                "route runs eagerly")
+            # SGLang builds its CPU graph runner from --enable-torch-compile alone; the backend implements its hooks
+            # and keeps attention out of the compiled graphs (torch.compiler.disable).
+            if cfg.enable_torch_compile:
+                logger.info("inkling: CPU graph runner (--enable-torch-compile): the model is compiled, attention "
+                            "runs eagerly between the compiled regions")
         else:
             logger.warning("inkling: decode CUDA graphs disabled on device %r: the torch route cannot be captured "
                            "(the Triton route can, where sglang_inkling_backend.triton provides it)", cfg.device)
