@@ -22,6 +22,8 @@ def test_wheel_entry_points_and_layout(tmp_path):
         parser.read_string(zf.read(entry_txt).decode())
     assert "sglang_inkling_backend/entry_points/sglang.py" in names
     assert not any(n.startswith("entry_points/") for n in names)
+    metal = sorted(Path(n).name for n in names if n.endswith(".metal"))
+    assert metal == sorted(p.name for p in (ROOT / "sglang_inkling_backend/mlx/metal").glob("*.metal")) != []
     wheel_eps = dict(parser["sglang.srt.plugins"])
     assert wheel_eps == {"inkling": "sglang_inkling_backend.entry_points.sglang:register"}
     installed = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="sglang.srt.plugins")
