@@ -76,7 +76,7 @@ def _extend_kernel(
         offs_n = start + tl.arange(0, BLOCK_N)
         mask_n = offs_n < hi
         slots = tl.load(kv_indices_ptr + kv_start + offs_n, mask=mask_n, other=0).to(tl.int64)
-        k = load_kv_tile(k_ptr, ksf_ptr, slots, mask_n, h, stride_k_slot, stride_k_head, k_scale,
+        k = load_kv_tile(k_ptr, ksf_ptr, slots, mask_n, h, stride_k_slot, stride_k_head,
                          HKV, D, BLOCK_N, KV_FORMAT, PAGE, INTERLEAVED, DOT_DTYPE)
         qk = tl.dot(q, tl.trans(k))
         dist = pos[:, None] - offs_n[None, :]
@@ -105,7 +105,7 @@ def _extend_kernel(
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(qk - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = load_kv_tile(v_ptr, vsf_ptr, slots, mask_n, h, stride_v_slot, stride_v_head, v_scale,
+        v = load_kv_tile(v_ptr, vsf_ptr, slots, mask_n, h, stride_v_slot, stride_v_head,
                          HKV, D, BLOCK_N, KV_FORMAT, PAGE, INTERLEAVED, DOT_DTYPE)
         acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v)
         m_i = m_new

@@ -1,0 +1,257 @@
+"""GPU checks of the Triton kernels at real shapes (run on the GPU machine; CI has no GPU).
+
+Every check draws fresh random inputs (the seed is printed) and poisons outputs with NaN before each run:
+  1. store_kv_mxfp8: every stored data and scale byte identical to ``mxfp8.quantize`` + ``ScaleLayout.scatter``
+     (interleaved page-128 and flat layouts; wide dynamic range, zero blocks, NaN/inf blocks, e4m3 ties).
+  2. decode over an MXFP8 pool against float64 attention on the same quantized K/V (``reference.attention.attend``
+     in float64): Inkling mode (1/D, rel_bias, local window) and generic mode (1/sqrt(D), window, sinks, cap),
+     one split and many, float32 output. Bound: relative Frobenius error <= 4e-3 (2**-8, the unit roundoff of bf16:
+     the kernel's only roundings are p (or p times the V scale) to bf16 for the p.V dot, K/V dequantization to
+     bf16 being exact; a bf16 output would add its own rounding, about 2.5e-3).
+  3. format error against the unquantized bf16 K/V (float64 attention), MXFP8 next to per-tensor fp8
+     (scale = amax / 448), on Gaussian data and on data with outlier channels; MXFP8 must be the smaller on outliers.
+  4. extend over an MXFP8 prefix against float64, and its speed next to the same kernel over a bf16 pool.
+Prints one line per check and a summary; exits 1 if any check failed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import torch
+import triton
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from sglang_inkling_backend import mxfp8  # noqa: E402
+from sglang_inkling_backend.reference.attention import AttentionParams, PagedKV, attend  # noqa: E402
+from sglang_inkling_backend.scale_layout import ScaleLayout  # noqa: E402
+from sglang_inkling_backend.triton.decode_attention import paged_decode_attention  # noqa: E402
+from sglang_inkling_backend.triton.extend_attention import paged_extend_attention  # noqa: E402
+from sglang_inkling_backend.triton.kv_store import store_kv_mxfp8  # noqa: E402
+
+# GPU_CHECKS_SMOKE=1: the same checks at tiny sizes on the CPU under TRITON_INTERPRET=1, to catch script errors
+# before spending device time (the interpreter dots in float32, so its errors are far under the bounds)
+SMOKE = os.environ.get("GPU_CHECKS_SMOKE") == "1"
+DEV = "cpu" if SMOKE else "cuda"
+SHRINK = int(os.environ.get("GPU_CHECKS_SHRINK", "64")) if SMOKE else 1
+DECODE_TOL = 4e-3
+RESULTS = []
+
+
+def record(name, ok, **info):
+    RESULTS.append({"check": name, "ok": bool(ok), **info})
+    print(f"{'PASS' if ok else 'FAIL'} {name} {json.dumps(info)}", flush=True)
+
+
+def empty_mx_pool(slots, hkv, d, page):
+    layout = ScaleLayout.for_pool(slots, hkv, d, page)
+    fill = lambda: torch.full((slots, hkv, d), 0x55, dtype=torch.uint8, device=DEV).view(torch.float8_e4m3fn)
+    return PagedKV(fill(), fill(), layout.empty(DEV), layout.empty(DEV), layout)
+
+
+def rel_err(out, ref):
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+def check_store():
+    for hkv, d, page in ((8, 128, 128), (1, 256, 128), (2, 128, 64)):
+        slots, n = (1 << 17) // SHRINK, 50_000 // SHRINK
+        pool = empty_mx_pool(slots, hkv, d, page)
+        loc = torch.randperm(slots, device=DEV)[:n]
+        spread = torch.exp2(torch.randint(-30, 30, (n, hkv, d // 32, 1), device=DEV).float())
+        k = (torch.randn(n, hkv, d // 32, 32, device=DEV) * spread).reshape(n, hkv, d).bfloat16()
+        v = (torch.randn(n, hkv, d, device=DEV) * 3).bfloat16()
+        k[:100 // SHRINK] = 0  # all-zero blocks get exponent 19
+        k[100 // SHRINK:200 // SHRINK, :, :32] = torch.tensor(448.0 * 2.0 ** -7, device=DEV)  # amax exactly 448 * 2**k
+        v[200, 0, 5] = float("nan")
+        v[201, 0, 40] = float("inf")
+        k[202, 0, 64] = float("-inf")
+        # e4m3 rounding ties in the scaled domain of a block whose amax is 448 (scale 1)
+        ties = torch.tensor([448.0, 1.0625, 1.1875, 13.0, 2 ** -9 * 1.5, 2 ** -10, 3 * 2 ** -10, -0.0, 0.3125,
+                             -17.0, 208.0, 2 ** -6 * 1.0625], device=DEV)
+        v[203, 0, : ties.numel()] = ties.bfloat16()
+        v[203, 0, ties.numel():32] = 0
+        store_kv_mxfp8(pool, loc, k, v)
+        sync()
+        ref = empty_mx_pool(slots, hkv, d, page)
+        kd, ks = mxfp8.quantize(k)
+        vd, vs = mxfp8.quantize(v)
+        ref.k_buffer[loc], ref.v_buffer[loc] = kd, vd
+        ref.layout.scatter(ref.k_scales, loc, ks)
+        ref.layout.scatter(ref.v_scales, loc, vs)
+        bad = {name: int((getattr(pool, name).view(torch.uint8) != getattr(ref, name).view(torch.uint8)).sum())
+               for name in ("k_buffer", "v_buffer", "k_scales", "v_scales")}
+        record(f"store_kv_mxfp8 Hkv={hkv} D={d} page={page} N={n}", all(b == 0 for b in bad.values()),
+               mismatching_bytes=bad)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+def make_batch(hkv, d, lens, page=128, mxfp8_pool=True, outlier=False, store_dtype=torch.bfloat16):
+    total = sum(lens)
+    pages = (total + page - 1) // page + 2
+    slots = pages * page
+    k = torch.randn(slots, hkv, d, device=DEV)
+    v = torch.randn(slots, hkv, d, device=DEV)
+    if outlier:
+        ch = torch.randperm(d, device=DEV)[:4]
+        k[:, :, ch] *= 60.0
+        v[:, :, ch] *= 60.0
+    k, v = k.bfloat16(), v.bfloat16()
+    indptr = torch.tensor([0] + lens, device=DEV).cumsum(0).to(torch.int32)
+    indices = (torch.randperm(slots - page, device=DEV)[:total] + page).to(torch.int32)  # never slot 0's page
+    return k, v, indptr, indices, slots
+
+
+def mx_pool_from(k, v, page):
+    slots, hkv, d = k.shape
+    pool = empty_mx_pool(slots, hkv, d, page)
+    store_kv_mxfp8(pool, torch.arange(slots, device=DEV), k, v)
+    return pool
+
+
+def reference_f64(q, kv, indptr, indices, params, float_kv=None):
+    """float64 attention per request, on kv's dequantized values (or on ``float_kv=(k, v)``)."""
+    out = torch.empty(q.shape, dtype=torch.float64, device=DEV)
+    for b in range(q.shape[0]):
+        a, e = int(indptr[b]), int(indptr[b + 1])
+        sl = indices[a:e].long()
+        if float_kv is None:
+            kk, vv = kv.read(sl)
+        else:
+            kk, vv = float_kv[0][sl], float_kv[1][sl]
+        bias = params.rel_bias[b:b + 1] if params.rel_bias is not None else None
+        p64 = AttentionParams(params.softmax_scale, params.window, None, params.logit_cap,
+                              params.sinks.double() if params.sinks is not None else None)
+        out[b:b + 1] = attend(q[b:b + 1].double(), torch.tensor([e - a - 1], device=DEV), kk.double(), vv.double(),
+                              p64, bias.double() if bias is not None else None)
+    return out
+
+
+def check_decode():
+    for hq, hkv, d in ((16, 2, 128), (64, 8, 128), (4, 1, 256)):
+        lens = [int(x) for x in torch.randint(1, 12000 // SHRINK, (6,))] + [1, 129, 20000 // SHRINK]
+        k, v, indptr, indices, slots = make_batch(hkv, d, lens)
+        pool = mx_pool_from(k, v, 128)
+        b = len(lens)
+        q = torch.randn(b, hq, d, device=DEV).bfloat16()
+        modes = {
+            "inkling": AttentionParams(1.0 / d, rel_bias=torch.randn(b, hq, 1024, device=DEV).bfloat16() * 2),
+            "inkling-local": AttentionParams(1.0 / d, window=512, rel_bias=torch.randn(b, hq, 512, device=DEV) * 2),
+            "generic": AttentionParams(d ** -0.5, window=4096, logit_cap=30.0,
+                                       sinks=torch.randn(hq, device=DEV) * 3),
+        }
+        for mode, params in modes.items():
+            ref = reference_f64(q, pool, indptr, indices, params)
+            for ns in (None, 1, 64):
+                out = torch.full(q.shape, float("nan"), device=DEV)
+                paged_decode_attention(q, pool, indptr, indices, params, num_splits=ns, out=out)
+                sync()
+                err = rel_err(out, ref)
+                nan = int(torch.isnan(out).sum())
+                record(f"decode mxfp8 {hq}/{hkv}/{d} {mode} splits={ns}", nan == 0 and err <= DECODE_TOL,
+                       rel_err=err, nan=nan, max_abs=float((out.double() - ref).abs().max()))
+        # the bf16 pool through the same kernel
+        params = modes["inkling"]
+        ref = reference_f64(q, None, indptr, indices, params, float_kv=(k.float(), v.float()))
+        out = torch.full(q.shape, float("nan"), device=DEV)
+        paged_decode_attention(q, PagedKV(k, v), indptr, indices, params, out=out)
+        sync()
+        err = rel_err(out, ref)
+        record(f"decode bf16 {hq}/{hkv}/{d} inkling", not torch.isnan(out).any() and err <= DECODE_TOL, rel_err=err)
+
+
+def check_format_error():
+    """MXFP8 vs per-tensor fp8 against the unquantized bf16 K/V."""
+    hq, hkv, d = 16, 2, 128
+    for data in ("gaussian", "outlier-channels"):
+        lens = [4096 // SHRINK] * 4
+        k, v, indptr, indices, slots = make_batch(hkv, d, lens, outlier=data != "gaussian")
+        q = torch.randn(len(lens), hq, d, device=DEV).bfloat16()
+        params = AttentionParams(d ** -0.5)
+        ref = reference_f64(q, None, indptr, indices, params, float_kv=(k.float(), v.float()))
+        pool = mx_pool_from(k, v, 128)
+        out_mx = torch.full(q.shape, float("nan"), device=DEV)
+        paged_decode_attention(q, pool, indptr, indices, params, out=out_mx)
+        ks, vs = float(k.float().abs().max()) / 448.0, float(v.float().abs().max()) / 448.0
+        fp8 = PagedKV((k.float() / ks).to(torch.float8_e4m3fn), (v.float() / vs).to(torch.float8_e4m3fn),
+                      k_scale=ks, v_scale=vs)
+        out_f8 = torch.full(q.shape, float("nan"), device=DEV)
+        paged_decode_attention(q, fp8, indptr, indices, params, out=out_f8)
+        sync()
+        e_mx, e_f8 = rel_err(out_mx, ref), rel_err(out_f8, ref)
+        # the format alone (float64 attention on dequantized values), to separate it from kernel rounding
+        f_mx = rel_err(reference_f64(q, pool, indptr, indices, params).float(), ref)
+        f_f8 = rel_err(reference_f64(q, fp8, indptr, indices, params).float(), ref)
+        ok = (e_mx < e_f8) if data != "gaussian" else True
+        record(f"format error vs bf16 KV, {data}", ok, mxfp8_kernel=e_mx, fp8_per_tensor_kernel=e_f8,
+               mxfp8_format_only=f_mx, fp8_format_only=f_f8)
+
+
+def check_extend():
+    for hq, hkv, d in ((16, 2, 128), (64, 8, 128)):
+        qlens, prefix = [1024 // SHRINK, 300 // SHRINK, 2048 // SHRINK, 1], [4096 // SHRINK, 100, 8192 // SHRINK, 5000 // SHRINK]
+        lens = [a + b for a, b in zip(qlens, prefix)]
+        k, v, indptr, indices, slots = make_batch(hkv, d, lens)
+        pool = mx_pool_from(k, v, 128)
+        qo = torch.tensor([0] + qlens, device=DEV).cumsum(0).to(torch.int32)
+        t = int(qo[-1])
+        q = torch.randn(t, hq, d, device=DEV).bfloat16()
+        params = AttentionParams(1.0 / d, rel_bias=torch.randn(t, hq, 1024, device=DEV) * 2)
+        out = torch.full(q.shape, float("nan"), device=DEV)
+        paged_extend_attention(q, pool, indptr, indices, qo, params, out=out)
+        sync()
+        ref = torch.empty(q.shape, dtype=torch.float64, device=DEV)
+        for bi in range(len(qlens)):
+            a, e = int(indptr[bi]), int(indptr[bi + 1])
+            kk, vv = pool.read(indices[a:e].long())
+            q0, q1 = int(qo[bi]), int(qo[bi + 1])
+            pos = torch.arange(e - a - (q1 - q0), e - a, device=DEV)
+            ref[q0:q1] = attend(q[q0:q1].double(), pos, kk.double(), vv.double(), params,
+                                params.rel_bias[q0:q1].double())
+        err = rel_err(out, ref)
+        record(f"extend mxfp8 {hq}/{hkv}/{d}", not torch.isnan(out).any() and err <= DECODE_TOL, rel_err=err)
+        if SMOKE:
+            continue
+        bf = PagedKV(k, v)
+        ms_mx = triton.testing.do_bench(lambda: paged_extend_attention(q, pool, indptr, indices, qo, params,
+                                                                       out=out, validate=False), rep=100)
+        ms_bf = triton.testing.do_bench(lambda: paged_extend_attention(q, bf, indptr, indices, qo, params,
+                                                                       out=out, validate=False), rep=100)
+        record(f"extend speed {hq}/{hkv}/{d} qlens={qlens} prefix={prefix}", True, ms_mxfp8=ms_mx, ms_bf16=ms_bf,
+               mxfp8_over_bf16=ms_mx / ms_bf)
+
+
+def sync():
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+
+
+def main():
+    seed = int(time.time() * 1000) % (2 ** 31)
+    torch.manual_seed(seed)
+    name = "cpu (smoke)" if SMOKE else torch.cuda.get_device_name()
+    print(f"seed {seed} device {name} torch {torch.__version__} triton {triton.__version__}",
+          flush=True)
+    for fn in (check_store, check_decode, check_format_error, check_extend):
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001
+            import traceback
+            traceback.print_exc()
+            record(fn.__name__, False, error=repr(e)[:400])
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, "gpu_checks.json"), "w") as f:
+            json.dump({"seed": seed, "results": RESULTS}, f, indent=1)
+    failed = [r["check"] for r in RESULTS if not r["ok"]]
+    print(f"\n{len(RESULTS) - len(failed)}/{len(RESULTS)} GPU checks passed" + (f"; FAILED: {failed}" if failed else ""))
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,232 @@
+"""Triton paged decode attention and the fused MXFP8 store against the torch reference, on the CPU under the Triton
+interpreter (small shapes).
+
+Error bounds: under the interpreter the kernel's dots run in float32 (the interpreter's bf16 dot is broken, see
+``decode_attention._dot_dtype``) and the test asks for a float32 output, so kernel and reference differ only by
+float32 summation order and the exp2/log2 softmax: 1e-5 relative (Frobenius) is far above that (seen: ~1e-7) and
+far below any real bug (a wrong scale, a missed key or a wrong bias offset moves the output by 1e-2 or more). The
+bf16 rounding of the GPU path is covered by gpu_tests/check_triton_gpu.py. Stored MXFP8 bytes must be identical:
+the store kernel encodes with integer operations, exact under the interpreter too.
+"""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # must precede the first import of triton's jit
+
+triton = pytest.importorskip("triton")
+
+from sglang_inkling_backend import mxfp8  # noqa: E402
+from sglang_inkling_backend.reference.attention import AttentionParams, PagedKV  # noqa: E402
+from sglang_inkling_backend.reference.attention import paged_decode_attention as reference_decode  # noqa: E402
+from sglang_inkling_backend.scale_layout import ScaleLayout  # noqa: E402
+from sglang_inkling_backend.triton.decode_attention import (  # noqa: E402
+    choose_num_splits, paged_decode_attention, plan_decode, run_decode)
+from sglang_inkling_backend.triton.kv_store import store_kv_mxfp8  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = 1e-5
+
+
+def empty_mx_pool(slots, hkv, d, page):
+    layout = ScaleLayout.for_pool(slots, hkv, d, page)
+    data = lambda: torch.zeros(slots, hkv, d, dtype=torch.float8_e4m3fn, device=DEV)
+    return PagedKV(data(), data(), layout.empty(DEV), layout.empty(DEV), layout)
+
+
+def make_pool(fmt, hkv, d, slots=1024, page=128, gen=None):
+    k = torch.randn(slots, hkv, d, generator=gen).to(DEV)
+    v = torch.randn(slots, hkv, d, generator=gen).to(DEV)
+    if fmt == "mxfp8":
+        pool = empty_mx_pool(slots, hkv, d, page)
+        store_kv_mxfp8(pool, torch.arange(slots, device=DEV), k.bfloat16(), v.bfloat16())
+        return pool
+    if fmt == "fp8":
+        return PagedKV((k / 0.25).to(torch.float8_e4m3fn), (v / 0.5).to(torch.float8_e4m3fn), k_scale=0.25,
+                       v_scale=0.5)
+    return PagedKV(k.to(getattr(torch, fmt)), v.to(getattr(torch, fmt)))
+
+
+def make_batch(lens, slots, gen):
+    indptr = torch.tensor([0] + lens).cumsum(0).to(torch.int32).to(DEV)
+    indices = torch.randperm(slots, generator=gen)[: sum(lens)].to(torch.int32).to(DEV)
+    return indptr, indices
+
+
+def rel_err(out, ref):
+    return ((out.float() - ref).norm() / ref.norm()).item()
+
+
+MODES = {
+    "plain": lambda b, hq, d, g: AttentionParams(d ** -0.5),
+    "inkling": lambda b, hq, d, g: AttentionParams(1.0 / d, rel_bias=torch.randn(b, hq, 96, generator=g).to(DEV)),
+    "inkling-local": lambda b, hq, d, g: AttentionParams(1.0 / d, window=64,
+                                                         rel_bias=torch.randn(b, hq, 64, generator=g).to(DEV)),
+    "generic": lambda b, hq, d, g: AttentionParams(d ** -0.5, window=150, logit_cap=2.0,
+                                                   sinks=torch.randn(hq, generator=g).to(DEV)),
+}
+
+
+@pytest.mark.parametrize("fmt,page", [("mxfp8", 128), ("mxfp8", 16), ("bfloat16", 1), ("float16", 1),
+                                      ("float32", 1), ("fp8", 1)])
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_decode_matches_reference(fmt, page, mode):
+    gen = torch.Generator().manual_seed(hash((fmt, page, mode)) % 2**31)
+    hq, hkv, d = 8, 2, 64
+    pool = make_pool(fmt, hkv, d, page=page, gen=gen)
+    lens = [1, 70, 300, 129, 256]
+    indptr, indices = make_batch(lens, pool.num_slots, gen)
+    q = torch.randn(len(lens), hq, d, generator=gen).bfloat16().to(DEV)
+    params = MODES[mode](len(lens), hq, d, gen)
+    ref = reference_decode(q, pool, indptr, indices, params)
+    for num_splits in (None, 1, 3):
+        out = torch.full(q.shape, float("nan"), device=DEV)
+        paged_decode_attention(q, pool, indptr, indices, params, num_splits=num_splits, out=out)
+        assert not torch.isnan(out).any()
+        assert rel_err(out, ref) < TOL, (num_splits, rel_err(out, ref))
+
+
+@pytest.mark.parametrize("hq,hkv,d", [(4, 1, 128), (16, 2, 32), (6, 2, 64), (32, 1, 64)])
+def test_decode_head_geometries(hq, hkv, d):
+    """GQA groups of 1..32 (padded to the dot's 16 rows or more, non-powers of two), head_dim 32..128."""
+    gen = torch.Generator().manual_seed(hq * 1000 + d)
+    pool = make_pool("mxfp8", hkv, d, slots=512, gen=gen)
+    lens = [200, 3]
+    indptr, indices = make_batch(lens, pool.num_slots, gen)
+    q = torch.randn(len(lens), hq, d, generator=gen).bfloat16().to(DEV)
+    params = MODES["inkling"](len(lens), hq, d, gen)
+    ref = reference_decode(q, pool, indptr, indices, params)
+    out = torch.full(q.shape, float("nan"), device=DEV)
+    paged_decode_attention(q, pool, indptr, indices, params, out=out)
+    assert rel_err(out, ref) < TOL
+
+
+@pytest.mark.parametrize("variant", [dict(k_block_dots=True), dict(block_n=32, num_stages=1), dict(block_n=128)])
+def test_decode_kernel_variants(variant):
+    """The configurations the benchmark sweeps compute the same function."""
+    gen = torch.Generator().manual_seed(7)
+    hq, hkv, d = 8, 2, 64
+    pool = make_pool("mxfp8", hkv, d, gen=gen)
+    lens = [1, 300, 129]
+    indptr, indices = make_batch(lens, pool.num_slots, gen)
+    q = torch.randn(len(lens), hq, d, generator=gen).bfloat16().to(DEV)
+    params = MODES["inkling"](len(lens), hq, d, gen)
+    ref = reference_decode(q, pool, indptr, indices, params)
+    for num_splits in (1, 4):
+        plan = plan_decode(indptr, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, num_splits=num_splits, **variant)
+        out = run_decode(plan, q, pool, indptr, indices, params, out=torch.full(q.shape, float("nan"), device=DEV))
+        assert rel_err(out, ref) < TOL
+
+
+def test_decode_bf16_output_and_plan_reuse():
+    """Default output is q's dtype; one plan serves several layers (pools) of a batch."""
+    gen = torch.Generator().manual_seed(3)
+    hq, hkv, d = 8, 2, 64
+    lens = [100, 40]
+    pools = [make_pool("mxfp8", hkv, d, slots=256, gen=gen) for _ in range(2)]
+    indptr, indices = make_batch(lens, 256, gen)
+    q = torch.randn(2, hq, d, generator=gen).bfloat16().to(DEV)
+    params = MODES["plain"](2, hq, d, gen)
+    plan = plan_decode(indptr, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, num_splits=2)
+    for pool in pools:
+        out = run_decode(plan, q, pool, indptr, indices, params)
+        assert out.dtype == torch.bfloat16
+        # bf16 output: 2**-9 relative rounding per element
+        assert rel_err(out, reference_decode(q, pool, indptr, indices, params)) < 4e-3
+
+
+def test_choose_num_splits():
+    assert choose_num_splits(128, 8, 32768, 132, 64) == 2  # 1024 programs: 2 splits reach 8 x 132
+    assert choose_num_splits(1, 2, 32768, 132, 64) == 128  # one long request: 256-key splits
+    assert choose_num_splits(1, 2, 100, 132, 64) == 1  # a short one is never split
+
+
+def test_decode_rejects_bad_input():
+    gen = torch.Generator().manual_seed(0)
+    pool = make_pool("mxfp8", 2, 64, slots=256, gen=gen)
+    indptr, indices = make_batch([10, 20], 256, gen)
+    q = torch.randn(2, 8, 64).bfloat16().to(DEV)
+    p = AttentionParams(0.1)
+    with pytest.raises(TypeError, match="q must be"):
+        paged_decode_attention(q.to(torch.int32), pool, indptr, indices, p)
+    with pytest.raises(ValueError, match="head_dim"):
+        paged_decode_attention(torch.randn(2, 8, 32).to(DEV), pool, indptr, indices, p)
+    with pytest.raises(ValueError, match="multiple of the pool's KV heads"):
+        paged_decode_attention(torch.randn(2, 7, 64).to(DEV), pool, indptr, indices, p)
+    with pytest.raises(ValueError, match="rel_bias"):
+        paged_decode_attention(q, pool, indptr, indices, AttentionParams(0.1, rel_bias=torch.zeros(3, 8, 4)))
+    with pytest.raises(ValueError, match="sinks"):
+        paged_decode_attention(q, pool, indptr, indices, AttentionParams(0.1, sinks=torch.zeros(4)))
+    with pytest.raises(ValueError, match="kv_indptr must have"):
+        paged_decode_attention(q, pool, indptr[:2], indices, p)
+    with pytest.raises(TypeError, match="kv_indices"):
+        paged_decode_attention(q, pool, indptr, indices.float(), p)
+    with pytest.raises(ValueError, match="kv_indices must be slots"):
+        paged_decode_attention(q, pool, indptr, torch.full_like(indices, 256), p)
+    with pytest.raises(ValueError, match="at least one key"):
+        paged_decode_attention(q, pool, torch.tensor([0, 0, 5], dtype=torch.int32), indices, p)
+    with pytest.raises(ValueError, match="out must be"):
+        paged_decode_attention(q, pool, indptr, indices, p, out=torch.empty(2, 8, 32))
+    with pytest.raises(TypeError, match="kv must be a PagedKV"):
+        paged_decode_attention(q, (pool.k_buffer, pool.v_buffer), indptr, indices, p)
+    plan = plan_decode(indptr, num_q_heads=8, num_kv_heads=2, head_dim=64)
+    with pytest.raises(ValueError, match="plan was made for window"):
+        run_decode(plan, q, pool, indptr, indices, AttentionParams(0.1, window=8))
+
+
+# --- the fused MXFP8 store ---------------------------------------------------------------------------------------
+def special_values(n, hkv, d, gen):
+    """Wide dynamic range per block, all-zero blocks, exact 448 * 2**k maxima, NaN/inf blocks, e4m3 ties."""
+    spread = torch.exp2(torch.randint(-40, 40, (n, hkv, d // 32, 1), generator=gen).float())
+    x = (torch.randn(n, hkv, d // 32, 32, generator=gen) * spread).reshape(n, hkv, d)
+    x[0] = 0
+    x[1, :, :32] = 448.0 * 2.0 ** -5
+    x[2, 0, 3] = float("nan")
+    x[3, 0, 40 % d] = float("inf")
+    x[4, 0, 1] = float("-inf")
+    ties = torch.tensor([448.0, 1.0625, 1.1875, 13.0, 2 ** -9 * 1.5, 2 ** -10, 3 * 2 ** -10, -0.0, 0.3125,
+                         -17.0, 208.0, 2 ** -6 * 1.0625, 240.0, 232.0, -0.0009765625])
+    x[5, 0, :32] = 0
+    x[5, 0, : ties.numel()] = ties
+    return x
+
+
+@pytest.mark.parametrize("page", [128, 16])
+@pytest.mark.parametrize("src_dtype", [torch.bfloat16, torch.float32])
+def test_store_bytes_identical_to_quantize_and_scatter(page, src_dtype):
+    gen = torch.Generator().manual_seed(page)
+    slots, hkv, d, n = 512, 2, 64, 200
+    loc = torch.randperm(slots, generator=gen)[:n].to(DEV)
+    k = special_values(n, hkv, d, gen).to(src_dtype).to(DEV)
+    v = (torch.randn(n, hkv, d, generator=gen) * 5).to(src_dtype).to(DEV)
+    pool = empty_mx_pool(slots, hkv, d, page)
+    store_kv_mxfp8(pool, loc, k.reshape(n, hkv * d), v)  # the flat [N, Hkv * D] form too
+    ref = empty_mx_pool(slots, hkv, d, page)
+    (kd, ks), (vd, vs) = mxfp8.quantize(k), mxfp8.quantize(v)
+    ref.k_buffer[loc], ref.v_buffer[loc] = kd, vd
+    ref.layout.scatter(ref.k_scales, loc, ks)
+    ref.layout.scatter(ref.v_scales, loc, vs)
+    for name in ("k_buffer", "v_buffer", "k_scales", "v_scales"):
+        got, want = getattr(pool, name).view(torch.uint8), getattr(ref, name).view(torch.uint8)
+        assert torch.equal(got, want), (name, int((got != want).sum()))
+
+
+def test_store_rejects_bad_input_before_writing():
+    pool = empty_mx_pool(256, 2, 64, 128)
+    before = [t.clone() for t in (pool.k_buffer.view(torch.uint8), pool.k_scales)]
+    k = torch.randn(4, 2, 64).bfloat16().to(DEV)
+    loc = torch.tensor([1, 2, 3, 4]).to(DEV)
+    with pytest.raises(ValueError, match="loc must be slots"):
+        store_kv_mxfp8(pool, torch.tensor([1, 2, 3, 256]).to(DEV), k, k)
+    with pytest.raises(ValueError, match="v must hold"):
+        store_kv_mxfp8(pool, loc, k, k[:3])
+    with pytest.raises(TypeError, match="k must be bf16"):
+        store_kv_mxfp8(pool, loc, k.to(torch.int32), k)
+    with pytest.raises(TypeError, match="loc must be"):
+        store_kv_mxfp8(pool, loc.float(), k, k)
+    with pytest.raises(ValueError, match="needs an MXFP8 PagedKV"):
+        store_kv_mxfp8(PagedKV(k, k), loc, k, k)
+    assert torch.equal(before[0], pool.k_buffer.view(torch.uint8)) and torch.equal(before[1], pool.k_scales)
