@@ -4,6 +4,7 @@ integer bit operations) against torch's casts and the core quantizer, and its ar
 
 from __future__ import annotations
 
+import importlib
 import os
 
 import pytest
@@ -20,6 +21,10 @@ import triton.language as tl  # noqa: E402
 from sglang_inkling_backend import mxfp8  # noqa: E402
 from sglang_inkling_backend.reference import prologue as reference  # noqa: E402
 from sglang_inkling_backend.triton import prologue as fused  # noqa: E402
+
+if not isinstance(fused._inkling_prologue_decode_kernel, triton.runtime.interpreter.InterpretedFunction):
+    # Another test module imported the kernels before TRITON_INTERPRET was set: define them again, interpreted.
+    fused = importlib.reload(fused)
 from test_reference_prologue import ERROR_CASES, clone_args, make_case  # noqa: E402
 
 DEVICE = "cpu"

@@ -40,6 +40,24 @@ _E8M0 = getattr(torch, "float8_e8m0fnu", None)
 # Exact rounding helpers (integer bit operations)
 # --------------------------------------------------------------------------------------------------------------
 
+# Reductions go through tl.reduce with this module's combine functions, and zeros through tl.full, not tl.sum /
+# tl.max / tl.zeros: those are @jit functions of triton.language, which stay in compiled mode when triton was
+# imported before TRITON_INTERPRET was set, while these follow this module (reloading it interpreted is enough).
+@triton.jit
+def _add(a, b):
+    return a + b
+
+
+@triton.jit
+def _max(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _min(a, b):
+    return tl.minimum(a, b)
+
+
 @triton.jit
 def _lane_mask(cond, lanes):
     """A scalar condition as a mask shaped like ``lanes`` (int offsets). Written through int32 because the
@@ -83,9 +101,9 @@ def _mxfp8_quantize(x, ROWS: tl.constexpr):
     ``sglang_inkling_backend.mxfp8.quantize`` exactly (a block with a NaN/inf: scale 0xFF, elements 0x7F)."""
     xb = tl.reshape(x, (ROWS * 4, 32))
     finite = (xb.to(tl.uint32, bitcast=True) & 0x7F800000) != 0x7F800000
-    amax = tl.max(tl.where(finite, tl.abs(xb), 0.0), axis=1)
+    amax = tl.reduce(tl.where(finite, tl.abs(xb), 0.0), 1, _max)
     amax = tl.maximum(amax, 1e-30)
-    block_finite = tl.min(finite.to(tl.int32), axis=1) == 1
+    block_finite = tl.reduce(finite.to(tl.int32), 1, _min) == 1
     amax_bits = amax.to(tl.uint32, bitcast=True)
     # amax = f * 2^(exp - 127), f in [1, 2); 448 = 1.75 * 2^8: smallest e with amax <= 448 * 2^(e - 127)
     exp_field = (amax_bits >> 23).to(tl.int32)
@@ -103,7 +121,7 @@ def _mxfp8_quantize(x, ROWS: tl.constexpr):
 def _head_rmsnorm(x, gamma, eps):
     """``x [R, 128]`` float32 (bf16 values) -> float32 holding ``bf16((x * inv) * gamma)``."""
     x64 = x.to(tl.float64)
-    sum_sq = tl.sum(x64 * x64, axis=1).to(tl.float32)
+    sum_sq = tl.reduce(x64 * x64, 1, _add).to(tl.float32)
     one = tl.full(sum_sq.shape, 1.0, tl.float32)
     inv = tl.div_rn(one, tl.sqrt_rn(sum_sq * 0.0078125 + eps))  # / 128 is exact as * 2^-7
     return _round_to_bf16((x * inv[:, None]) * gamma[None, :])
@@ -121,7 +139,7 @@ def _conv_and_shift(row_ptr, cache_ptr, weight_ptr, c, slot, cache_stride_slot, 
     write = _lane_mask(is_real, c)
     write_track = _lane_mask(do_track, c)
     base = cache_ptr + slot * cache_stride_slot + c
-    acc = tl.zeros([128], dtype=tl.float32)
+    acc = tl.full([128], 0.0, tl.float32)
     for w in tl.static_range(W - 1):
         tap = tl.load(base + w * cache_stride_w).to(tl.float32)
         weight = tl.load(weight_ptr + c * weight_stride_c + w * weight_stride_w).to(tl.float32)
