@@ -71,14 +71,14 @@ def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise TypeError(f"x must be a floating-point tensor, got {x.dtype}")
     d = _check_last_dim(x, "x")
     blocks = x.float().reshape(*x.shape[:-1], d // BLOCK, BLOCK)
-    finite = torch.isfinite(blocks).all(dim=-1)
-    amax = torch.where(torch.isfinite(blocks), blocks, torch.zeros_like(blocks)).abs().amax(dim=-1)
-    e = scale_exponent(amax)
+    amax = blocks.abs().amax(dim=-1)  # NaN and inf propagate: one finiteness test per block, not per element
+    finite = torch.isfinite(amax)
+    e = scale_exponent(torch.where(finite, amax, 0.0))
     # Division by a power of two is exact; the ceil rule keeps |x / scale| <= 448, the clamp is belt and braces.
     scaled = torch.clamp(blocks / exponent_to_scale(e).unsqueeze(-1), -E4M3_MAX, E4M3_MAX)
     data = scaled.to(DATA_DTYPE).view(torch.uint8)
-    data = torch.where(finite.unsqueeze(-1), data, torch.full_like(data, E4M3_NAN))
-    e = torch.where(finite, e, torch.full_like(e, NAN_SCALE))
+    data = torch.where(finite.unsqueeze(-1), data, E4M3_NAN)  # no host sync: also usable inside a CUDA graph
+    e = torch.where(finite, e, NAN_SCALE)
     return data.reshape(x.shape).view(DATA_DTYPE), e
 
 
