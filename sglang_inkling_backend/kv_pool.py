@@ -156,10 +156,8 @@ class InklingKVPool:
             buf.layout.scatter(buf.sfk, loc, ks)
             buf.layout.scatter(buf.sfv, loc, vs)
         elif self.kv_dtype == "fp8_e4m3":
-            ks_, vs_ = k_scale or self.k_scale, v_scale or self.v_scale
-            # Saturate rather than overflow to NaN: the per-tensor scale is a calibration, not a guarantee.
-            buf.k[loc] = (k.float() / ks_).clamp(-mxfp8.E4M3_MAX, mxfp8.E4M3_MAX).to(mxfp8.DATA_DTYPE)
-            buf.v[loc] = (v.float() / vs_).clamp(-mxfp8.E4M3_MAX, mxfp8.E4M3_MAX).to(mxfp8.DATA_DTYPE)
+            buf.k[loc] = mxfp8.quantize_per_tensor(k, k_scale or self.k_scale)
+            buf.v[loc] = mxfp8.quantize_per_tensor(v, v_scale or self.v_scale)
         else:
             buf.k[loc], buf.v[loc] = k.to(self.store_dtype), v.to(self.store_dtype)
 

@@ -100,6 +100,12 @@ def dequantize(data: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = to
     return (blocks * exponent_to_scale(scales).unsqueeze(-1)).reshape(data.shape).to(dtype)
 
 
+def quantize_per_tensor(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """Per-tensor fp8 e4m3 (the format FlashInfer and SGLang's fp8 KV use): ``e4m3_rne(x / scale)``, saturating at
+    +-448 rather than overflowing to NaN (a per-tensor scale is a calibration, not a guarantee)."""
+    return (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(DATA_DTYPE)
+
+
 def bytes_per_token_per_layer(num_kv_heads: int, head_dim: int, kv_dtype: str) -> int:
     """KV bytes one token costs in one attention layer: K and V, data plus (MXFP8) one scale byte per block."""
     if kv_dtype not in KV_DTYPES:

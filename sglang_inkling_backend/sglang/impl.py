@@ -133,8 +133,8 @@ def store_kv_unchecked(kv: PagedKV, loc: torch.Tensor, k: torch.Tensor, v: torch
         kv.k_buffer[loc] = k.view(mxfp8.DATA_DTYPE)
         kv.v_buffer[loc] = v.view(mxfp8.DATA_DTYPE)
         nb = d // mxfp8.BLOCK
-        kv.layout.scatter(kv.k_scales, loc, k_block_scales.view(torch.uint8).reshape(n, hkv, nb))
-        kv.layout.scatter(kv.v_scales, loc, v_block_scales.view(torch.uint8).reshape(n, hkv, nb))
+        kv.layout.scatter(kv.k_scales, loc, k_block_scales.view(torch.uint8).reshape(n, hkv, nb), check=False)
+        kv.layout.scatter(kv.v_scales, loc, v_block_scales.view(torch.uint8).reshape(n, hkv, nb), check=False)
     elif kv.is_mxfp8:
         if k.is_cuda:
             from sglang_inkling_backend.triton.kv_store import store_kv_mxfp8
@@ -144,10 +144,10 @@ def store_kv_unchecked(kv: PagedKV, loc: torch.Tensor, k: torch.Tensor, v: torch
             for buf, sf, x in ((kv.k_buffer, kv.k_scales, k), (kv.v_buffer, kv.v_scales, v)):
                 data, scales = mxfp8.quantize(x)
                 buf[loc] = data
-                kv.layout.scatter(sf, loc, scales)
+                kv.layout.scatter(sf, loc, scales, check=False)
     elif kv.k_buffer.dtype == mxfp8.DATA_DTYPE:  # per-tensor fp8: divide by the scale, saturate
-        kv.k_buffer[loc] = (k.float() / kv.k_scale).clamp(-mxfp8.E4M3_MAX, mxfp8.E4M3_MAX).to(mxfp8.DATA_DTYPE)
-        kv.v_buffer[loc] = (v.float() / kv.v_scale).clamp(-mxfp8.E4M3_MAX, mxfp8.E4M3_MAX).to(mxfp8.DATA_DTYPE)
+        kv.k_buffer[loc] = mxfp8.quantize_per_tensor(k, kv.k_scale)
+        kv.v_buffer[loc] = mxfp8.quantize_per_tensor(v, kv.v_scale)
     else:
         kv.k_buffer[loc] = k.to(kv.k_buffer.dtype)
         kv.v_buffer[loc] = v.to(kv.v_buffer.dtype)
