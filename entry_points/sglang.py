@@ -9,11 +9,14 @@ Registration, each step skipped when already done (so a second call is a no-op):
 2. ``inkling`` in SGLang's CLI choices: ``--attention-backend`` / ``--prefill-attention-backend`` /
    ``--decode-attention-backend`` share one list; the speculative draft list is separate;
 3. ``inkling`` in SGLang's attention registry (factory ``InklingAttnBackend(runner)``, imported lazily);
-4. the resolution and KV-pool hooks (``sglang_inkling_backend.sglang.hooks``).
+4. the resolution and KV-pool hooks (``sglang_inkling_backend.sglang.hooks``);
+5. on Apple silicon, the hook into SGLang's MLX runner (``sglang_inkling_backend.mlx.host``).
 """
 from __future__ import annotations
 
 import logging
+import platform
+import sys
 
 logger = logging.getLogger("sglang_inkling_backend.sglang")
 
@@ -43,7 +46,15 @@ def _register() -> None:
     if attention_registry.ATTENTION_BACKENDS.get(BACKEND_NAME) is not create_inkling_backend:
         attention_registry.register_attention_backend(BACKEND_NAME)(create_inkling_backend)
     hooks.install()
+    if is_apple_silicon():
+        from sglang_inkling_backend.mlx.host import register_mlx_hooks
+
+        register_mlx_hooks()
     _apply_hooks_outside_plugin_loading()
+
+
+def is_apple_silicon() -> bool:
+    return sys.platform == "darwin" and platform.machine() == "arm64"
 
 
 def _apply_hooks_outside_plugin_loading() -> None:

@@ -50,6 +50,20 @@ def test_register_is_idempotent():
         assert target in HookRegistry._patched, target
 
 
+def test_apple_silicon_registers_the_mlx_runner_hook(monkeypatch):
+    pytest.importorskip("mlx.core")
+    from sglang_inkling_backend.mlx import host as mlx_host
+
+    target = mlx_host.MLX_WORKER_INIT_TARGET
+    monkeypatch.setattr(entry, "is_apple_silicon", lambda: False)
+    entry.register()
+    assert mlx_host._after_init_model_runner not in [h for _, h, _ in HookRegistry._hooks.get(target, [])]
+    monkeypatch.setattr(entry, "is_apple_silicon", lambda: True)
+    entry.register()
+    entry.register()
+    assert [h for _, h, _ in HookRegistry._hooks[target]].count(mlx_host._after_init_model_runner) == 1
+
+
 def test_failed_registration_logs_and_raises(monkeypatch, caplog):
     monkeypatch.setattr(version, "installed_sglang_version", lambda: "0.6.1")
     with caplog.at_level(logging.ERROR, logger="sglang_inkling_backend.sglang"):
