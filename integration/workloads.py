@@ -48,6 +48,7 @@ PREFIX_PROMPTS = [
 ]
 TIMING_PROMPT = "Write a sentence about the weather:"
 TIMING_TOKENS = 32
+TIMING_REPEATS = 3
 
 
 # SGLang on CPU returns bf16 logits: two tokens whose logits are one bf16 step apart (0.0625 nats for logits in
@@ -91,16 +92,19 @@ def run_workload(server, config: dict) -> WorkloadRun:
             run.answers[f"concurrent{i}"] = answer
     for i, prompt in enumerate(PREFIX_PROMPTS):
         run.answers[f"prefix{i}"] = _answer(server, prompt)
-    # Decode time per token: a TIMING_TOKENS-token request minus a 1-token one on the same (then cached) prompt.
-    started = time.perf_counter()
-    server.generate(TIMING_PROMPT, max_new_tokens=1)
-    one = time.perf_counter() - started
-    started = time.perf_counter()
-    server.generate(TIMING_PROMPT, max_new_tokens=TIMING_TOKENS)
-    many = time.perf_counter() - started
+    # Decode time per token: a TIMING_TOKENS-token request minus a 1-token one on the same (then cached) prompt,
+    # best of TIMING_REPEATS (a shared CPU makes single measurements noisy). Reported, never asserted.
+    one = min(_seconds(server, 1) for _ in range(TIMING_REPEATS))
+    many = min(_seconds(server, TIMING_TOKENS) for _ in range(TIMING_REPEATS))
     run.prefill_ms = one * 1000
     run.per_token_ms = (many - one) / (TIMING_TOKENS - 1) * 1000
     return run
+
+
+def _seconds(server, max_new_tokens: int) -> float:
+    started = time.perf_counter()
+    server.generate(TIMING_PROMPT, max_new_tokens=max_new_tokens)
+    return time.perf_counter() - started
 
 
 def token_agreement(a: Answer, b: Answer) -> tuple[int, int]:

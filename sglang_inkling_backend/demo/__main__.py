@@ -66,7 +66,9 @@ def main(argv=None) -> int:
     try:
         progress(f"server ready in {server.startup_seconds:.1f} s")
         for line in server.log_text().splitlines():
-            if "KV Cache is allocated" in line or ("inkling" in line.lower() and "srt.models.inkling" not in line):
+            if "server_args=" in line or "srt.models.inkling" in line:
+                continue  # SGLang's echo of every argument; the in-tree Inkling model's import notice
+            if "KV Cache is allocated" in line or "inkling" in line.lower():
                 progress("  server: " + re.sub(r"^\[[^\]]*\]\s*", "", line))
         progress(f"generating up to {args.max_new_tokens} tokens (greedy)")
         started = time.monotonic()
