@@ -9,7 +9,8 @@ Every check draws fresh random inputs (the seed is printed) and poisons outputs 
      the kernel's only roundings are p (or p times the V scale) to bf16 for the p.V dot, K/V dequantization to
      bf16 being exact; a bf16 output would add its own rounding, about 2.5e-3).
   3. format error against the unquantized bf16 K/V (float64 attention), MXFP8 next to per-tensor fp8
-     (scale = amax / 448), on Gaussian data and on data with outlier channels; MXFP8 must be the smaller on outliers.
+     (scale = amax / 448), on Gaussian data and on data with 1e4x outlier channels; MXFP8 must be the smaller on the
+     ordinary channels of the outlier data.
   4. extend over an MXFP8 prefix against float64, and its speed next to the same kernel over a bf16 pool.
 Prints one line per check and a summary; exits 1 if any check failed.
 """
@@ -91,16 +92,12 @@ def check_store():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-def make_batch(hkv, d, lens, page=128, mxfp8_pool=True, outlier=False, store_dtype=torch.bfloat16):
+def make_batch(hkv, d, lens, page=128):
     total = sum(lens)
     pages = (total + page - 1) // page + 2
     slots = pages * page
     k = torch.randn(slots, hkv, d, device=DEV)
     v = torch.randn(slots, hkv, d, device=DEV)
-    if outlier:
-        ch = torch.randperm(d, device=DEV)[:4]
-        k[:, :, ch] *= 60.0
-        v[:, :, ch] *= 60.0
     k, v = k.bfloat16(), v.bfloat16()
     indptr = torch.tensor([0] + lens, device=DEV).cumsum(0).to(torch.int32)
     indices = (torch.randperm(slots - page, device=DEV)[:total] + page).to(torch.int32)  # never slot 0's page
@@ -166,13 +163,24 @@ def check_decode():
 
 
 def check_format_error():
-    """MXFP8 vs per-tensor fp8 against the unquantized bf16 K/V."""
+    """MXFP8 vs per-tensor fp8 (scale = amax / 448) against the unquantized bf16 K/V, through the kernel. With 4 of
+    128 channels scaled by 1e4 the outliers dominate the output's norm (both formats keep e4m3's relative precision
+    on them), so the comparison that matters is on the 124 ordinary channels, which a per-tensor scale pushes into
+    e4m3's subnormals: MXFP8 must be the smaller there (bench/format_error.py has the sweep over outlier sizes)."""
     hq, hkv, d = 16, 2, 128
-    for data in ("gaussian", "outlier-channels"):
+    for data, outlier in (("gaussian", None), ("outlier-channels x1e4", 1e4)):
         lens = [4096 // SHRINK] * 4
-        k, v, indptr, indices, slots = make_batch(hkv, d, lens, outlier=data != "gaussian")
+        k, v, indptr, indices, slots = make_batch(hkv, d, lens)
+        normal = torch.ones(d, dtype=torch.bool, device=DEV)
+        scale = d ** -0.5
+        if outlier:
+            ch = torch.randperm(d, device=DEV)[:4]
+            normal[ch] = False
+            k[:, :, ch] = (k[:, :, ch].float() * outlier).bfloat16()
+            v[:, :, ch] = (v[:, :, ch].float() * outlier).bfloat16()
+            scale = 1.0 / (d * outlier)  # keeps the softmax away from one-hot
         q = torch.randn(len(lens), hq, d, device=DEV).bfloat16()
-        params = AttentionParams(d ** -0.5)
+        params = AttentionParams(scale)
         ref = reference_f64(q, None, indptr, indices, params, float_kv=(k.float(), v.float()))
         pool = mx_pool_from(k, v, 128)
         out_mx = torch.full(q.shape, float("nan"), device=DEV)
@@ -184,11 +192,14 @@ def check_format_error():
         paged_decode_attention(q, fp8, indptr, indices, params, out=out_f8)
         sync()
         e_mx, e_f8 = rel_err(out_mx, ref), rel_err(out_f8, ref)
+        n_mx = rel_err(out_mx[..., normal], ref[..., normal])
+        n_f8 = rel_err(out_f8[..., normal], ref[..., normal])
         # the format alone (float64 attention on dequantized values), to separate it from kernel rounding
         f_mx = rel_err(reference_f64(q, pool, indptr, indices, params).float(), ref)
         f_f8 = rel_err(reference_f64(q, fp8, indptr, indices, params).float(), ref)
-        ok = (e_mx < e_f8) if data != "gaussian" else True
+        ok = (n_mx < n_f8) if outlier else True
         record(f"format error vs bf16 KV, {data}", ok, mxfp8_kernel=e_mx, fp8_per_tensor_kernel=e_f8,
+               mxfp8_kernel_ordinary_channels=n_mx, fp8_per_tensor_kernel_ordinary_channels=n_f8,
                mxfp8_format_only=f_mx, fp8_format_only=f_f8)
 
 

@@ -2,10 +2,13 @@
 interpreter (small shapes).
 
 Error bounds: under the interpreter the kernel's dots run in float32 (the interpreter's bf16 dot is broken, see
-``decode_attention._dot_dtype``) and the test asks for a float32 output, so kernel and reference differ only by
-float32 summation order and the exp2/log2 softmax: 1e-5 relative (Frobenius) is far above that (seen: ~1e-7) and
+``decode_attention._dot_dtype``) and the test asks for a float32 output. For float pools kernel and reference
+then differ only by float32 summation order and the exp2/log2 softmax: bound 1e-5 relative (Frobenius; seen
+~1e-7). For fp8 and MXFP8 pools the bound is 5e-4 because the kernel's fp16-tile variant (``fp16_tiles=True``,
+``dequant_tile_relative``) rounds the probabilities to fp16 for the p.V product: fp16's unit roundoff is
+2**-11 = 4.9e-4 (seen ~6e-5; the default float32-dequant path stays near 1e-7). Both are
 far below any real bug (a wrong scale, a missed key or a wrong bias offset moves the output by 1e-2 or more). The
-bf16 rounding of the GPU path is covered by gpu_tests/check_triton_gpu.py. Stored MXFP8 bytes must be identical:
+GPU's bf16/fp16 dots are covered by gpu_tests/check_triton_gpu.py. Stored MXFP8 bytes must be identical:
 the store kernel encodes with integer operations, exact under the interpreter too.
 """
 
@@ -28,7 +31,12 @@ from sglang_inkling_backend.triton.decode_attention import (  # noqa: E402
 from sglang_inkling_backend.triton.kv_store import store_kv_mxfp8  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-TOL = 1e-5
+TOL_FLOAT = 1e-5  # float pools: float32 arithmetic throughout under the interpreter
+TOL = 5e-4  # fp8 / MXFP8 pools: probabilities rounded to fp16 (unit roundoff 2**-11)
+
+
+def tol_for(fmt):
+    return TOL_FLOAT if fmt in ("bfloat16", "float16", "float32") else TOL
 
 
 def empty_mx_pool(slots, hkv, d, page):
@@ -70,9 +78,13 @@ MODES = {
 }
 
 
-@pytest.mark.parametrize("fmt,page", [("mxfp8", 128), ("mxfp8", 16), ("bfloat16", 1), ("float16", 1),
-                                      ("float32", 1), ("fp8", 1)])
-@pytest.mark.parametrize("mode", sorted(MODES))
+CASES = ([("mxfp8", 128, mode) for mode in sorted(MODES)]  # every mode on the production layout
+         + [("mxfp8", 16, "inkling"), ("mxfp8", 16, "generic"),  # the flat scale layout
+            ("bfloat16", 1, "plain"), ("bfloat16", 1, "generic"), ("float16", 1, "inkling"), ("float32", 1, "plain"),
+            ("fp8", 1, "inkling"), ("fp8", 1, "generic")])
+
+
+@pytest.mark.parametrize("fmt,page,mode", CASES)
 def test_decode_matches_reference(fmt, page, mode):
     gen = torch.Generator().manual_seed(hash((fmt, page, mode)) % 2**31)
     hq, hkv, d = 8, 2, 64
@@ -82,11 +94,11 @@ def test_decode_matches_reference(fmt, page, mode):
     q = torch.randn(len(lens), hq, d, generator=gen).bfloat16().to(DEV)
     params = MODES[mode](len(lens), hq, d, gen)
     ref = reference_decode(q, pool, indptr, indices, params)
-    for num_splits in (None, 1, 3):
+    for num_splits in (1, 3):  # the direct path and the split + merge path
         out = torch.full(q.shape, float("nan"), device=DEV)
         paged_decode_attention(q, pool, indptr, indices, params, num_splits=num_splits, out=out)
         assert not torch.isnan(out).any()
-        assert rel_err(out, ref) < TOL, (num_splits, rel_err(out, ref))
+        assert rel_err(out, ref) < tol_for(fmt), (num_splits, rel_err(out, ref))
 
 
 @pytest.mark.parametrize("hq,hkv,d", [(4, 1, 128), (16, 2, 32), (6, 2, 64), (32, 1, 64)])
@@ -104,7 +116,8 @@ def test_decode_head_geometries(hq, hkv, d):
     assert rel_err(out, ref) < TOL
 
 
-@pytest.mark.parametrize("variant", [dict(k_block_dots=True), dict(block_n=32, num_stages=1), dict(block_n=128)])
+@pytest.mark.parametrize("variant", [dict(prefetch=True), dict(fp16_tiles=True), dict(prefetch=True, fp16_tiles=True),
+                                     dict(block_n=32, num_stages=1), dict(block_n=128)])
 def test_decode_kernel_variants(variant):
     """The configurations the benchmark sweeps compute the same function."""
     gen = torch.Generator().manual_seed(7)

@@ -96,6 +96,24 @@ def dequant_tile(x, sf, D: tl.constexpr, BLOCK_N: tl.constexpr, KV_FORMAT: tl.co
 
 
 @triton.jit
+def dequant_tile_relative(x, sf, mask_n, D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """An MXFP8 tile as fp16 relative to its largest scale, and that scale: ``(tile16, 2**(e_max - 127))``.
+
+    e4m3 -> fp16 is one packed conversion per two elements and exact; each 32-block is then multiplied by
+    ``2**(e - e_max) <= 1`` (exact while the tile's block exponents span at most 15, a factor of 32768; beyond that
+    the smallest elements of the far-smaller blocks round in fp16's subnormal range, an absolute error under
+    2**-24 of the tile's largest block scale). The common factor ``2**(e_max - 127)`` is applied to the dot's
+    result, a scalar per tile. This replaces a float32 multiply per element (and its register footprint)."""
+    NB: tl.constexpr = D // 32
+    sfi = tl.where(mask_n[:, None], sf.to(tl.int32), 0)
+    e_max = tl.max(tl.max(sfi, 1), 0)
+    rel = tl.maximum(sfi - e_max, -126)
+    factor = ((rel + 127) << 23).to(tl.float32, bitcast=True).to(tl.float16)  # 0 below fp16's 2**-24
+    x3 = tl.reshape(x.to(tl.float16), (BLOCK_N, NB, 32)) * factor[:, :, None]
+    return tl.reshape(x3, (BLOCK_N, D)), (e_max << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def load_kv_tile(buf_ptr, sf_ptr, slots, mask_n, h, stride_slot, stride_head,
                  HKV: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, KV_FORMAT: tl.constexpr,
                  PAGE: tl.constexpr, INTERLEAVED: tl.constexpr, DOT_DTYPE: tl.constexpr):
@@ -137,8 +155,11 @@ def _decode_split_kernel(
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, HKV: tl.constexpr, BLOCK_N: tl.constexpr,
     KV_FORMAT: tl.constexpr, PAGE: tl.constexpr, INTERLEAVED: tl.constexpr, DOT_DTYPE: tl.constexpr,
     HAS_REL_BIAS: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr, HAS_SINKS: tl.constexpr,
-    DIRECT: tl.constexpr, PREFETCH: tl.constexpr,
+    DIRECT: tl.constexpr, PREFETCH: tl.constexpr, FP16_TILES: tl.constexpr,
 ):
+    # FP16_TILES (fp8 and MXFP8 pools): K/V tiles go to fp16 (exact for e4m3), MXFP8 scales relative to the tile's
+    # largest (dequant_tile_relative), q normalised by a power of two so fp16 holds it; the dots run in fp16 and
+    # the common factors are applied to their results. Otherwise tiles are dequantized in float32 to DOT_DTYPE.
     b = tl.program_id(0)
     h = tl.program_id(1)
     split = tl.program_id(2)
@@ -159,11 +180,19 @@ def _decode_split_kernel(
     heads = h * G + offs_g
     offs_d = tl.arange(0, D)
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=mask_g[:, None], other=0.0).to(DOT_DTYPE)
+                mask=mask_g[:, None], other=0.0).to(tl.float32)
     # logits in base 2: exp2 is the native instruction
     qk_scale = sm_scale * 1.4426950408889634
     if KV_FORMAT == 1:
         qk_scale = qk_scale * k_scale
+    if FP16_TILES:
+        # q * 2**(127 - E) has |q| < 2 (E: the biased exponent of max|q|): exact in fp16 for bf16 q down to 2**-14
+        # of its largest element; 2**(E - 127) moves into the logit scale
+        q_exp = (tl.max(tl.max(tl.abs(q), 1), 0).to(tl.int32, bitcast=True) >> 23) & 0xFF
+        q = q * ((254 - q_exp) << 23).to(tl.float32, bitcast=True)
+        qk_scale = qk_scale * (q_exp << 23).to(tl.float32, bitcast=True)
+        q = q.to(tl.float16)
+    q = q.to(DOT_DTYPE)
 
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
@@ -201,10 +230,19 @@ def _decode_split_kernel(
             v_raw, v_sf = load_raw_tile(v_ptr, vsf_ptr, slots, mask_n, h, stride_v_slot, stride_v_head,
                                         HKV, D, BLOCK_N, KV_FORMAT, PAGE, INTERLEAVED)
 
-        qk = tl.dot(q, tl.trans(dequant_tile(k_raw, k_sf, D, BLOCK_N, KV_FORMAT, DOT_DTYPE)))
+        tile_scale = qk_scale
+        if FP16_TILES:
+            if KV_FORMAT == 2:
+                k16, k_tile_scale = dequant_tile_relative(k_raw, k_sf, mask_n, D, BLOCK_N)
+                tile_scale = qk_scale * k_tile_scale
+            else:
+                k16 = k_raw.to(tl.float16)
+            qk = tl.dot(q, tl.trans(k16.to(DOT_DTYPE)))
+        else:
+            qk = tl.dot(q, tl.trans(dequant_tile(k_raw, k_sf, D, BLOCK_N, KV_FORMAT, DOT_DTYPE)))
         if HAS_CAP:
             # the cap applies to the natural-base logit (after the bias)
-            qk = qk * (qk_scale / 1.4426950408889634)
+            qk = qk * (tile_scale / 1.4426950408889634)
             if HAS_REL_BIAS:
                 dist = q_pos - offs_n
                 if start + BLOCK_N - 1 > q_pos - rel_extent:
@@ -213,7 +251,7 @@ def _decode_split_kernel(
                                   + dist[None, :], mask=mask_g[:, None] & in_reach[None, :], other=0.0)
             qk = soft_cap(qk, logit_cap) * 1.4426950408889634
         else:
-            qk = qk * qk_scale
+            qk = qk * tile_scale
             if HAS_REL_BIAS:
                 dist = q_pos - offs_n
                 if start + BLOCK_N - 1 > q_pos - rel_extent:
@@ -227,8 +265,15 @@ def _decode_split_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(qk - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = dequant_tile(v_raw, v_sf, D, BLOCK_N, KV_FORMAT, DOT_DTYPE)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v)
+        if FP16_TILES:
+            if KV_FORMAT == 2:
+                v16, v_tile_scale = dequant_tile_relative(v_raw, v_sf, mask_n, D, BLOCK_N)
+                acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16).to(DOT_DTYPE), v16.to(DOT_DTYPE)) * v_tile_scale
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16).to(DOT_DTYPE), v_raw.to(tl.float16).to(DOT_DTYPE))
+        else:
+            v = dequant_tile(v_raw, v_sf, D, BLOCK_N, KV_FORMAT, DOT_DTYPE)
+            acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v)
         m_i = m_new
         if PREFETCH:
             k_raw, k_sf, v_raw, v_sf = k_next, k_sf_next, v_next, v_sf_next
@@ -332,7 +377,10 @@ class DecodePlan:
     num_stages: int
     part_o: Optional[torch.Tensor]  # [B, Hq, num_splits, D] float32, None when one split suffices
     part_lse: Optional[torch.Tensor]  # [B, Hq, num_splits] float32 (base-2 log-sum-exp)
-    prefetch: bool = True  # load the next tile's K/V while computing this one (see the kernel)
+    # Kernel variants, both off by default: on an H200 (bench/results/, sweep rows) their gains were mixed across
+    # shapes and within about 5% at the large ones, and prefetch spilled registers at head_dim 256.
+    prefetch: bool = False  # load the next tile's K/V while computing this one (see the kernel)
+    fp16_tiles: bool = False  # fp8/MXFP8: fp16 tiles with tile-relative scales (see dequant_tile_relative)
     compiled: object = None  # the last launched stage-1 kernel (Triton's CompiledKernel), for reports
 
 
@@ -347,8 +395,8 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_keys: int, num_sms: int
 
 def plan_decode(kv_indptr: torch.Tensor, *, num_q_heads: int, num_kv_heads: int, head_dim: int,
                 window: Optional[int] = None, max_seq_len: Optional[int] = None, num_splits: Optional[int] = None,
-                block_n: int = DEFAULT_BLOCK_N, num_warps: int = 4, num_stages: int = 1,
-                prefetch: bool = True) -> DecodePlan:
+                block_n: int = DEFAULT_BLOCK_N, num_warps: int = 4, num_stages: int = 2,
+                prefetch: bool = False, fp16_tiles: bool = False) -> DecodePlan:
     """Pick the split count for a batch and allocate the partial buffers.
 
     ``max_seq_len`` (a host int) avoids reading ``kv_indptr`` back from the device; without it the plan syncs once.
@@ -382,7 +430,7 @@ def plan_decode(kv_indptr: torch.Tensor, *, num_q_heads: int, num_kv_heads: int,
         part_o = torch.empty((batch, num_q_heads, num_splits, head_dim), dtype=torch.float32, device=dev)
         part_lse = torch.empty((batch, num_q_heads, num_splits), dtype=torch.float32, device=dev)
     return DecodePlan(batch, num_q_heads, num_kv_heads, head_dim, window, num_splits, split_len, block_n,
-                      num_warps, num_stages, part_o, part_lse, prefetch)
+                      num_warps, num_stages, part_o, part_lse, prefetch, fp16_tiles)
 
 
 def interpreting() -> bool:
@@ -504,6 +552,8 @@ def run_decode(plan: DecodePlan, q: torch.Tensor, kv: PagedKV, kv_indptr: torch.
     else:
         ksf = vsf = kv.k_buffer  # unused
         page, interleaved = 1, False
+    fp16_tiles = plan.fp16_tiles and fmt in (KV_FP8, KV_MXFP8)
+    dot_dtype = tl.float32 if interpreting() else (tl.float16 if fp16_tiles else _dot_dtype(kv))
     rb = params.rel_bias
     direct = plan.num_splits == 1
     dummy = out
@@ -522,10 +572,10 @@ def run_decode(plan: DecodePlan, q: torch.Tensor, kv: PagedKV, kv_indptr: torch.
         params.window if params.window is not None else 0,
         plan.split_len, plan.num_splits,
         G=group, G_PAD=max(16, triton.next_power_of_2(group)), D=d, HKV=hkv, BLOCK_N=plan.block_n,
-        KV_FORMAT=fmt, PAGE=page, INTERLEAVED=interleaved, DOT_DTYPE=_dot_dtype(kv),
+        KV_FORMAT=fmt, PAGE=page, INTERLEAVED=interleaved, DOT_DTYPE=dot_dtype,
         HAS_REL_BIAS=rb is not None, HAS_WINDOW=params.window is not None, HAS_CAP=params.logit_cap > 0,
         HAS_SINKS=params.sinks is not None, DIRECT=direct,
-        PREFETCH=plan.prefetch,
+        PREFETCH=plan.prefetch, FP16_TILES=fp16_tiles,
         num_warps=plan.num_warps, num_stages=plan.num_stages,
     )
     if not direct:
