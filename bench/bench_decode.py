@@ -144,13 +144,16 @@ def row(kernel, name, case, ms, gbps, **extra):
 
 
 SWEEP_CONFIGS = [
-    dict(block_n=64, num_warps=4, num_stages=1, prefetch=True, fp16_tiles=True),
-    dict(block_n=64, num_warps=4, num_stages=2, prefetch=False, fp16_tiles=True),
-    dict(block_n=128, num_warps=4, num_stages=1, prefetch=True, fp16_tiles=True),
-    dict(block_n=128, num_warps=8, num_stages=1, prefetch=True, fp16_tiles=True),
-    dict(block_n=128, num_warps=8, num_stages=2, prefetch=False, fp16_tiles=True),
-    dict(block_n=32, num_warps=4, num_stages=1, prefetch=True, fp16_tiles=True),
-    dict(block_n=64, num_warps=4, num_stages=2, prefetch=False, fp16_tiles=False),  # call 2's winner
+    dict(block_n=64, num_warps=4, num_stages=2),  # plan_decode's defaults (the first three runs' winner)
+    dict(block_n=64, num_warps=4, num_stages=3),
+    dict(block_n=16, num_warps=1, num_stages=2),  # one warp per program: no cross-warp reductions or barriers,
+    dict(block_n=16, num_warps=1, num_stages=3),  # many programs per SM
+    dict(block_n=32, num_warps=1, num_stages=2),
+    dict(block_n=32, num_warps=2, num_stages=2),
+    dict(block_n=32, num_warps=2, num_stages=3),
+    dict(block_n=64, num_warps=2, num_stages=2),
+    dict(block_n=32, num_warps=1, num_stages=2, fp16_tiles=True),
+    dict(block_n=64, num_warps=2, num_stages=2, fp16_tiles=True),
 ]
 SPLIT_VARIANTS = (0,)  # indices of SWEEP_CONFIGS also timed with twice the default split count
 SWEEP_POINTS = [("inkling-tp4", 16, 2, 128, 128, 32768), ("inkling-tp4", 16, 2, 128, 8, 32768),
@@ -242,6 +245,8 @@ def main():
     if args.sweep:
         grid_cfg = run_sweep(dev, rows)
     meta["grid_config"] = grid_cfg or "plan_decode defaults"
+    with open(os.path.join(args.out, "grid_config.json"), "w") as f:  # for gpu_tests (DECODE_PLAN_OPTIONS)
+        json.dump(grid_cfg, f)
     GRID_CFG.update(grid_cfg)
     grid = [(s, b, c) for s in SHAPES for b in BATCHES for c in CTXS]
     if args.quick:

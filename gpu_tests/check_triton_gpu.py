@@ -40,6 +40,8 @@ SMOKE = os.environ.get("GPU_CHECKS_SMOKE") == "1"
 DEV = "cpu" if SMOKE else "cuda"
 SHRINK = int(os.environ.get("GPU_CHECKS_SHRINK", "64")) if SMOKE else 1
 DECODE_TOL = 4e-3
+# DECODE_PLAN_OPTIONS='{"block_n": 32, ...}': check a kernel configuration other than plan_decode's defaults
+PLAN_OPTIONS = json.loads(os.environ.get("DECODE_PLAN_OPTIONS", "{}") or "{}")
 RESULTS = []
 
 
@@ -146,7 +148,7 @@ def check_decode():
             ref = reference_f64(q, pool, indptr, indices, params)
             for ns in (None, 1, 64):
                 out = torch.full(q.shape, float("nan"), device=DEV)
-                paged_decode_attention(q, pool, indptr, indices, params, num_splits=ns, out=out)
+                paged_decode_attention(q, pool, indptr, indices, params, num_splits=ns, out=out, plan_options=PLAN_OPTIONS)
                 sync()
                 err = rel_err(out, ref)
                 nan = int(torch.isnan(out).sum())
@@ -246,6 +248,7 @@ def main():
     seed = int(time.time() * 1000) % (2 ** 31)
     torch.manual_seed(seed)
     name = "cpu (smoke)" if SMOKE else torch.cuda.get_device_name()
+    print(f"plan options {PLAN_OPTIONS or 'defaults'}", flush=True)
     print(f"seed {seed} device {name} torch {torch.__version__} triton {triton.__version__}",
           flush=True)
     for fn in (check_store, check_decode, check_format_error, check_extend):

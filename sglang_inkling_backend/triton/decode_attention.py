@@ -592,11 +592,12 @@ def run_decode(plan: DecodePlan, q: torch.Tensor, kv: PagedKV, kv_indptr: torch.
 def paged_decode_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
                            params: AttentionParams, *, num_splits: Optional[int] = None,
                            out: Optional[torch.Tensor] = None, max_seq_len: Optional[int] = None,
-                           validate: bool = True) -> torch.Tensor:
-    """Plan and run in one call (the reference's signature). ``validate`` range-checks the slots (one sync)."""
+                           validate: bool = True, plan_options: Optional[dict] = None) -> torch.Tensor:
+    """Plan and run in one call (the reference's signature). ``validate`` range-checks the slots (one sync);
+    ``plan_options`` are passed to ``plan_decode`` (kernel configuration: block_n, num_warps, ...)."""
     check_decode_inputs(q, kv, kv_indptr, kv_indices, params, out)
     if validate:
         validate_slots(kv, kv_indptr, kv_indices)
     plan = plan_decode(kv_indptr, num_q_heads=q.shape[1], num_kv_heads=kv.num_kv_heads, head_dim=q.shape[2],
-                       window=params.window, max_seq_len=max_seq_len, num_splits=num_splits)
+                       window=params.window, max_seq_len=max_seq_len, num_splits=num_splits, **(plan_options or {}))
     return run_decode(plan, q, kv, kv_indptr, kv_indices, params, out=out, check=False)
