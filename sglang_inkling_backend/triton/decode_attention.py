@@ -4,11 +4,16 @@ One query token per request. Split-KV (flash-decoding): stage 1 runs one program
 the request's keys) and processes all ``G = Hq / Hkv`` query heads of that KV head together with ``tl.dot``, so
 every KV byte is read once; stage 2 merges the splits' partial results (skipped when a batch needs one split).
 
-MXFP8 K and V are dequantized as they are read: each 32-channel block is multiplied by its scale, made from the
-UE8M0 byte's exponent bits (``byte << 23`` as float32 is ``2**(byte - 127)``; ``exp2`` per element halves the
-speed on an H200, see ``../shared/bench``). Multiplying by a power of two is exact, so the only rounding is
-the cast of the dequantized tile to bf16 for the tensor-core dot (exact too for e4m3 times a power of two in the
-bf16 range) and of the probabilities ``p`` to bf16 for the ``p @ V`` dot.
+MXFP8 K and V are dequantized as they are read, scales made from the UE8M0 byte's exponent bits (``byte << 23``
+as float32 is ``2**(byte - 127)``; ``exp2`` per element halves the speed on an H200, see ``../shared/bench``).
+Default (``fp16_tiles``): a tile goes to fp16 (exact for e4m3), each 32-block times ``2**(e - e_max)`` relative
+to the tile's largest scale, and ``2**(e_max - 127)`` multiplies the dot's result (``dequant_tile_relative``);
+the probabilities are rounded to fp16 for the ``p @ V`` dot. The alternative dequantizes in float32 to bf16
+(exact) and rounds ``p`` to bf16. Either way the output is within bf16 rounding of float64 attention on the same
+quantized K/V (gpu_tests/check_triton_gpu.py).
+
+Speed on an H200 (bench/results/README.md): over bf16 pools 0.88-0.99x of FlashInfer at large batch x context;
+over MXFP8 0.77-0.88x of FlashInfer bf16, short of the 1.7x goal: the kernel is bound by per-key work, not bytes.
 
 Semantics are ``sglang_inkling_backend.reference.attention.paged_decode_attention``: logit = q.k * scale
 (+ rel_bias[b, h, d] for distance d < rel_extent), then the logit cap, keys within the window, optional sinks.
@@ -377,10 +382,11 @@ class DecodePlan:
     num_stages: int
     part_o: Optional[torch.Tensor]  # [B, Hq, num_splits, D] float32, None when one split suffices
     part_lse: Optional[torch.Tensor]  # [B, Hq, num_splits] float32 (base-2 log-sum-exp)
-    # Kernel variants, both off by default: on an H200 (bench/results/, sweep rows) their gains were mixed across
-    # shapes and within about 5% at the large ones, and prefetch spilled registers at head_dim 256.
+    # Kernel variants. Defaults (plan_decode) are the H200 sweep's winner, bench/results/2026-11-29-h200.json:
+    # 64-key tiles, 2 warps, 2 stages, fp16 tiles (12% faster than 4 warps / float32 dequantize in geometric mean
+    # over the sweep points); the register prefetch was within 5% and spilled at head_dim 256, so it is off.
     prefetch: bool = False  # load the next tile's K/V while computing this one (see the kernel)
-    fp16_tiles: bool = False  # fp8/MXFP8: fp16 tiles with tile-relative scales (see dequant_tile_relative)
+    fp16_tiles: bool = True  # fp8/MXFP8: fp16 tiles with tile-relative scales (see dequant_tile_relative)
     compiled: object = None  # the last launched stage-1 kernel (Triton's CompiledKernel), for reports
 
 
@@ -395,8 +401,8 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_keys: int, num_sms: int
 
 def plan_decode(kv_indptr: torch.Tensor, *, num_q_heads: int, num_kv_heads: int, head_dim: int,
                 window: Optional[int] = None, max_seq_len: Optional[int] = None, num_splits: Optional[int] = None,
-                block_n: int = DEFAULT_BLOCK_N, num_warps: int = 4, num_stages: int = 2,
-                prefetch: bool = False, fp16_tiles: bool = False) -> DecodePlan:
+                block_n: int = DEFAULT_BLOCK_N, num_warps: int = 2, num_stages: int = 2,
+                prefetch: bool = False, fp16_tiles: bool = True) -> DecodePlan:
     """Pick the split count for a batch and allocate the partial buffers.
 
     ``max_seq_len`` (a host int) avoids reading ``kv_indptr`` back from the device; without it the plan syncs once.
