@@ -49,8 +49,8 @@ step "installing sglang's CPU-path dependencies"
 # These three resolve to a CUDA torch if pip may choose their dependencies.
 "${PIP[@]}" install -q --no-deps -c "$CONSTRAINTS" torchvision==0.28.0 apache-tvm-ffi==0.1.11 xgrammar==0.2.7
 
-step "installing sglang-inkling-backend (editable, with test extras)"
-"${PIP[@]}" install -q "${TORCH_INDEX[@]}" -c "$CONSTRAINTS" -e "$REPO[test]"
+step "installing sglang-inkling-backend (editable, with the test and mlx extras)"
+"${PIP[@]}" install -q "${TORCH_INDEX[@]}" -c "$CONSTRAINTS" -e "$REPO[test,mlx]"
 
 step "checking that SGLang finds the inkling plugin through its entry point"
 SGLANG_USE_CPU_ENGINE=1 PYTHONPATH="$REPO/third_party/sglang_cpu/pythonpath" "$VENV/bin/python" - <<'PY'
