@@ -55,6 +55,9 @@ def test_apple_silicon_registers_the_mlx_runner_hook(monkeypatch):
     from sglang_inkling_backend.mlx import host as mlx_host
 
     target = mlx_host.MLX_WORKER_INIT_TARGET
+    # start from a registry without our MLX hook (another test module may have installed it already)
+    others = [h for h in HookRegistry._hooks.get(target, []) if h[1] is not mlx_host._after_init_model_runner]
+    monkeypatch.setitem(HookRegistry._hooks, target, others)
     monkeypatch.setattr(entry, "is_apple_silicon", lambda: False)
     entry.register()
     assert mlx_host._after_init_model_runner not in [h for _, h, _ in HookRegistry._hooks.get(target, [])]
