@@ -4,9 +4,9 @@ interpreter (small shapes).
 Error bounds: under the interpreter the kernel's dots run in float32 (the interpreter's bf16 dot is broken, see
 ``decode_attention._dot_dtype``) and the test asks for a float32 output. For float pools kernel and reference
 then differ only by float32 summation order and the exp2/log2 softmax: bound 1e-5 relative (Frobenius; seen
-~1e-7). For fp8 and MXFP8 pools the bound is 5e-4 because the kernel's fp16-tile variant (``fp16_tiles=True``,
+~1e-7). For fp8 and MXFP8 pools the bound is 5e-4 because the default fp16-tile path (``fp16_tiles=True``,
 ``dequant_tile_relative``) rounds the probabilities to fp16 for the p.V product: fp16's unit roundoff is
-2**-11 = 4.9e-4 (seen ~6e-5; the default float32-dequant path stays near 1e-7). Both are
+2**-11 = 4.9e-4 (seen ~6e-5; the float32-dequantize variant stays near 1e-7). Both are
 far below any real bug (a wrong scale, a missed key or a wrong bias offset moves the output by 1e-2 or more). The
 GPU's bf16/fp16 dots are covered by gpu_tests/check_triton_gpu.py. Stored MXFP8 bytes must be identical:
 the store kernel encodes with integer operations, exact under the interpreter too.
@@ -45,7 +45,8 @@ def empty_mx_pool(slots, hkv, d, page):
     return PagedKV(data(), data(), layout.empty(DEV), layout.empty(DEV), layout)
 
 
-def make_pool(fmt, hkv, d, slots=1024, page=128, gen=None):
+def make_pool(fmt, hkv, d, slots=256, page=128, gen=None):
+    # small pools: filling one runs the store kernel once per slot and head under the interpreter
     k = torch.randn(slots, hkv, d, generator=gen).to(DEV)
     v = torch.randn(slots, hkv, d, generator=gen).to(DEV)
     if fmt == "mxfp8":
@@ -79,9 +80,8 @@ MODES = {
 
 
 CASES = ([("mxfp8", 128, mode) for mode in sorted(MODES)]  # every mode on the production layout
-         + [("mxfp8", 16, "inkling"), ("mxfp8", 16, "generic"),  # the flat scale layout
-            ("bfloat16", 1, "plain"), ("bfloat16", 1, "generic"), ("float16", 1, "inkling"), ("float32", 1, "plain"),
-            ("fp8", 1, "inkling"), ("fp8", 1, "generic")])
+         + [("mxfp8", 16, "generic"),  # the flat scale layout
+            ("bfloat16", 1, "generic"), ("float16", 1, "inkling"), ("float32", 1, "plain"), ("fp8", 1, "generic")])
 
 
 @pytest.mark.parametrize("fmt,page,mode", CASES)
@@ -89,7 +89,7 @@ def test_decode_matches_reference(fmt, page, mode):
     gen = torch.Generator().manual_seed(hash((fmt, page, mode)) % 2**31)
     hq, hkv, d = 8, 2, 64
     pool = make_pool(fmt, hkv, d, page=page, gen=gen)
-    lens = [1, 70, 300, 129, 256]
+    lens = [1, 70, 129]  # one key, a partial tile, a split boundary (3 splits of 64 keys)
     indptr, indices = make_batch(lens, pool.num_slots, gen)
     q = torch.randn(len(lens), hq, d, generator=gen).bfloat16().to(DEV)
     params = MODES[mode](len(lens), hq, d, gen)
@@ -101,12 +101,12 @@ def test_decode_matches_reference(fmt, page, mode):
         assert rel_err(out, ref) < tol_for(fmt), (num_splits, rel_err(out, ref))
 
 
-@pytest.mark.parametrize("hq,hkv,d", [(4, 1, 128), (16, 2, 32), (6, 2, 64), (32, 1, 64)])
+@pytest.mark.parametrize("hq,hkv,d", [(4, 1, 128), (6, 2, 64), (32, 1, 32)])
 def test_decode_head_geometries(hq, hkv, d):
     """GQA groups of 1..32 (padded to the dot's 16 rows or more, non-powers of two), head_dim 32..128."""
     gen = torch.Generator().manual_seed(hq * 1000 + d)
-    pool = make_pool("mxfp8", hkv, d, slots=512, gen=gen)
-    lens = [200, 3]
+    pool = make_pool("mxfp8", hkv, d, gen=gen)
+    lens = [100, 3]
     indptr, indices = make_batch(lens, pool.num_slots, gen)
     q = torch.randn(len(lens), hq, d, generator=gen).bfloat16().to(DEV)
     params = MODES["inkling"](len(lens), hq, d, gen)
@@ -116,14 +116,13 @@ def test_decode_head_geometries(hq, hkv, d):
     assert rel_err(out, ref) < TOL
 
 
-@pytest.mark.parametrize("variant", [dict(prefetch=True), dict(fp16_tiles=True), dict(prefetch=True, fp16_tiles=True),
-                                     dict(block_n=32, num_stages=1), dict(block_n=128)])
+@pytest.mark.parametrize("variant", [dict(prefetch=True), dict(fp16_tiles=False), dict(block_n=32, num_stages=1)])
 def test_decode_kernel_variants(variant):
     """The configurations the benchmark sweeps compute the same function."""
     gen = torch.Generator().manual_seed(7)
     hq, hkv, d = 8, 2, 64
     pool = make_pool("mxfp8", hkv, d, gen=gen)
-    lens = [1, 300, 129]
+    lens = [1, 129]
     indptr, indices = make_batch(lens, pool.num_slots, gen)
     q = torch.randn(len(lens), hq, d, generator=gen).bfloat16().to(DEV)
     params = MODES["inkling"](len(lens), hq, d, gen)

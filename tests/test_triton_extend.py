@@ -60,15 +60,17 @@ MODES = {
 }
 
 
-@pytest.mark.parametrize("fmt", ["mxfp8", "bf16", "fp8"])
-@pytest.mark.parametrize("mode", sorted(MODES))
+CASES = [("mxfp8", mode) for mode in sorted(MODES)] + [("bf16", "generic"), ("fp8", "inkling")]
+
+
+@pytest.mark.parametrize("fmt,mode", CASES)
 def test_extend_matches_reference(fmt, mode):
-    """Prefill without prefix, chunked prefill after a prefix, a single-token extend, a request longer than a
-    query block: every causal / window / bias edge."""
+    """Prefill without prefix, a single-token extend after a prefix, chunked prefill longer than a query block
+    (16 rows of 4 heads): every causal / window / bias edge."""
     gen = torch.Generator().manual_seed(hash((fmt, mode)) % 2**31)
     hq, hkv, d = 8, 2, 64
-    pool = make_pool(fmt, hkv, d, 1024, gen)
-    qo, kv_indptr, kv_indices = make_batch([7, 1, 40, 19], [0, 90, 60, 200], pool.num_slots, gen)
+    pool = make_pool(fmt, hkv, d, 256, gen)  # small: filling it runs the store kernel per slot (interpreter)
+    qo, kv_indptr, kv_indices = make_batch([5, 1, 20], [0, 70, 50], pool.num_slots, gen)
     t = int(qo[-1])
     q = torch.randn(t, hq, d, generator=gen).bfloat16().to(DEV)
     params = MODES[mode](t, hq, d, gen)
@@ -79,12 +81,12 @@ def test_extend_matches_reference(fmt, mode):
     assert ((out - ref).norm() / ref.norm()).item() < TOL
 
 
-@pytest.mark.parametrize("hq,hkv,block_rows", [(4, 1, 16), (6, 2, 64), (16, 1, 16)])
+@pytest.mark.parametrize("hq,hkv,block_rows", [(6, 2, 64), (16, 1, 16)])
 def test_extend_group_shapes(hq, hkv, block_rows):
     """GQA groups that do not divide the row block, and groups as large as the block."""
     gen = torch.Generator().manual_seed(hq * 10 + block_rows)
     d = 32
-    pool = make_pool("mxfp8", hkv, d, 512, gen)
+    pool = make_pool("mxfp8", hkv, d, 128, gen)
     qo, kv_indptr, kv_indices = make_batch([13, 3], [20, 0], pool.num_slots, gen)
     t = int(qo[-1])
     q = torch.randn(t, hq, d, generator=gen).bfloat16().to(DEV)
