@@ -19,10 +19,25 @@ HQ, HKV, D = 8, 2, 128
 CASES = list(itertools.product(["bf16", "mxfp8", "fp8_e4m3"], [None, 48]))
 
 
+def empty_paged_kv(kv_format, slots, page, dev):
+    """A zeroed one-layer pool: bf16, per-tensor fp8 (k_scale 0.5, v_scale 0.25) or MXFP8 with its scale buffers."""
+    from sglang_inkling_backend.reference.attention import PagedKV
+    from sglang_inkling_backend.scale_layout import ScaleLayout
+
+    dtype = torch.bfloat16 if kv_format == "bf16" else torch.float8_e4m3fn
+    k_buf = torch.zeros(slots, HKV, D, dtype=dtype, device=dev)
+    v_buf = torch.zeros_like(k_buf)
+    if kv_format == "mxfp8":
+        layout = ScaleLayout.for_pool(slots, HKV, D, page)
+        return PagedKV(k_buf, v_buf, layout.empty(dev), layout.empty(dev), layout)
+    if kv_format == "fp8_e4m3":
+        return PagedKV(k_buf, v_buf, k_scale=0.5, v_scale=0.25)
+    return PagedKV(k_buf, v_buf)
+
+
 def check_decode_graph_capture_and_replay(kv_format, window):
     from sglang_inkling_backend import mxfp8
-    from sglang_inkling_backend.reference.attention import AttentionParams, PagedKV
-    from sglang_inkling_backend.scale_layout import ScaleLayout
+    from sglang_inkling_backend.reference.attention import AttentionParams
     from sglang_inkling_backend.sglang.impl import store_kv_unchecked
     from sglang_inkling_backend.sglang.metadata import DecodeGraphBuffers, build_forward_metadata
     from sglang_inkling_backend.sglang.routes import TorchRoute, choose_route
@@ -30,16 +45,7 @@ def check_decode_graph_capture_and_replay(kv_format, window):
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)
     slots, page, max_bs, ctx = 8192, 128, 8, 512
-    dtype = torch.bfloat16 if kv_format == "bf16" else torch.float8_e4m3fn
-    k_buf = torch.zeros(slots, HKV, D, dtype=dtype, device=dev)
-    v_buf = torch.zeros_like(k_buf)
-    if kv_format == "mxfp8":
-        layout = ScaleLayout.for_pool(slots, HKV, D, page)
-        kv = PagedKV(k_buf, v_buf, layout.empty(dev), layout.empty(dev), layout)
-    elif kv_format == "fp8_e4m3":
-        kv = PagedKV(k_buf, v_buf, k_scale=0.5, v_scale=0.25)
-    else:
-        kv = PagedKV(k_buf, v_buf)
+    kv = empty_paged_kv(kv_format, slots, page, dev)
     # fill history for every request row (positions 0..ctx-1 at random slots 1..)
     r2t = (torch.randperm(slots - 1, device=dev, generator=g)[: 9 * ctx] + 1).view(9, ctx).to(torch.int32)
     hist_k = torch.randn(9 * ctx, HKV, D, device=dev, generator=g).to(torch.bfloat16)
@@ -106,8 +112,7 @@ def check_decode_graph_capture_and_replay(kv_format, window):
 def check_eager_triton_route_matches_torch_route(kv_format, window):
     """Eager extend (mixed prefix / chunk lengths) and decode with relative bias, sinks and logit cap: the Triton
     route against the torch reference route on the same pool and rails."""
-    from sglang_inkling_backend.reference.attention import AttentionParams, PagedKV
-    from sglang_inkling_backend.scale_layout import ScaleLayout
+    from sglang_inkling_backend.reference.attention import AttentionParams
     from sglang_inkling_backend.sglang.impl import store_kv_unchecked
     from sglang_inkling_backend.sglang.metadata import build_forward_metadata
     from sglang_inkling_backend.sglang.routes import TorchRoute, choose_route
@@ -115,16 +120,7 @@ def check_eager_triton_route_matches_torch_route(kv_format, window):
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(1)
     slots, page, ctx = 8192, 128, 600
-    dtype = torch.bfloat16 if kv_format == "bf16" else torch.float8_e4m3fn
-    k_buf = torch.zeros(slots, HKV, D, dtype=dtype, device=dev)
-    v_buf = torch.zeros_like(k_buf)
-    if kv_format == "mxfp8":
-        layout = ScaleLayout.for_pool(slots, HKV, D, page)
-        kv = PagedKV(k_buf, v_buf, layout.empty(dev), layout.empty(dev), layout)
-    elif kv_format == "fp8_e4m3":
-        kv = PagedKV(k_buf, v_buf, k_scale=0.5, v_scale=0.25)
-    else:
-        kv = PagedKV(k_buf, v_buf)
+    kv = empty_paged_kv(kv_format, slots, page, dev)
     r2t = (torch.randperm(slots - 1, device=dev, generator=g)[: 4 * ctx] + 1).view(4, ctx).to(torch.int32)
     store_kv_unchecked(kv, r2t.reshape(-1).long(), torch.randn(4 * ctx, HKV, D, device=dev, generator=g),
                        torch.randn(4 * ctx, HKV, D, device=dev, generator=g))
