@@ -1,0 +1,95 @@
+"""Compile the decode kernel for an H100/H200 (sm_90) on a machine without a GPU and report its resources.
+
+Triton's wheel carries ptxas and cuobjdump, so registers, spills, shared memory, PTX and SASS of a configuration
+can be read here at no device time (the numbers are this Triton's, which may differ from the GPU machine's).
+
+    python tools/compile_sm90.py --D 128 --G 8 --fmt mxfp8 --block-n 64 --warps 2 --stages 2 [--paged] [--sass F]
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+
+os.environ.pop("TRITON_INTERPRET", None)
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from sglang_inkling_backend.triton import decode_attention as da  # noqa: E402
+from sglang_inkling_backend.triton import decode_paged as dp  # noqa: E402
+
+BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+
+
+def compile_decode(D=128, G=8, HKV=2, fmt="mxfp8", block_n=64, warps=2, stages=2, paged=False, fp16_tiles=True,
+                   direct=False, extra=None):
+    fn = dp._decode_paged_split_kernel if paged == "3d" else da._decode_split_kernel
+    kvt = {"mxfp8": "*fp8e4nv", "fp8": "*fp8e4nv", "bf16": "*bf16"}[fmt]
+    types = {"q_ptr": "*bf16", "k_ptr": kvt, "v_ptr": kvt, "ksf_ptr": "*u8", "vsf_ptr": "*u8",
+             "kv_indptr_ptr": "*i32", "kv_indices_ptr": "*i32", "rel_bias_ptr": "*bf16", "sinks_ptr": "*bf16",
+             "out_ptr": "*bf16", "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32",
+             "sm_scale": "fp32", "k_scale": "fp32", "v_scale": "fp32", "logit_cap": "fp32"}
+    consts = dict(G=G, G_PAD=max(16, triton.next_power_of_2(G)), D=D, HKV=HKV, BLOCK_N=block_n,
+                  KV_FORMAT={"mxfp8": 2, "fp8": 1, "bf16": 0}[fmt], PAGE=128 if fmt == "mxfp8" else 1,
+                  INTERLEAVED=fmt == "mxfp8", DOT_DTYPE=triton.language.float16 if fmt != "bf16" else
+                  triton.language.bfloat16, HAS_REL_BIAS=False, HAS_WINDOW=False, HAS_CAP=False, HAS_SINKS=False,
+                  DIRECT=direct, PREFETCH=False, FP16_TILES=fp16_tiles and fmt != "bf16")
+    if paged == "3d":
+        for name in ("DOT_DTYPE", "PREFETCH", "FP16_TILES"):
+            consts.pop(name)
+        consts["PV_DTYPE"] = triton.language.float16 if fmt != "bf16" else triton.language.bfloat16
+    if paged != "3d":
+        consts["PAGED"] = bool(paged)
+    consts.update(extra or {})
+    sig, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in consts:
+            sig[name] = "constexpr"
+            continue
+        sig[name] = types.get(name, "i32")
+        if sig[name].startswith("*") or name.startswith("stride") and name not in ("stride_qh", "stride_oh"):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn, sig, constexprs=consts, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+
+
+def resources(kernel):
+    """Registers, spill bytes and shared memory of a compiled kernel, from cuobjdump's resource usage."""
+    path = "/tmp/_compile_sm90.cubin"
+    open(path, "wb").write(kernel.asm["cubin"])
+    out = subprocess.run([os.path.join(BIN, "cuobjdump"), "--dump-resource-usage", path], capture_output=True,
+                         text=True).stdout
+    regs = re.search(r"REG:(\d+)", out)
+    stack = re.search(r"STACK:(\d+)", out)
+    return {"regs": int(regs.group(1)) if regs else None, "stack": int(stack.group(1)) if stack else None,
+            "shared": kernel.metadata.shared}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--D", type=int, default=128)
+    ap.add_argument("--G", type=int, default=8)
+    ap.add_argument("--fmt", default="mxfp8")
+    ap.add_argument("--block-n", type=int, default=64)
+    ap.add_argument("--warps", type=int, default=2)
+    ap.add_argument("--stages", type=int, default=2)
+    ap.add_argument("--paged", action="store_true", help="page-aligned tiles (PAGED)")
+    ap.add_argument("--paged3d", action="store_true", help="the [NB, G, 32] block kernel of decode_paged.py")
+    ap.add_argument("--sass", help="write SASS here")
+    ap.add_argument("--ttgir", help="write TTGIR here")
+    a = ap.parse_args()
+    k = compile_decode(a.D, a.G, 2, a.fmt, a.block_n, a.warps, a.stages, "3d" if a.paged3d else a.paged)
+    print(resources(k))
+    if a.ttgir:
+        open(a.ttgir, "w").write(k.asm["ttgir"])
+    if a.sass:
+        cubin = a.sass + ".cubin"
+        open(cubin, "wb").write(k.asm["cubin"])
+        tool = os.path.join(BIN, "cuobjdump")
+        open(a.sass, "w").write(subprocess.run([tool, "--dump-sass", cubin], capture_output=True, text=True).stdout)
+
+
+if __name__ == "__main__":
+    main()
