@@ -4,22 +4,26 @@ One query token per request. Split-KV (flash-decoding): stage 1 runs one program
 the request's keys) and processes all ``G = Hq / Hkv`` query heads of that KV head together with ``tl.dot``, so
 every KV byte is read once; stage 2 merges the splits' partial results (skipped when a batch needs one split).
 
-MXFP8 K and V are dequantized as they are read, scales made from the UE8M0 byte's exponent bits (``byte << 23``
-as float32 is ``2**(byte - 127)``; ``exp2`` per element halves the speed on an H200, see ``../shared/bench``).
-Default (``fp16_tiles``): a tile goes to fp16 (exact for e4m3), each 32-block times ``2**(e - e_max)`` relative
-to the tile's largest scale, and ``2**(e_max - 127)`` multiplies the dot's result (``dequant_tile_relative``);
-the probabilities are rounded to fp16 for the ``p @ V`` dot. The alternative dequantizes in float32 to bf16
-(exact) and rounds ``p`` to bf16. Either way the output is within bf16 rounding of float64 attention on the same
-quantized K/V (gpu_tests/check_triton_gpu.py).
+Two stage-1 kernels:
+- ``_decode_split_kernel`` (here, "tiles"): any slot per token (one index load per key), or with ``page_size``
+  page-aligned tiles whose slots come from one index. MXFP8 K/V tiles go to fp16 (exact for e4m3), each 32-block
+  times ``2**(e - e_max)`` relative to the tile's largest scale, ``2**(e_max - 127)`` applied to the dot's result
+  (``dequant_tile_relative``); the output accumulates in units of the last V tile's common scale and is rescaled
+  only when a row's max or that unit changes.
+- ``decode_paged._decode_paged_split_kernel`` ("blocks"): pools of whole pages; each 32-channel block its own
+  tile and dot, K's scales applied to the block's logits and V's to the probabilities (see that module).
+Scales are made from the UE8M0 byte's exponent bits (``byte << 23`` as float32 is ``2**(byte - 127)``; ``exp2``
+per element halves the speed on an H200, see ``../shared/bench``). Either way the output is within bf16 rounding
+of float64 attention on the same quantized K/V (gpu_tests/check_triton_gpu.py).
 
-Speed on an H200 (bench/results/README.md): over bf16 pools 0.88-0.99x of FlashInfer at large batch x context;
-over MXFP8 0.77-0.88x of FlashInfer bf16, short of the 1.7x goal: the kernel is bound by per-key work, not bytes.
+``choose_config`` picks the kernel, tile, warps, pipeline depth and split policy per batch from H200 sweeps
+(bench/results/README.md has the numbers and how they compare with FlashInfer).
 
 Semantics are ``sglang_inkling_backend.reference.attention.paged_decode_attention``: logit = q.k * scale
 (+ rel_bias[b, h, d] for distance d < rel_extent), then the logit cap, keys within the window, optional sinks.
 
-Use ``plan_decode`` once per batch (it picks the split count and allocates the partial buffers) and
-``run_decode`` per layer, or ``paged_decode_attention`` for both at once.
+Use ``plan_decode`` once per batch (it picks the configuration and split count and allocates the partial buffers)
+and ``run_decode`` per layer, or ``paged_decode_attention`` for both at once.
 """
 
 from __future__ import annotations
@@ -83,6 +87,30 @@ def load_raw_tile(buf_ptr, sf_ptr, slots, mask_n, h, stride_slot, stride_head,
     if KV_FORMAT == 2:
         sf = tl.load(sf_ptr + scale_offsets(slots, h, HKV, NB, PAGE, INTERLEAVED)[:, None]
                      + tl.arange(0, NB)[None, :], mask=mask_n[:, None], other=127)
+    else:
+        sf = tl.zeros([BLOCK_N, NB], tl.uint8)
+    return x, sf
+
+
+@triton.jit
+def load_raw_page_tile(buf_ptr, sf_ptr, slot0, offs_t, mask_n, h, stride_slot, stride_head,
+                       HKV: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, KV_FORMAT: tl.constexpr,
+                       PAGE: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """``load_raw_tile`` for the contiguous slots ``slot0 + offs_t`` (one page-aligned tile): the addresses are a
+    scalar base plus 32-bit offsets that are the same for every tile."""
+    NB: tl.constexpr = D // 32
+    base = buf_ptr + (slot0 * stride_slot + h * stride_head)
+    x = tl.load(base + (offs_t * stride_slot)[:, None] + tl.arange(0, D)[None, :], mask=mask_n[:, None], other=0.0)
+    if KV_FORMAT == 2:
+        if INTERLEAVED:
+            # (page, head) atoms of [32, PAGE // 32, NB] bytes; the tile stays inside one page
+            po = (slot0 % PAGE).to(tl.int32) + offs_t
+            sf_base = sf_ptr + ((slot0 // PAGE) * HKV + h) * (PAGE * NB)
+            sf_rows = ((po % 32) * (PAGE // 32) + po // 32) * NB
+        else:
+            sf_base = sf_ptr + (slot0 * HKV + h) * NB
+            sf_rows = offs_t * (HKV * NB)
+        sf = tl.load(sf_base + sf_rows[:, None] + tl.arange(0, NB)[None, :], mask=mask_n[:, None], other=127)
     else:
         sf = tl.zeros([BLOCK_N, NB], tl.uint8)
     return x, sf
@@ -155,7 +183,7 @@ def _decode_split_kernel(
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, HKV: tl.constexpr, BLOCK_N: tl.constexpr,
     KV_FORMAT: tl.constexpr, PAGE: tl.constexpr, INTERLEAVED: tl.constexpr, DOT_DTYPE: tl.constexpr,
     HAS_REL_BIAS: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr, HAS_SINKS: tl.constexpr,
-    DIRECT: tl.constexpr, PREFETCH: tl.constexpr, FP16_TILES: tl.constexpr,
+    DIRECT: tl.constexpr, PREFETCH: tl.constexpr, FP16_TILES: tl.constexpr, PAGED: tl.constexpr = False,
 ):
     # FP16_TILES (fp8 and MXFP8 pools): K/V tiles go to fp16 (exact for e4m3), MXFP8 scales relative to the tile's
     # largest (dequant_tile_relative), q normalised by a power of two so fp16 holds it; the dots run in fp16 and
@@ -169,7 +197,12 @@ def _decode_split_kernel(
     first = 0
     if HAS_WINDOW:
         first = tl.maximum(seq_len - window, 0)
-    tok_begin = first + split * split_len
+    if PAGED:
+        # whole pages: tiles start at multiples of BLOCK_N (a divisor of the page), so a tile is one run of
+        # contiguous slots found from one index; keys before `first` are masked
+        tok_begin = (first // BLOCK_N) * BLOCK_N + split * split_len
+    else:
+        tok_begin = first + split * split_len
     tok_end = tl.minimum(tok_begin + split_len, seq_len)
     if tok_begin >= tok_end:
         return
@@ -197,6 +230,7 @@ def _decode_split_kernel(
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D], tl.float32)
+    acc_unit = 1.0  # FP16_TILES: the output is acc * acc_unit
 
     # PREFETCH: the raw K/V bytes of the next tile and the slots of the one after are loaded one iteration ahead
     # (register double buffering), so memory latency overlaps the current tile's math instead of serialising
@@ -224,11 +258,20 @@ def _decode_split_kernel(
             after_mask = start + 2 * BLOCK_N + offs_t < tok_end
             after_slots = tl.load(idx_ptr + start + 2 * BLOCK_N + offs_t, mask=after_mask, other=0).to(tl.int64)
         else:
-            slots = tl.load(idx_ptr + offs_n, mask=mask_n, other=0).to(tl.int64)
-            k_raw, k_sf = load_raw_tile(k_ptr, ksf_ptr, slots, mask_n, h, stride_k_slot, stride_k_head,
-                                        HKV, D, BLOCK_N, KV_FORMAT, PAGE, INTERLEAVED)
-            v_raw, v_sf = load_raw_tile(v_ptr, vsf_ptr, slots, mask_n, h, stride_v_slot, stride_v_head,
-                                        HKV, D, BLOCK_N, KV_FORMAT, PAGE, INTERLEAVED)
+            if PAGED:
+                if HAS_WINDOW:
+                    mask_n = mask_n & (offs_n >= first)
+                slot0 = tl.load(idx_ptr + start).to(tl.int64)
+                k_raw, k_sf = load_raw_page_tile(k_ptr, ksf_ptr, slot0, offs_t, mask_n, h, stride_k_slot,
+                                                 stride_k_head, HKV, D, BLOCK_N, KV_FORMAT, PAGE, INTERLEAVED)
+                v_raw, v_sf = load_raw_page_tile(v_ptr, vsf_ptr, slot0, offs_t, mask_n, h, stride_v_slot,
+                                                 stride_v_head, HKV, D, BLOCK_N, KV_FORMAT, PAGE, INTERLEAVED)
+            else:
+                slots = tl.load(idx_ptr + offs_n, mask=mask_n, other=0).to(tl.int64)
+                k_raw, k_sf = load_raw_tile(k_ptr, ksf_ptr, slots, mask_n, h, stride_k_slot, stride_k_head,
+                                            HKV, D, BLOCK_N, KV_FORMAT, PAGE, INTERLEAVED)
+                v_raw, v_sf = load_raw_tile(v_ptr, vsf_ptr, slots, mask_n, h, stride_v_slot, stride_v_head,
+                                            HKV, D, BLOCK_N, KV_FORMAT, PAGE, INTERLEAVED)
 
         tile_scale = qk_scale
         if FP16_TILES:
@@ -266,11 +309,19 @@ def _decode_split_kernel(
         p = tl.exp2(qk - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         if FP16_TILES:
+            # acc holds the output in units of acc_unit (a power of two: the last MXFP8 V tile's common scale), so
+            # the dot accumulates into it directly; acc is rescaled only when a row's max moved or the unit changed,
+            # which on long contexts is rare (one multiply per acc element saved per tile)
             if KV_FORMAT == 2:
                 v16, v_tile_scale = dequant_tile_relative(v_raw, v_sf, mask_n, D, BLOCK_N)
-                acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16).to(DOT_DTYPE), v16.to(DOT_DTYPE)) * v_tile_scale
+                rescale = alpha * (acc_unit / v_tile_scale)
+                acc_unit = v_tile_scale
             else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16).to(DOT_DTYPE), v_raw.to(tl.float16).to(DOT_DTYPE))
+                v16 = v_raw.to(tl.float16)
+                rescale = alpha
+            if tl.min(rescale, 0) != 1.0 or tl.max(rescale, 0) != 1.0:
+                acc = acc * rescale[:, None]
+            acc = tl.dot(p.to(tl.float16).to(DOT_DTYPE), v16.to(DOT_DTYPE), acc)
         else:
             v = dequant_tile(v_raw, v_sf, D, BLOCK_N, KV_FORMAT, DOT_DTYPE)
             acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v)
@@ -289,7 +340,7 @@ def _decode_split_kernel(
         m_i = m_fin
     else:
         scale_old = tl.full([G_PAD], 1.0, tl.float32)
-    o = acc * (scale_old / l_i)[:, None]
+    o = acc * (scale_old * acc_unit / l_i)[:, None]
     if DIRECT:
         tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
                  o.to(out_ptr.dtype.element_ty), mask=mask_g[:, None])
@@ -308,14 +359,15 @@ def _decode_merge_kernel(
     part_o_ptr, part_lse_ptr, kv_indptr_ptr, sinks_ptr, out_ptr,
     stride_ob, stride_oh, window, split_len, max_splits,
     HQ: tl.constexpr, D: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr,
-    SPLIT_BLOCK: tl.constexpr,
+    SPLIT_BLOCK: tl.constexpr, ALIGN: tl.constexpr,
 ):
+    # ALIGN: stage 1's splits start at a multiple of ALIGN keys before the window (block_n for page-aligned tiles)
     b = tl.program_id(0)
     hq = tl.program_id(1)
     seq_len = (tl.load(kv_indptr_ptr + b + 1) - tl.load(kv_indptr_ptr + b)).to(tl.int32)
     n_keys = seq_len
     if HAS_WINDOW:
-        n_keys = tl.minimum(seq_len, window)
+        n_keys = seq_len - (tl.maximum(seq_len - window, 0) // ALIGN) * ALIGN
     n_splits = (n_keys + split_len - 1) // split_len
     offs_d = tl.arange(0, D)
     offs_s = tl.arange(0, SPLIT_BLOCK)
@@ -377,38 +429,75 @@ class DecodePlan:
     num_stages: int
     part_o: Optional[torch.Tensor]  # [B, Hq, num_splits, D] float32, None when one split suffices
     part_lse: Optional[torch.Tensor]  # [B, Hq, num_splits] float32 (base-2 log-sum-exp)
-    # Kernel variants. Defaults (plan_decode) are the H200 sweep's winner, bench/results/2026-11-29-h200.json:
-    # 64-key tiles, 2 warps, 2 stages, fp16 tiles (12% faster than 4 warps / float32 dequantize in geometric mean
-    # over the sweep points); the register prefetch was within 5% and spilled at head_dim 256, so it is off.
+    # Tile-kernel variants (plan_decode's configuration comes from choose_config): the register prefetch was within
+    # 5% of the default in the first H200 sweep and spilled at head_dim 256, so it is off.
     prefetch: bool = False  # load the next tile's K/V while computing this one (see the kernel)
     fp16_tiles: bool = True  # fp8/MXFP8: fp16 tiles with tile-relative scales (see dequant_tile_relative)
+    # Requests own whole pages of this many slots (token t in slot page_table[t // P] * P + t % P), so a tile of
+    # block_n keys is one run of contiguous slots, found from one index (None: any slot per token).
+    page_size: Optional[int] = None
+    kernel: str = "tiles"  # "tiles" (_decode_split_kernel) or "blocks" (decode_paged: one dot per 32-channel block)
     compiled: object = None  # the last launched stage-1 kernel (Triton's CompiledKernel), for reports
 
+    @property
+    def paged(self) -> bool:
+        return self.page_size is not None
 
-def choose_num_splits(batch: int, num_kv_heads: int, max_keys: int, num_sms: int, block_n: int) -> int:
-    """Enough (request, head, split) programs to fill the GPU about eight times over (an H200 sweep: 1280 programs
-    beat 640 by 13% at 4/1/256, B=128, 16k keys), never a split shorter than MIN_SPLIT_TOKENS keys."""
+
+def choose_num_splits(batch: int, num_kv_heads: int, max_keys: int, num_sms: int, block_n: int,
+                      waves: int = 8, min_split: int = MIN_SPLIT_TOKENS) -> int:
+    """Enough (request, head, split) programs to fill the GPU about ``waves`` times over (an H200 sweep: 1280
+    programs beat 640 by 13% at 4/1/256, B=128, 16k keys), never a split shorter than ``min_split`` keys."""
     programs = batch * num_kv_heads
-    want = max(1, math.ceil(8 * num_sms / programs))
-    cap = max(1, math.ceil(max_keys / max(MIN_SPLIT_TOKENS, block_n)))
+    want = max(1, math.ceil(waves * num_sms / programs))
+    cap = max(1, math.ceil(max_keys / max(min_split, block_n)))
     return min(want, cap)
+
+
+def choose_config(batch: int, num_kv_heads: int, head_dim: int, max_keys: int, page_size: Optional[int],
+                  kv_dtype: Optional[torch.dtype]) -> dict:
+    """Kernel configuration for a batch, from the H200 variant sweeps (bench/results/README.md, "Decode kernel
+    configuration"): with whole pages and an 8-bit pool, many (request, KV head) pairs and long enough contexts run
+    the block kernel (32-key tiles, one warp per program: no block-wide barrier, 2-3 stage cp.async pipeline, splits
+    for ~32 waves); few pairs run 64-key tiles on 4 warps with one or two waves of splits of >= 64 keys (the
+    latency of a short request is its serial tiles plus the merge). Otherwise the per-token-index tile kernel with
+    the earlier sweep's choice (64-key tiles, 2 warps, 8 waves of splits of >= 256 keys)."""
+    eight_bit = kv_dtype is None or kv_dtype.itemsize == 1
+    if page_size is None:
+        return dict(kernel="tiles", block_n=DEFAULT_BLOCK_N, num_warps=2, num_stages=2, waves=8,
+                    min_split=MIN_SPLIT_TOKENS)
+    if page_size % 64:  # small pages: the largest tile that stays inside one (plan_decode rejects pages < 16)
+        return dict(kernel="tiles", block_n=32 if page_size % 32 == 0 else 16, num_warps=2, num_stages=2, waves=8,
+                    min_split=MIN_SPLIT_TOKENS)
+    if not eight_bit:
+        return dict(kernel="tiles", block_n=64, num_warps=2, num_stages=2, waves=8, min_split=MIN_SPLIT_TOKENS)
+    if batch * num_kv_heads >= 8 and batch * max_keys >= 32768:
+        return dict(kernel="blocks", block_n=32, num_warps=1, num_stages=3 if head_dim <= 128 else 2, waves=32,
+                    min_split=MIN_SPLIT_TOKENS)
+    return dict(kernel="tiles", block_n=64, num_warps=4, num_stages=3, waves=2, min_split=64)
 
 
 def plan_decode(kv_indptr: torch.Tensor, *, num_q_heads: int, num_kv_heads: int, head_dim: int,
                 window: Optional[int] = None, max_seq_len: Optional[int] = None, num_splits: Optional[int] = None,
-                block_n: int = DEFAULT_BLOCK_N, num_warps: int = 2, num_stages: int = 2,
-                prefetch: bool = False, fp16_tiles: bool = True) -> DecodePlan:
-    """Pick the split count for a batch and allocate the partial buffers.
+                block_n: Optional[int] = None, num_warps: Optional[int] = None, num_stages: Optional[int] = None,
+                prefetch: bool = False, fp16_tiles: bool = True, page_size: Optional[int] = None,
+                kernel: Optional[str] = None, waves: Optional[int] = None, min_split: Optional[int] = None,
+                kv_dtype: Optional[torch.dtype] = None) -> DecodePlan:
+    """Pick the kernel configuration and split count for a batch, and allocate the partial buffers.
 
     ``max_seq_len`` (a host int) avoids reading ``kv_indptr`` back from the device; without it the plan syncs once.
+    ``page_size``: the requests own whole pages of this many slots (SGLang's paged allocator; an MXFP8 pool is
+    always paged by 128), so each tile's slots are found from one index; ``block_n`` must divide it.
+    ``validate_slots(..., page_size=...)`` checks that contract.
+    ``kv_dtype``: the pool's element dtype (the configuration differs for 8-bit and 16-bit pools; None: 8-bit).
+    Configuration arguments left at None come from ``choose_config``.
     """
     if not isinstance(kv_indptr, torch.Tensor) or kv_indptr.dim() != 1 or kv_indptr.dtype not in (torch.int32,
                                                                                                    torch.int64):
         raise TypeError("kv_indptr must be a 1-D int32/int64 tensor")
     if kv_indptr.numel() < 2:
         raise ValueError(f"kv_indptr must have batch + 1 >= 2 entries, got {kv_indptr.numel()}")
-    for name, value in (("num_q_heads", num_q_heads), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim),
-                        ("block_n", block_n)):
+    for name, value in (("num_q_heads", num_q_heads), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
         if not isinstance(value, int) or value <= 0:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     if num_q_heads % num_kv_heads:
@@ -419,8 +508,33 @@ def plan_decode(kv_indptr: torch.Tensor, *, num_q_heads: int, num_kv_heads: int,
     if max_seq_len is None:
         max_seq_len = int(kv_indptr.diff().max())
     max_keys = max(1, min(max_seq_len, window) if window is not None else max_seq_len)
+    chosen = choose_config(batch, num_kv_heads, head_dim, max_keys, page_size, kv_dtype)
+    kernel = chosen["kernel"] if kernel is None else kernel
+    block_n = chosen["block_n"] if block_n is None else block_n
+    num_warps = chosen["num_warps"] if num_warps is None else num_warps
+    num_stages = chosen["num_stages"] if num_stages is None else num_stages
+    waves = chosen["waves"] if waves is None else waves
+    min_split = chosen["min_split"] if min_split is None else min_split
+    for name, value in (("block_n", block_n), ("num_warps", num_warps), ("num_stages", num_stages),
+                        ("waves", waves), ("min_split", min_split)):
+        if not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if block_n < 16 or block_n & (block_n - 1):
+        raise ValueError(f"block_n must be a power of two >= 16, got {block_n}")
+    if kernel not in ("tiles", "blocks"):
+        raise ValueError(f"kernel must be 'tiles' or 'blocks', got {kernel!r}")
+    if page_size is not None:
+        if not isinstance(page_size, int) or page_size <= 0 or page_size % block_n:
+            raise ValueError(f"page_size must be a positive multiple of block_n={block_n}, got {page_size!r}")
+        if prefetch:
+            raise ValueError("prefetch=True is not implemented for page_size (page-aligned tiles)")
+    elif kernel == "blocks":
+        raise ValueError("kernel='blocks' needs page_size (it reads page-aligned tiles)")
+    if page_size is not None and window is not None and window < max_seq_len:
+        max_keys += block_n - 1  # page-aligned tiles start up to block_n - 1 keys before the window
     if num_splits is None:
-        num_splits = choose_num_splits(batch, num_kv_heads, max_keys, _num_sms(kv_indptr.device), block_n)
+        num_splits = choose_num_splits(batch, num_kv_heads, max_keys, _num_sms(kv_indptr.device), block_n,
+                                       waves=waves, min_split=min_split)
     if not isinstance(num_splits, int) or num_splits <= 0:
         raise ValueError(f"num_splits must be a positive int, got {num_splits!r}")
     split_len = triton.cdiv(triton.cdiv(max_keys, num_splits), block_n) * block_n
@@ -431,7 +545,7 @@ def plan_decode(kv_indptr: torch.Tensor, *, num_q_heads: int, num_kv_heads: int,
         part_o = torch.empty((batch, num_q_heads, num_splits, head_dim), dtype=torch.float32, device=dev)
         part_lse = torch.empty((batch, num_q_heads, num_splits), dtype=torch.float32, device=dev)
     return DecodePlan(batch, num_q_heads, num_kv_heads, head_dim, window, num_splits, split_len, block_n,
-                      num_warps, num_stages, part_o, part_lse, prefetch, fp16_tiles)
+                      num_warps, num_stages, part_o, part_lse, prefetch, fp16_tiles, page_size, kernel)
 
 
 def interpreting() -> bool:
@@ -515,8 +629,10 @@ def check_decode_inputs(q: torch.Tensor, kv: PagedKV, kv_indptr: torch.Tensor, k
         raise ValueError(f"kv_indptr must have batch + 1 = {q.shape[0] + 1} entries, got {kv_indptr.numel()}")
 
 
-def validate_slots(kv: PagedKV, kv_indptr: torch.Tensor, kv_indices: torch.Tensor) -> None:
-    """Range checks that read the indices back (one device sync): call once per batch, e.g. at plan time."""
+def validate_slots(kv: PagedKV, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
+                   page_size: Optional[int] = None) -> None:
+    """Range checks that read the indices back (one device sync): call once per batch, e.g. at plan time.
+    With ``page_size``, also that every request owns whole pages (its token t in slot ``page * P + t % P``)."""
     if int(kv_indptr[0]) != 0 or bool((kv_indptr[1:] < kv_indptr[:-1]).any()):
         raise ValueError("kv_indptr must start at 0 and be non-decreasing")
     total = int(kv_indptr[-1])
@@ -528,6 +644,18 @@ def validate_slots(kv: PagedKV, kv_indptr: torch.Tensor, kv_indices: torch.Tenso
     if used.numel() and (int(used.min()) < 0 or int(used.max()) >= kv.num_slots):
         raise ValueError(f"kv_indices must be slots in [0, {kv.num_slots}), got "
                          f"[{int(used.min())}, {int(used.max())}]")
+    if page_size is not None and used.numel():
+        used = used.long()
+        lengths = kv_indptr[1:] - kv_indptr[:-1]
+        pos = torch.arange(total, device=used.device) - torch.repeat_interleave(kv_indptr[:-1].long(), lengths)
+        in_page = pos % page_size
+        page_first = torch.arange(total, device=used.device) - in_page  # index of the token opening its page
+        bad = (used % page_size != in_page) | (used - in_page != used[page_first])
+        if bool(bad.any()):
+            t = int(bad.nonzero()[0])
+            raise ValueError(f"kv_indices are not whole pages of page_size={page_size}: entry {t} (token "
+                             f"{int(pos[t])} of its request) is slot {int(used[t])}; token t must be in slot "
+                             f"page * {page_size} + t % {page_size} with one page per {page_size} tokens")
 
 
 def run_decode(plan: DecodePlan, q: torch.Tensor, kv: PagedKV, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
@@ -559,7 +687,13 @@ def run_decode(plan: DecodePlan, q: torch.Tensor, kv: PagedKV, kv_indptr: torch.
     direct = plan.num_splits == 1
     dummy = out
     grid = (batch, hkv, plan.num_splits)
-    plan.compiled = _decode_split_kernel[grid](  # kept for resource reports (registers, spills)
+    if plan.kernel == "blocks":
+        pv_dtype = tl.float32 if interpreting() else (_dot_dtype(kv) if fmt == KV_FLOAT else tl.float16)
+        kernel, variant = _decode_paged_split_kernel, dict(PV_DTYPE=pv_dtype)
+    else:
+        kernel, variant = _decode_split_kernel, dict(DOT_DTYPE=dot_dtype, PREFETCH=plan.prefetch,
+                                                     FP16_TILES=fp16_tiles, PAGED=plan.paged)
+    plan.compiled = kernel[grid](  # kept for resource reports (registers, spills)
         q, kv.k_buffer, kv.v_buffer, ksf, vsf,
         kv_indptr, kv_indices,
         rb if rb is not None else dummy, params.sinks if params.sinks is not None else dummy,
@@ -573,10 +707,9 @@ def run_decode(plan: DecodePlan, q: torch.Tensor, kv: PagedKV, kv_indptr: torch.
         params.window if params.window is not None else 0,
         plan.split_len, plan.num_splits,
         G=group, G_PAD=max(16, triton.next_power_of_2(group)), D=d, HKV=hkv, BLOCK_N=plan.block_n,
-        KV_FORMAT=fmt, PAGE=page, INTERLEAVED=interleaved, DOT_DTYPE=dot_dtype,
+        KV_FORMAT=fmt, PAGE=page, INTERLEAVED=interleaved,
         HAS_REL_BIAS=rb is not None, HAS_WINDOW=params.window is not None, HAS_CAP=params.logit_cap > 0,
-        HAS_SINKS=params.sinks is not None, DIRECT=direct,
-        PREFETCH=plan.prefetch, FP16_TILES=fp16_tiles,
+        HAS_SINKS=params.sinks is not None, DIRECT=direct, **variant,
         num_warps=plan.num_warps, num_stages=plan.num_stages,
     )
     if not direct:
@@ -585,7 +718,8 @@ def run_decode(plan: DecodePlan, q: torch.Tensor, kv: PagedKV, kv_indptr: torch.
             out.stride(0), out.stride(1), params.window if params.window is not None else 0,
             plan.split_len, plan.num_splits,
             HQ=hq, D=d, HAS_WINDOW=params.window is not None, HAS_SINKS=params.sinks is not None,
-            SPLIT_BLOCK=min(32, triton.next_power_of_2(plan.num_splits)), num_warps=4 if d >= 128 else 2,
+            SPLIT_BLOCK=min(32, triton.next_power_of_2(plan.num_splits)), ALIGN=plan.block_n if plan.paged else 1,
+            num_warps=4 if d >= 128 else 2,
         )
     return out
 
@@ -598,7 +732,11 @@ def paged_decode_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: torch.Tensor
     ``plan_options`` are passed to ``plan_decode`` (kernel configuration: block_n, num_warps, ...)."""
     check_decode_inputs(q, kv, kv_indptr, kv_indices, params, out)
     if validate:
-        validate_slots(kv, kv_indptr, kv_indices)
+        validate_slots(kv, kv_indptr, kv_indices, page_size=(plan_options or {}).get("page_size"))
+    options = {"kv_dtype": kv.k_buffer.dtype, **(plan_options or {})}
     plan = plan_decode(kv_indptr, num_q_heads=q.shape[1], num_kv_heads=kv.num_kv_heads, head_dim=q.shape[2],
-                       window=params.window, max_seq_len=max_seq_len, num_splits=num_splits, **(plan_options or {}))
+                       window=params.window, max_seq_len=max_seq_len, num_splits=num_splits, **options)
     return run_decode(plan, q, kv, kv_indptr, kv_indices, params, out=out, check=False)
+
+
+from .decode_paged import _decode_paged_split_kernel  # noqa: E402  (it imports this module's helpers)

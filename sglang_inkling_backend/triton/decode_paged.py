@@ -1,0 +1,205 @@
+"""Split-KV decode over a pool whose requests own whole pages: the kernel behind ``plan_decode(page_size=...)``.
+
+When every request's token ``t`` lives in slot ``page_table[t // P] * P + t % P`` (SGLang's paged allocator, and
+the only layout an MXFP8 pool has: page 128), a tile of ``BLOCK_N`` keys (``BLOCK_N`` divides ``P``) is one run
+of contiguous slots. The kernel reads one index per tile instead of one per key, and every address of the tile is
+that slot plus a constant pattern, which the software pipeline can prefetch several tiles ahead.
+
+The head dimension is processed as ``NB = D / 32`` channel blocks, each its own ``[BLOCK_N, 32]`` tile (a tuple
+of NB tensors; no reshapes, so each tile goes from the load to its dot without a layout change):
+- ``q.k``: one dot per block, each block's logits times that block's K scales (``2**(e - 127)`` from the exponent
+  bits), so K needs only the exact e4m3 -> fp16 conversion;
+- ``p @ V``: the probabilities times each block's V scales, rounded to bf16 (V in bf16 is exact for e4m3), one dot
+  per block into its own ``[G, 32]`` accumulator.
+No step reduces across the tile. bf16 / fp16 pools use the same kernel without scales; per-tensor fp8 applies its
+two scalars.
+
+Semantics are the reference's (``reference.attention.paged_decode_attention``), like ``_decode_split_kernel``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .decode_attention import scale_offsets, soft_cap
+
+
+@triton.jit
+def _decode_paged_split_kernel(
+    q_ptr, k_ptr, v_ptr, ksf_ptr, vsf_ptr,
+    kv_indptr_ptr, kv_indices_ptr,
+    rel_bias_ptr, sinks_ptr,
+    out_ptr, part_o_ptr, part_lse_ptr,
+    stride_qb, stride_qh,
+    stride_k_slot, stride_k_head, stride_v_slot, stride_v_head,
+    stride_rb_row, stride_rb_head, rel_extent,
+    stride_ob, stride_oh,
+    sm_scale, k_scale, v_scale, logit_cap, window,
+    split_len, max_splits,
+    G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, HKV: tl.constexpr, BLOCK_N: tl.constexpr,
+    KV_FORMAT: tl.constexpr, PAGE: tl.constexpr, INTERLEAVED: tl.constexpr, PV_DTYPE: tl.constexpr,
+    # PV_DTYPE: the p @ V dot's operands (bf16; the pool's float dtype for float pools; float32 interpreted)
+    HAS_REL_BIAS: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr, HAS_SINKS: tl.constexpr,
+    DIRECT: tl.constexpr,
+):
+    NB: tl.constexpr = D // 32
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    split = tl.program_id(2)
+
+    kv_start = tl.load(kv_indptr_ptr + b).to(tl.int64)
+    seq_len = (tl.load(kv_indptr_ptr + b + 1) - tl.load(kv_indptr_ptr + b)).to(tl.int32)
+    first = 0
+    if HAS_WINDOW:
+        first = tl.maximum(seq_len - window, 0)
+    # tiles start at multiples of BLOCK_N (so they never cross a page); keys before `first` are masked
+    tok_begin = (first // BLOCK_N) * BLOCK_N + split * split_len
+    tok_end = tl.minimum(tok_begin + split_len, seq_len)
+    if tok_begin >= tok_end:
+        return
+    q_pos = seq_len - 1
+
+    offs_g = tl.arange(0, G_PAD)
+    offs_c = tl.arange(0, 32)
+    mask_g = offs_g < G
+    heads = h * G + offs_g
+    q_rows = q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_c[None, :]
+    q_max = 0.0
+    for j in tl.static_range(NB):
+        q_max = tl.maximum(q_max, tl.max(tl.max(tl.abs(tl.load(q_rows + 32 * j, mask=mask_g[:, None],
+                                                                  other=0.0).to(tl.float32)), 1), 0))
+    qk_scale = sm_scale * 1.4426950408889634  # logits in base 2: exp2 is the native instruction
+    if KV_FORMAT == 1:
+        qk_scale = qk_scale * k_scale
+    if KV_FORMAT == 0:
+        q_norm = 1.0
+        Q_DTYPE: tl.constexpr = PV_DTYPE
+    else:
+        # q * 2**(127 - E) has |q| < 2 (E: the biased exponent of max|q|), exact in fp16 for bf16 q down to 2**-14
+        # of its largest element; 2**(E - 127) moves into the logit scale
+        q_exp = (q_max.to(tl.int32, bitcast=True) >> 23) & 0xFF
+        q_norm = ((254 - q_exp) << 23).to(tl.float32, bitcast=True)
+        qk_scale = qk_scale * (q_exp << 23).to(tl.float32, bitcast=True)
+        Q_DTYPE: tl.constexpr = tl.float32 if PV_DTYPE == tl.float32 else tl.float16
+    qs = ()
+    accs = ()
+    units = ()
+    for j in tl.static_range(NB):
+        qj = tl.load(q_rows + 32 * j, mask=mask_g[:, None], other=0.0).to(tl.float32) * q_norm
+        qs = qs + (qj.to(Q_DTYPE),)
+        accs = accs + (tl.zeros([G_PAD, 32], tl.float32),)
+        units = units + (tl.zeros([], tl.int32) + 1,)  # the smallest scale exponent: 2**-126
+    m_i = tl.full([G_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([G_PAD], tl.float32)
+
+    offs_t = tl.arange(0, BLOCK_N)
+    k_tile = (offs_t * stride_k_slot)[:, None] + offs_c[None, :]  # a tile's offsets from its first slot
+    v_tile = (offs_t * stride_v_slot)[:, None] + offs_c[None, :]
+    idx_ptr = kv_indices_ptr + kv_start
+    for start in range(tok_begin, tok_end, BLOCK_N):
+        offs_n = start + offs_t
+        mask_n = offs_n < tok_end
+        if HAS_WINDOW:
+            mask_n = mask_n & (offs_n >= first)
+        slot0 = tl.load(idx_ptr + start).to(tl.int64)
+        k_base = k_ptr + (slot0 * stride_k_slot + h * stride_k_head)
+        v_base = v_ptr + (slot0 * stride_v_slot + h * stride_v_head)
+        if KV_FORMAT == 2:
+            if INTERLEAVED:
+                # (page, head) atoms of [32, PAGE // 32, NB] bytes; the tile stays inside one page
+                po = (slot0 % PAGE).to(tl.int32) + offs_t
+                sf_off = ((slot0 // PAGE) * HKV + h) * (PAGE * NB) + ((po % 32) * (PAGE // 32) + po // 32) * NB
+            else:
+                sf_off = (slot0 * HKV + h) * NB + offs_t * (HKV * NB)
+
+        qk = tl.zeros([G_PAD, BLOCK_N], tl.float32)
+        for j in tl.static_range(NB):
+            kj = tl.load(k_base + k_tile + 32 * j, mask=mask_n[:, None], other=0.0)
+            if KV_FORMAT == 0:
+                qkj = tl.dot(qs[j], tl.trans(kj.to(Q_DTYPE)))
+            else:
+                qkj = tl.dot(qs[j], tl.trans(kj.to(Q_DTYPE)))
+            if KV_FORMAT == 2:
+                ks = tl.load(ksf_ptr + sf_off + j, mask=mask_n, other=127)
+                qk += qkj * (ks.to(tl.int32) << 23).to(tl.float32, bitcast=True)[None, :]
+            else:
+                qk += qkj
+
+        if HAS_CAP:
+            # the cap applies to the natural-base logit (after the bias)
+            qk = qk * (qk_scale / 1.4426950408889634)
+            if HAS_REL_BIAS:
+                dist = q_pos - offs_n
+                if start + BLOCK_N - 1 > q_pos - rel_extent:
+                    in_reach = mask_n & (dist < rel_extent)
+                    qk += tl.load(rel_bias_ptr + b * stride_rb_row + heads[:, None] * stride_rb_head
+                                  + dist[None, :], mask=mask_g[:, None] & in_reach[None, :], other=0.0)
+            qk = soft_cap(qk, logit_cap) * 1.4426950408889634
+        else:
+            qk = qk * qk_scale
+            if HAS_REL_BIAS:
+                dist = q_pos - offs_n
+                if start + BLOCK_N - 1 > q_pos - rel_extent:
+                    in_reach = mask_n & (dist < rel_extent)
+                    qk += tl.load(rel_bias_ptr + b * stride_rb_row + heads[:, None] * stride_rb_head
+                                  + dist[None, :], mask=mask_g[:, None] & in_reach[None, :],
+                                  other=0.0).to(tl.float32) * 1.4426950408889634
+        qk = tl.where(mask_n[None, :], qk, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        # accumulators are rescaled only when a row's max moved or (MXFP8) a block's unit changed: rare on long
+        # contexts, so most tiles accumulate straight into them
+        moved = tl.min(alpha, 0) != 1.0
+        new_accs = ()
+        new_units = ()
+        for j in tl.static_range(NB):
+            vj = tl.load(v_base + v_tile + 32 * j, mask=mask_n[:, None], other=0.0)
+            acc = accs[j]
+            if KV_FORMAT == 2:
+                # block j's output is acc * 2**(unit - 127), unit = the largest V scale exponent seen in the block;
+                # p times 2**(e - unit) <= 1 is safe in fp16 (V in fp16 is exact for e4m3)
+                e = tl.load(vsf_ptr + sf_off + j, mask=mask_n, other=0).to(tl.int32)
+                unit = tl.maximum(units[j], tl.max(e, 0))
+                rel = tl.maximum(e - unit, -126)
+                pj = p * ((rel + 127) << 23).to(tl.float32, bitcast=True)[None, :]
+                if moved or unit != units[j]:
+                    acc = acc * (alpha * ((units[j] - unit + 127) << 23).to(tl.float32, bitcast=True))[:, None]
+                new_units = new_units + (unit,)
+                new_accs = new_accs + (tl.dot(pj.to(PV_DTYPE), vj.to(PV_DTYPE), acc),)
+            else:
+                if moved:
+                    acc = acc * alpha[:, None]
+                new_accs = new_accs + (tl.dot(p.to(PV_DTYPE), vj.to(PV_DTYPE), acc),)
+        accs = new_accs
+        if KV_FORMAT == 2:
+            units = new_units
+        m_i = m_new
+
+    if DIRECT and HAS_SINKS:
+        sink = tl.load(sinks_ptr + heads, mask=mask_g, other=0.0).to(tl.float32) * 1.4426950408889634
+        m_fin = tl.maximum(m_i, sink)
+        scale_old = tl.exp2(m_i - m_fin)
+        l_i = l_i * scale_old + tl.exp2(sink - m_fin)
+        m_i = m_fin
+    else:
+        scale_old = tl.full([G_PAD], 1.0, tl.float32)
+    o_scale = scale_old / l_i
+    if KV_FORMAT == 1:
+        o_scale = o_scale * v_scale
+    part_row = (b * (HKV * G) + heads).to(tl.int64) * max_splits + split
+    for j in tl.static_range(NB):
+        o = accs[j] * o_scale[:, None]
+        if KV_FORMAT == 2:
+            o = o * (units[j] << 23).to(tl.float32, bitcast=True)
+        if DIRECT:
+            tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + 32 * j + offs_c[None, :],
+                     o.to(out_ptr.dtype.element_ty), mask=mask_g[:, None])
+        else:
+            # part_o [B, Hq, max_splits, D], part_lse [B, Hq, max_splits]
+            tl.store(part_o_ptr + part_row[:, None] * D + 32 * j + offs_c[None, :], o, mask=mask_g[:, None])
+    if not DIRECT:
+        tl.store(part_lse_ptr + part_row, m_i + tl.log2(l_i), mask=mask_g)
