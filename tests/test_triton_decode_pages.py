@@ -1,0 +1,191 @@
+"""Decode over whole pages (``plan_decode(page_size=...)``): the page-aligned tile kernel and the block kernel
+(``decode_paged``) against the torch reference on the CPU under the Triton interpreter, the page contract's
+validation, and the configuration choice.
+
+Error bounds as in test_triton_decode_attention.py: under the interpreter the dots run in float32; the tile
+kernel rounds the probabilities to fp16 for 8-bit pools (bound 5e-4, fp16's unit roundoff is 2**-11); the block
+kernel's p.V dot runs in float32 there (bound 1e-5, like float pools).
+"""
+
+import math
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # must precede the first import of triton's jit
+
+triton = pytest.importorskip("triton")
+
+from sglang_inkling_backend import mxfp8  # noqa: E402
+from sglang_inkling_backend.reference.attention import AttentionParams, PagedKV  # noqa: E402
+from sglang_inkling_backend.reference.attention import paged_decode_attention as reference_decode  # noqa: E402
+from sglang_inkling_backend.scale_layout import ScaleLayout  # noqa: E402
+from sglang_inkling_backend.triton.decode_attention import (  # noqa: E402
+    choose_config, paged_decode_attention, plan_decode, run_decode, validate_slots)
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def whole_pages_batch(lens, page, gen):
+    """Each request owns whole pages, in random order (page 0 left out, SGLang's padding sink): token t of a request
+    sits in slot page_table[t // page] * page + t % page. Returns (indptr, indices, slots in the pool)."""
+    counts = [math.ceil(n / page) for n in lens]
+    order = torch.randperm(sum(counts), generator=gen) + 1
+    parts, used = [], 0
+    for n, c in zip(lens, counts):
+        t = torch.arange(n)
+        parts.append(order[used + t // page] * page + t % page)
+        used += c
+    indptr = torch.tensor([0] + lens).cumsum(0).to(torch.int32)
+    return indptr.to(DEV), torch.cat(parts).to(torch.int32).to(DEV), (sum(counts) + 1) * page
+
+
+def make_pool(fmt, slots, hkv, d, page, gen):
+    """A pool filled through the torch quantizer (the store kernel's bytes are tested identical to it elsewhere);
+    blocks scaled by 2**-2 .. 2**2, so a wrong block scale moves the output while the softmax stays spread over
+    many keys (a wider range makes it one-hot, and a dropped split then changes nothing measurable)."""
+    spread = torch.exp2(torch.randint(-2, 3, (slots, hkv, d // 32, 1), generator=gen).float())
+    k = (torch.randn(slots, hkv, d // 32, 32, generator=gen) * spread).reshape(slots, hkv, d)
+    v = (torch.randn(slots, hkv, d // 32, 32, generator=gen) * spread.flip(2)).reshape(slots, hkv, d)
+    if fmt == "mxfp8":
+        layout = ScaleLayout.for_pool(slots, hkv, d, page)
+        pool = PagedKV(torch.empty(slots, hkv, d, dtype=torch.float8_e4m3fn), torch.empty(slots, hkv, d,
+                       dtype=torch.float8_e4m3fn), layout.empty("cpu"), layout.empty("cpu"), layout)
+        loc = torch.arange(slots)
+        for x, data, scales in ((k, pool.k_buffer, pool.k_scales), (v, pool.v_buffer, pool.v_scales)):
+            q8, sf = mxfp8.quantize(x.bfloat16())
+            data.copy_(q8.view(slots, hkv, d))
+            layout.scatter(scales, loc, sf.view(slots, hkv, d // 32))
+        return PagedKV(pool.k_buffer.to(DEV), pool.v_buffer.to(DEV), pool.k_scales.to(DEV), pool.v_scales.to(DEV),
+                       layout)
+    if fmt == "fp8":
+        return PagedKV((k / 8).to(torch.float8_e4m3fn).to(DEV), (v / 4).to(torch.float8_e4m3fn).to(DEV), k_scale=8.0,
+                       v_scale=4.0)
+    return PagedKV(k.to(getattr(torch, fmt)).to(DEV), v.to(getattr(torch, fmt)).to(DEV))
+
+
+def rel_err(out, ref):
+    return ((out.float() - ref).norm() / ref.norm()).item()
+
+
+MODES = {
+    "plain": lambda b, hq, d, g: AttentionParams(d ** -0.5),
+    "inkling": lambda b, hq, d, g: AttentionParams(1.0 / d, rel_bias=torch.randn(b, hq, 96, generator=g).to(DEV)),
+    # window 100: the first page-aligned tile starts before the window, so its leading keys are masked
+    "inkling-local": lambda b, hq, d, g: AttentionParams(1.0 / d, window=100,
+                                                         rel_bias=torch.randn(b, hq, 64, generator=g).to(DEV)),
+    "generic": lambda b, hq, d, g: AttentionParams(d ** -0.5, window=150, logit_cap=2.0,
+                                                   sinks=torch.randn(hq, generator=g).to(DEV)),
+}
+KERNELS = {"tiles": dict(kernel="tiles", block_n=32, num_warps=2),
+           "blocks": dict(kernel="blocks", block_n=32, num_warps=1)}
+CASES = ([("mxfp8", 128, mode) for mode in sorted(MODES)]  # the production layout, every mode
+         + [("mxfp8", 32, "inkling-local"),  # the flat scale layout, pages of 32
+            ("bfloat16", 128, "generic"), ("fp8", 128, "inkling")])
+
+
+def tolerance(fmt, kernel):
+    return 5e-4 if fmt in ("mxfp8", "fp8") and kernel == "tiles" else 1e-5
+
+
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
+@pytest.mark.parametrize("fmt,page,mode", CASES)
+def test_whole_pages_match_reference(kernel, fmt, page, mode):
+    gen = torch.Generator().manual_seed(hash((kernel, fmt, page, mode)) % 2**31)
+    hq, hkv, d = 8, 2, 64
+    lens = [1, 70, 259]  # one key; a partial page; pages + a partial tile (3 splits of 96 keys)
+    indptr, indices, slots = whole_pages_batch(lens, page, gen)
+    pool = make_pool(fmt, slots, hkv, d, page, gen)
+    q = torch.randn(len(lens), hq, d, generator=gen).bfloat16().to(DEV)
+    params = MODES[mode](len(lens), hq, d, gen)
+    ref = reference_decode(q, pool, indptr, indices, params)
+    for num_splits in (1, 3):  # the direct path and the split + merge path
+        out = torch.full(q.shape, float("nan"), device=DEV)
+        paged_decode_attention(q, pool, indptr, indices, params, num_splits=num_splits, out=out,
+                               plan_options=dict(page_size=page, **KERNELS[kernel]))
+        assert not torch.isnan(out).any()
+        assert rel_err(out, ref) < tolerance(fmt, kernel), (num_splits, rel_err(out, ref))
+
+
+def test_block_kernel_head_dim_256_and_group_4():
+    """Gemma-3's geometry (8 channel blocks per head, 4 query heads per KV head) through the block kernel."""
+    gen = torch.Generator().manual_seed(11)
+    hq, hkv, d = 4, 1, 256
+    indptr, indices, slots = whole_pages_batch([200, 5], 128, gen)
+    pool = make_pool("mxfp8", slots, hkv, d, 128, gen)
+    q = torch.randn(2, hq, d, generator=gen).bfloat16().to(DEV)
+    params = MODES["inkling"](2, hq, d, gen)
+    out = paged_decode_attention(q, pool, indptr, indices, params, out=torch.full(q.shape, float("nan")),
+                                 plan_options=dict(page_size=128, kernel="blocks", block_n=16, num_warps=1))
+    assert rel_err(out, reference_decode(q, pool, indptr, indices, params)) < 1e-5
+
+
+def test_validate_slots_checks_the_page_contract():
+    gen = torch.Generator().manual_seed(5)
+    indptr, indices, slots = whole_pages_batch([70, 200], 32, gen)
+    pool = make_pool("bfloat16", slots, 1, 32, 32, gen)
+    validate_slots(pool, indptr, indices, page_size=32)  # whole pages: accepted
+    validate_slots(pool, indptr, indices)  # and without the contract
+    moved = indices.clone()
+    moved[75] = moved[75] + 1 if int(moved[75]) % 32 != 31 else moved[75] - 1  # token 5 of request 1 off its place
+    with pytest.raises(ValueError, match=r"not whole pages of page_size=32: entry 75 \(token 5 of its request\)"):
+        validate_slots(pool, indptr, moved, page_size=32)
+    swapped = indices.clone()
+    swapped[[0, 40]] = swapped[[40, 0]]  # tokens 0 and 40 sit in different pages
+    with pytest.raises(ValueError, match="not whole pages"):
+        validate_slots(pool, indptr, swapped, page_size=32)
+    with pytest.raises(ValueError, match="not whole pages"):  # through the one-call API (validate=True)
+        paged_decode_attention(torch.randn(2, 2, 32), pool, indptr, swapped, AttentionParams(0.1),
+                               plan_options=dict(page_size=32))
+
+
+def test_plan_rejects_bad_page_options():
+    indptr = torch.tensor([0, 100], dtype=torch.int32)
+    common = dict(num_q_heads=8, num_kv_heads=2, head_dim=64)
+    with pytest.raises(ValueError, match="page_size must be a positive multiple of block_n=64"):
+        plan_decode(indptr, page_size=96, block_n=64, **common)
+    with pytest.raises(ValueError, match="page_size must be a positive multiple of block_n"):
+        plan_decode(indptr, page_size=8, **common)  # pages smaller than the smallest tile
+    with pytest.raises(ValueError, match="kernel='blocks' needs page_size"):
+        plan_decode(indptr, kernel="blocks", **common)
+    with pytest.raises(ValueError, match="kernel must be 'tiles' or 'blocks'"):
+        plan_decode(indptr, kernel="fast", page_size=128, **common)
+    with pytest.raises(ValueError, match="prefetch=True is not implemented for page_size"):
+        plan_decode(indptr, page_size=128, prefetch=True, **common)
+    with pytest.raises(ValueError, match="block_n must be a power of two >= 16, got 48"):
+        plan_decode(indptr, block_n=48, **common)
+
+
+def test_plan_reuses_across_layers_and_window_splits_cover_the_window():
+    """A window that does not start on a tile boundary: splits start at the tile before it, and the merge counts
+    the same splits (a missed split would drop keys, an extra one would read -inf partials)."""
+    gen = torch.Generator().manual_seed(9)
+    hq, hkv, d = 4, 1, 32
+    indptr, indices, slots = whole_pages_batch([300, 33], 64, gen)
+    params = AttentionParams(d ** -0.5, window=150)
+    plan = plan_decode(indptr, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, window=150, page_size=64,
+                       kernel="blocks", block_n=32, num_warps=1, num_splits=6)
+    # request 0's window is keys 150 .. 299; its tiles start at 128, so 172 keys in 6 splits of 32 (a merge that
+    # counted only the window's 150 keys would see 5 and drop keys 288 .. 299)
+    assert plan.split_len == 32 and plan.num_splits == 6
+    for layer in range(2):
+        pool = make_pool("mxfp8", slots, hkv, d, 64, gen)
+        q = torch.randn(2, hq, d, generator=gen).bfloat16().to(DEV)
+        out = run_decode(plan, q, pool, indptr, indices, params, out=torch.full(q.shape, float("nan")))
+        assert rel_err(out, reference_decode(q, pool, indptr, indices, params)) < 1e-5, layer
+
+
+@pytest.mark.parametrize("batch,hkv,d,keys,dtype,expect", [
+    (128, 2, 128, 32768, torch.float8_e4m3fn, dict(kernel="blocks", block_n=32, num_warps=1, num_stages=3)),
+    (128, 1, 256, 16384, torch.float8_e4m3fn, dict(kernel="blocks", block_n=32, num_warps=1, num_stages=2)),
+    (2, 2, 128, 32768, torch.float8_e4m3fn, dict(kernel="tiles", block_n=64, num_warps=4, min_split=64)),
+    (1, 2, 128, 1024, torch.float8_e4m3fn, dict(kernel="tiles", block_n=64, num_warps=4, waves=2)),
+    (128, 2, 128, 32768, torch.bfloat16, dict(kernel="tiles", block_n=64, num_warps=2)),
+])
+def test_choose_config(batch, hkv, d, keys, dtype, expect):
+    got = choose_config(batch, hkv, d, keys, 128, dtype)
+    assert {k: got[k] for k in expect} == expect
+    assert choose_config(batch, hkv, d, keys, None, dtype)["kernel"] == "tiles"  # per-token indices: tiles only
+    assert choose_config(batch, hkv, d, keys, 32, dtype)["block_n"] == 32  # small pages: tiles inside a page
