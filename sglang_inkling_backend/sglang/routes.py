@@ -55,8 +55,12 @@ class TritonRoute:
     def decode(self, q: torch.Tensor, kv: PagedKV, rails: KVRails, params: AttentionParams,
                max_seq_len: Optional[int] = None) -> torch.Tensor:
         # With max_seq_len (a host int) the kernel's plan needs no device sync: what CUDA-graph capture needs.
+        # An MXFP8 pool is paged (page 128, forced by hooks.py): SGLang's paged allocator gives every request whole
+        # pages, the contract SGLang's own MXFP8 decode (FA4, which reads a page table) relies on too, so the
+        # kernel finds each tile's slots from one index.
+        options = {"page_size": kv.layout.page_size} if kv.is_mxfp8 and kv.layout.page_size % 16 == 0 else None
         return self.kernels.paged_decode_attention(q, kv, rails.indptr, rails.indices, params,
-                                                   max_seq_len=max_seq_len, validate=False)
+                                                   max_seq_len=max_seq_len, validate=False, plan_options=options)
 
     def extend(self, q: torch.Tensor, kv: PagedKV, rails: KVRails, qo_indptr: torch.Tensor,
                params: AttentionParams) -> torch.Tensor:
