@@ -16,7 +16,8 @@ permutation of pages) feeds every paged kernel.
 
 Writes ``<out>/<date>-<gpu>.json`` (a list of rows {"kernel","shape","Hq","Hkv","D","B","ctx","ms","GBps"}),
 ``<out>/<date>-<gpu>.png`` (GB/s against context per kernel) and prints a table with our ratios to FlashInfer.
-``--sweep`` first times kernel configurations of ours on a few shapes (rows with kernel ``ours_mxfp8[<cfg>]``).
+Ours runs ``plan_decode(page_size=128, kv_dtype=...)``'s own configuration (``choose_config``); kernel variants
+are compared in ``bench/sweep_decode_variants.py``.
 
 Run on the GPU machine (FlashInfer 0.5.3 from carried wheels, see bench/results/README.md):
     python bench/bench_decode.py --out $OUT
@@ -43,7 +44,6 @@ from sglang_inkling_backend.triton.decode_attention import plan_decode, run_deco
 from sglang_inkling_backend.triton.kv_store import store_kv_mxfp8  # noqa: E402
 
 PAGE = 128
-GRID_CFG = {}  # kernel configuration for the grid (the sweep's winner when --sweep)
 SHAPES = [("inkling-tp4", 16, 2, 128), ("gqa8-tp1", 64, 8, 128), ("gemma3-270m", 4, 1, 256)]
 BATCHES = [1, 8, 32, 128]
 CTXS = [1024, 4096, 16384, 32768]
@@ -123,7 +123,7 @@ class Case:
 
 
 def time_ours(case, kv, nbytes, eager=False, **cfg):
-    cfg = {**GRID_CFG, **cfg}
+    cfg = {"page_size": PAGE, "kv_dtype": kv.k_buffer.dtype, **cfg}
     plan = plan_decode(case.kv_indptr, num_q_heads=case.Hq, num_kv_heads=case.Hkv, head_dim=case.D,
                        max_seq_len=case.ctx, **cfg)
     out = torch.empty_like(case.q)
@@ -133,7 +133,7 @@ def time_ours(case, kv, nbytes, eager=False, **cfg):
         ms = bench(fn)
     else:
         ms, _ = bench_graph(fn, "ours")
-    return ms, nbytes / (ms * 1e-3) / 1e9, plan.num_splits
+    return ms, nbytes / (ms * 1e-3) / 1e9, plan
 
 
 def row(kernel, name, case, ms, gbps, **extra):
@@ -143,83 +143,9 @@ def row(kernel, name, case, ms, gbps, **extra):
     return r
 
 
-SWEEP_CONFIGS = [
-    dict(block_n=64, num_warps=4, num_stages=2),  # plan_decode's defaults (the first three runs' winner)
-    dict(block_n=64, num_warps=4, num_stages=3),
-    dict(block_n=16, num_warps=1, num_stages=2),  # one warp per program: no cross-warp reductions or barriers,
-    dict(block_n=16, num_warps=1, num_stages=3),  # many programs per SM
-    dict(block_n=32, num_warps=1, num_stages=2),
-    dict(block_n=32, num_warps=2, num_stages=2),
-    dict(block_n=32, num_warps=2, num_stages=3),
-    dict(block_n=64, num_warps=2, num_stages=2),
-    dict(block_n=32, num_warps=1, num_stages=2, fp16_tiles=True),
-    dict(block_n=64, num_warps=2, num_stages=2, fp16_tiles=True),
-]
-SPLIT_VARIANTS = (0,)  # indices of SWEEP_CONFIGS also timed with twice the default split count
-SWEEP_POINTS = [("inkling-tp4", 16, 2, 128, 128, 32768), ("inkling-tp4", 16, 2, 128, 8, 32768),
-                ("inkling-tp4", 16, 2, 128, 1, 32768), ("gqa8-tp1", 64, 8, 128, 32, 16384),
-                ("gemma3-270m", 4, 1, 256, 128, 16384)]
-
-
-def cfg_name(cfg):
-    return ",".join(f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in cfg.items())
-
-
-def run_sweep(dev, rows):
-    """Time configurations of ours; each one's output is compared with the default configuration's. Returns the
-    configuration with the best geometric-mean time over the sweep points (the grid then uses it)."""
-    best = {}
-    per_cfg = {}
-    for name, Hq, Hkv, D, B, ctx in SWEEP_POINTS:
-        case = Case(Hq, Hkv, D, B, ctx, dev, with_fp8=False)
-        ref = run_decode(plan_decode(case.kv_indptr, num_q_heads=Hq, num_kv_heads=Hkv, head_dim=D, max_seq_len=ctx),
-                         case.q, case.mx, case.kv_indptr, case.kv_indices, case.params).float()
-        ref_ms = time_ours(case, case.mx, case.bytes_mxfp8)[0]
-        for i, cfg in enumerate(SWEEP_CONFIGS):
-            for split_mult in ((1, 2) if i in SPLIT_VARIANTS else (1,)):
-                c = dict(cfg)
-                try:
-                    base = plan_decode(case.kv_indptr, num_q_heads=Hq, num_kv_heads=Hkv, head_dim=D,
-                                       max_seq_len=ctx, block_n=c.get("block_n", 64)).num_splits
-                    c["num_splits"] = base * split_mult
-                    ms, gbps, ns = time_ours(case, case.mx, case.bytes_mxfp8, **c)
-                    plan = plan_decode(case.kv_indptr, num_q_heads=Hq, num_kv_heads=Hkv, head_dim=D,
-                                       max_seq_len=ctx, **c)
-                    out = run_decode(plan, case.q, case.mx, case.kv_indptr, case.kv_indices, case.params).float()
-                    err = float((out - ref).norm() / ref.norm())
-                    ck = plan.compiled
-                    res = {"n_regs": getattr(ck, "n_regs", None), "n_spills": getattr(ck, "n_spills", None),
-                           "shared": getattr(getattr(ck, "metadata", None), "shared", None)}
-                    rows.append(row(f"ours_mxfp8[{cfg_name(c)}]", name, case, ms, gbps, num_splits=ns,
-                                    rel_diff_vs_default=err, **res))
-                    flag = "" if err < 1e-2 else "  WRONG OUTPUT"
-                    print(f"sweep {name} B={B} ctx={ctx} {cfg_name(c)}: {ms:.4f} ms {gbps:.0f} GB/s "
-                          f"diff {err:.1e} {res}{flag}", flush=True)
-                    key = (name, B, ctx)
-                    if err < 1e-2 and (key not in best or ms < best[key][0]):
-                        best[key] = (ms, cfg_name(c))
-                    if err < 1e-2 and split_mult == 1:
-                        per_cfg.setdefault(i, []).append(ms / ref_ms)
-                except Exception as e:  # noqa: BLE001
-                    print(f"sweep {name} {cfg_name(c)} failed: {repr(e)[:300]}", flush=True)
-        del case
-        torch.cuda.empty_cache()
-    for key, (ms, c) in best.items():
-        print(f"best {key}: {ms:.4f} ms with {c}", flush=True)
-    full = [i for i in per_cfg if len(per_cfg[i]) == len(SWEEP_POINTS)]
-    if not full:
-        return {}
-    gm = {i: math.exp(sum(math.log(x) for x in per_cfg[i]) / len(per_cfg[i])) for i in full}
-    winner = min(gm, key=gm.get)
-    print(f"sweep winner (geometric mean time vs the default plan {gm[winner]:.3f}): {SWEEP_CONFIGS[winner]}",
-          flush=True)
-    return dict(SWEEP_CONFIGS[winner])
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
-    ap.add_argument("--sweep", action="store_true", help="time configurations of ours first")
     ap.add_argument("--no-grid", action="store_true")
     ap.add_argument("--quick", action="store_true", help="a few grid points only")
     args = ap.parse_args()
@@ -241,13 +167,7 @@ def main():
         flashinfer = None
         meta["flashinfer_error"] = repr(e)[:300]
         print("flashinfer import failed:", repr(e)[:300], flush=True)
-    grid_cfg = {}
-    if args.sweep:
-        grid_cfg = run_sweep(dev, rows)
-    meta["grid_config"] = grid_cfg or "plan_decode defaults"
-    with open(os.path.join(args.out, "grid_config.json"), "w") as f:  # for gpu_tests (DECODE_PLAN_OPTIONS)
-        json.dump(grid_cfg, f)
-    GRID_CFG.update(grid_cfg)
+    meta["config"] = "plan_decode(page_size=128, kv_dtype=pool dtype) defaults (choose_config)"
     grid = [(s, b, c) for s in SHAPES for b in BATCHES for c in CTXS]
     if args.quick:
         grid = [(SHAPES[0], 1, 1024), (SHAPES[0], 128, 32768), (SHAPES[1], 32, 16384), (SHAPES[2], 8, 32768)]
@@ -266,8 +186,9 @@ def main():
                                           ("ours_bf16", case.bf, case.bytes_bf16, False),
                                           ("ours_mxfp8_eager", case.mx, case.bytes_mxfp8, True)):
             try:
-                ms, gbps, ns = time_ours(case, kv, nbytes, eager=eager)
-                rows.append(row(kernel, name, case, ms, gbps, num_splits=ns,
+                ms, gbps, plan = time_ours(case, kv, nbytes, eager=eager)
+                rows.append(row(kernel, name, case, ms, gbps, num_splits=plan.num_splits, variant=plan.kernel,
+                                block_n=plan.block_n, num_warps=plan.num_warps, num_stages=plan.num_stages,
                                 timing="eager" if eager else "cuda_graph"))
                 got[kernel] = ms
             except Exception as e:  # noqa: BLE001

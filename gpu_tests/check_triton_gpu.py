@@ -94,15 +94,26 @@ def check_store():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-def make_batch(hkv, d, lens, page=128):
+def make_batch(hkv, d, lens, page=128, whole_pages=False):
+    """Random K/V and a batch's slots: any slot per token, or (``whole_pages``) whole pages in random order, as
+    SGLang's paged allocator hands them out (token t in slot page_table[t // page] * page + t % page)."""
     total = sum(lens)
-    pages = (total + page - 1) // page + 2
+    pages = sum((n + page - 1) // page for n in lens) + 2
     slots = pages * page
     k = torch.randn(slots, hkv, d, device=DEV)
     v = torch.randn(slots, hkv, d, device=DEV)
     k, v = k.bfloat16(), v.bfloat16()
     indptr = torch.tensor([0] + lens, device=DEV).cumsum(0).to(torch.int32)
-    indices = (torch.randperm(slots - page, device=DEV)[:total] + page).to(torch.int32)  # never slot 0's page
+    if not whole_pages:
+        indices = (torch.randperm(slots - page, device=DEV)[:total] + page).to(torch.int32)  # never slot 0's page
+    else:
+        order = torch.randperm(pages - 1, device=DEV) + 1
+        parts, used = [], 0
+        for n in lens:
+            t = torch.arange(n, device=DEV)
+            parts.append(order[used + t // page] * page + t % page)
+            used += (n + page - 1) // page
+        indices = torch.cat(parts).to(torch.int32)
     return k, v, indptr, indices, slots
 
 
@@ -131,11 +142,20 @@ def reference_f64(q, kv, indptr, indices, params, float_kv=None):
     return out
 
 
+# Kernel configurations checked: the per-token-index tile kernel, plan_decode's own choice for whole pages, and
+# each paged variant forced (so both kernels are covered whatever the choice picks at these shapes)
+DECODE_CONFIGS = {
+    "per-token": {},
+    "pages(auto)": {"page_size": 128},
+    "pages(blocks)": {"page_size": 128, "kernel": "blocks", "block_n": 32, "num_warps": 1, "num_stages": 3},
+    "pages(tiles)": {"page_size": 128, "kernel": "tiles", "block_n": 64, "num_warps": 4, "num_stages": 3},
+}
+
+
 def check_decode():
+    configs = {"env": PLAN_OPTIONS} if PLAN_OPTIONS else DECODE_CONFIGS
     for hq, hkv, d in ((16, 2, 128), (64, 8, 128), (4, 1, 256)):
         lens = [int(x) for x in torch.randint(1, 12000 // SHRINK, (6,))] + [1, 129, 20000 // SHRINK]
-        k, v, indptr, indices, slots = make_batch(hkv, d, lens)
-        pool = mx_pool_from(k, v, 128)
         b = len(lens)
         q = torch.randn(b, hq, d, device=DEV).bfloat16()
         modes = {
@@ -144,24 +164,36 @@ def check_decode():
             "generic": AttentionParams(d ** -0.5, window=4096, logit_cap=30.0,
                                        sinks=torch.randn(hq, device=DEV) * 3),
         }
-        for mode, params in modes.items():
-            ref = reference_f64(q, pool, indptr, indices, params)
-            for ns in (None, 1, 64):
-                out = torch.full(q.shape, float("nan"), device=DEV)
-                paged_decode_attention(q, pool, indptr, indices, params, num_splits=ns, out=out, plan_options=PLAN_OPTIONS)
-                sync()
-                err = rel_err(out, ref)
-                nan = int(torch.isnan(out).sum())
-                record(f"decode mxfp8 {hq}/{hkv}/{d} {mode} splits={ns}", nan == 0 and err <= DECODE_TOL,
-                       rel_err=err, nan=nan, max_abs=float((out.double() - ref).abs().max()))
-        # the bf16 pool through the same kernel
+        batches = {whole: make_batch(hkv, d, lens, whole_pages=whole) for whole in (False, True)}
+        for whole, (k, v, indptr, indices, slots) in batches.items():
+            pool = mx_pool_from(k, v, 128)
+            for mode, params in modes.items():
+                ref = reference_f64(q, pool, indptr, indices, params)
+                for cname, options in configs.items():
+                    if bool(options.get("page_size")) != whole:
+                        continue
+                    for ns in (None, 1, 64):
+                        out = torch.full(q.shape, float("nan"), device=DEV)
+                        paged_decode_attention(q, pool, indptr, indices, params, num_splits=ns, out=out,
+                                               plan_options=options)
+                        sync()
+                        err = rel_err(out, ref)
+                        nan = int(torch.isnan(out).sum())
+                        record(f"decode mxfp8 {hq}/{hkv}/{d} {mode} {cname} splits={ns}",
+                               nan == 0 and err <= DECODE_TOL, rel_err=err, nan=nan,
+                               max_abs=float((out.double() - ref).abs().max()))
+        # the bf16 pool through the same kernels
+        k, v, indptr, indices, slots = batches[True]
         params = modes["inkling"]
         ref = reference_f64(q, None, indptr, indices, params, float_kv=(k.float(), v.float()))
-        out = torch.full(q.shape, float("nan"), device=DEV)
-        paged_decode_attention(q, PagedKV(k, v), indptr, indices, params, out=out)
-        sync()
-        err = rel_err(out, ref)
-        record(f"decode bf16 {hq}/{hkv}/{d} inkling", not torch.isnan(out).any() and err <= DECODE_TOL, rel_err=err)
+        for cname, options in (("per-token", {}), ("pages(auto)", {"page_size": 128}),
+                               ("pages(blocks)", DECODE_CONFIGS["pages(blocks)"])):
+            out = torch.full(q.shape, float("nan"), device=DEV)
+            paged_decode_attention(q, PagedKV(k, v), indptr, indices, params, out=out, plan_options=options)
+            sync()
+            err = rel_err(out, ref)
+            record(f"decode bf16 {hq}/{hkv}/{d} inkling {cname}", not torch.isnan(out).any() and err <= DECODE_TOL,
+                   rel_err=err)
 
 
 def check_format_error():
