@@ -180,8 +180,11 @@ def test_plan_reuses_across_layers_and_window_splits_cover_the_window():
 @pytest.mark.parametrize("batch,hkv,d,keys,dtype,expect", [
     (128, 2, 128, 32768, torch.float8_e4m3fn, dict(kernel="blocks", block_n=32, num_warps=1, num_stages=3)),
     (128, 1, 256, 16384, torch.float8_e4m3fn, dict(kernel="blocks", block_n=32, num_warps=1, num_stages=2)),
-    (2, 2, 128, 32768, torch.float8_e4m3fn, dict(kernel="tiles", block_n=64, num_warps=4, min_split=64)),
-    (1, 2, 128, 1024, torch.float8_e4m3fn, dict(kernel="tiles", block_n=64, num_warps=4, waves=2)),
+    (8, 1, 256, 16384, torch.float8_e4m3fn, dict(kernel="blocks")),  # 8 x 64 = 512 programs of 256 keys
+    (8, 2, 128, 4096, torch.float8_e4m3fn, dict(kernel="tiles", block_n=64, num_warps=2, waves=8)),  # 256
+    (8, 1, 256, 4096, torch.float8_e4m3fn, dict(kernel="tiles", num_warps=4, num_stages=3, waves=8)),
+    (1, 2, 128, 32768, torch.float8_e4m3fn, dict(kernel="tiles", block_n=64, num_warps=4, min_split=64)),
+    (8, 2, 128, 1024, torch.float8_e4m3fn, dict(kernel="tiles", block_n=64, num_warps=4, waves=2)),
     (128, 2, 128, 32768, torch.bfloat16, dict(kernel="tiles", block_n=64, num_warps=2)),
 ])
 def test_choose_config(batch, hkv, d, keys, dtype, expect):

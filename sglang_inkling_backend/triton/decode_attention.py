@@ -456,25 +456,30 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_keys: int, num_sms: int
 
 def choose_config(batch: int, num_kv_heads: int, head_dim: int, max_keys: int, page_size: Optional[int],
                   kv_dtype: Optional[torch.dtype]) -> dict:
-    """Kernel configuration for a batch, from the H200 variant sweeps (bench/results/README.md, "Decode kernel
-    configuration"): with whole pages and an 8-bit pool, many (request, KV head) pairs and long enough contexts run
-    the block kernel (32-key tiles, one warp per program: no block-wide barrier, 2-3 stage cp.async pipeline, splits
-    for ~32 waves); few pairs run 64-key tiles on 4 warps with one or two waves of splits of >= 64 keys (the
-    latency of a short request is its serial tiles plus the merge). Otherwise the per-token-index tile kernel with
-    the earlier sweep's choice (64-key tiles, 2 warps, 8 waves of splits of >= 256 keys)."""
+    """Kernel configuration for a batch, from the H200 runs (bench/results/README.md, "Decode configuration").
+
+    With whole pages and an 8-bit pool:
+    - enough work for 512+ programs of 256-key splits: the block kernel (32-key tiles, one warp per program, no
+      block-wide barrier, 2-3 stage cp.async pipeline, splits for ~32 waves); it needs many programs in flight;
+    - few (request, KV head) pairs or little work in all: 64-key tiles on 4 warps, one or two waves of splits of
+      >= 64 keys (a short batch's time is its serial tiles plus the merge);
+    - in between: 64-key tiles, 2 warps (4 at head_dim 256, where 2 spill), 8 waves of splits of >= 256 keys.
+    Otherwise (per-token indices, or 16-bit pools) the tile kernel with that last configuration."""
     eight_bit = kv_dtype is None or kv_dtype.itemsize == 1
-    if page_size is None:
-        return dict(kernel="tiles", block_n=DEFAULT_BLOCK_N, num_warps=2, num_stages=2, waves=8,
+    wide = head_dim > 128
+    middle = dict(kernel="tiles", block_n=DEFAULT_BLOCK_N, num_warps=4 if wide else 2, num_stages=3 if wide else 2,
+                  waves=8, min_split=MIN_SPLIT_TOKENS)
+    if page_size is not None and page_size % 64:  # small pages: the largest tile inside one (pages < 16: error)
+        return dict(middle, block_n=32 if page_size % 32 == 0 else 16)
+    if page_size is None or not eight_bit:
+        return middle
+    programs_at_256 = batch * num_kv_heads * -(-max_keys // MIN_SPLIT_TOKENS)
+    if programs_at_256 >= 512:
+        return dict(kernel="blocks", block_n=32, num_warps=1, num_stages=2 if wide else 3, waves=32,
                     min_split=MIN_SPLIT_TOKENS)
-    if page_size % 64:  # small pages: the largest tile that stays inside one (plan_decode rejects pages < 16)
-        return dict(kernel="tiles", block_n=32 if page_size % 32 == 0 else 16, num_warps=2, num_stages=2, waves=8,
-                    min_split=MIN_SPLIT_TOKENS)
-    if not eight_bit:
-        return dict(kernel="tiles", block_n=64, num_warps=2, num_stages=2, waves=8, min_split=MIN_SPLIT_TOKENS)
-    if batch * num_kv_heads >= 8 and batch * max_keys >= 32768:
-        return dict(kernel="blocks", block_n=32, num_warps=1, num_stages=3 if head_dim <= 128 else 2, waves=32,
-                    min_split=MIN_SPLIT_TOKENS)
-    return dict(kernel="tiles", block_n=64, num_warps=4, num_stages=3, waves=2, min_split=64)
+    if batch * num_kv_heads <= 2 or batch * max_keys <= 8192:
+        return dict(kernel="tiles", block_n=64, num_warps=4, num_stages=3, waves=2, min_split=64)
+    return middle
 
 
 def plan_decode(kv_indptr: torch.Tensor, *, num_q_heads: int, num_kv_heads: int, head_dim: int,
