@@ -5,9 +5,10 @@ Every check draws fresh random inputs (the seed is printed) and poisons outputs 
      (interleaved page-128 and flat layouts; wide dynamic range, zero blocks, NaN/inf blocks, e4m3 ties).
   2. decode over an MXFP8 pool against float64 attention on the same quantized K/V (``reference.attention.attend``
      in float64): Inkling mode (1/D, rel_bias, local window) and generic mode (1/sqrt(D), window, sinks, cap),
-     one split and many, float32 output. Bound: relative Frobenius error <= 4e-3 (2**-8, the unit roundoff of bf16:
-     the kernel's only roundings are p (or p times the V scale) to bf16 for the p.V dot, K/V dequantization to
-     bf16 being exact; a bf16 output would add its own rounding, about 2.5e-3).
+     one split and many, float32 output, for every configuration in DECODE_CONFIGS (per-token indices; whole pages
+     with plan_decode's choice, the block kernel, the tile kernel). Bound: relative Frobenius error <= 4e-3 (2**-8,
+     the unit roundoff of bf16: the kernels round only the probabilities (times a power of two) to fp16 for the
+     p.V dot, e4m3 -> fp16 being exact; a bf16 output would add its own rounding, about 2.5e-3).
   3. format error against the unquantized bf16 K/V (float64 attention), MXFP8 next to per-tensor fp8
      (scale = amax / 448), on Gaussian data and on data with 1e4x outlier channels; MXFP8 must be the smaller on the
      ordinary channels of the outlier data.
