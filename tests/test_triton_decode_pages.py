@@ -192,3 +192,27 @@ def test_choose_config(batch, hkv, d, keys, dtype, expect):
     assert {k: got[k] for k in expect} == expect
     assert choose_config(batch, hkv, d, keys, None, dtype)["kernel"] == "tiles"  # per-token indices: tiles only
     assert choose_config(batch, hkv, d, keys, 32, dtype)["block_n"] == 32  # small pages: tiles inside a page
+
+
+def test_sglang_triton_route_decodes_mxfp8_pools_by_whole_pages(monkeypatch):
+    """The SGLang host's Triton route passes the pool's page size for MXFP8 pools (SGLang's paged allocator gives
+    whole pages) and still matches the reference; per-token plans are used for other pools."""
+    from sglang_inkling_backend import triton as kernels
+    from sglang_inkling_backend.sglang.metadata import KVRails
+    from sglang_inkling_backend.sglang.routes import TritonRoute
+
+    seen = []
+    real_plan = kernels.decode_attention.plan_decode
+    monkeypatch.setattr(kernels.decode_attention, "plan_decode",
+                        lambda *a, **kw: seen.append(kw.get("page_size")) or real_plan(*a, **kw))
+    gen = torch.Generator().manual_seed(13)
+    indptr, indices, slots = whole_pages_batch([150, 20], 128, gen)
+    rails = KVRails(indptr.long(), indices.long())
+    params = MODES["inkling"](2, 8, 64, gen)
+    route = TritonRoute(kernels)
+    for fmt, expect in (("mxfp8", 128), ("bfloat16", None)):
+        pool = make_pool(fmt, slots, 2, 64, 128, gen)
+        q = torch.randn(2, 8, 64, generator=gen).bfloat16().to(DEV)
+        out = route.decode(q, pool, rails, params, max_seq_len=150)
+        assert seen[-1] == expect
+        assert rel_err(out, reference_decode(q, pool, indptr, indices, params)) < 4e-3  # bf16 output
