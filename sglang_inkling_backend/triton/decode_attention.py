@@ -93,6 +93,18 @@ def load_raw_tile(buf_ptr, sf_ptr, slots, mask_n, h, stride_slot, stride_head,
 
 
 @triton.jit
+def page_tile_scale_offsets(slot0, offs_t, h, HKV: tl.constexpr, NB: tl.constexpr, PAGE: tl.constexpr,
+                            INTERLEAVED: tl.constexpr):
+    """``scale_offsets`` for the contiguous slots ``slot0 + offs_t`` of one page-aligned tile: a scalar base plus
+    32-bit offsets (interleaved: (page, head) atoms of [32, PAGE // 32, NB] bytes; the tile stays in one page)."""
+    if INTERLEAVED:
+        po = (slot0 % PAGE).to(tl.int32) + offs_t
+        return ((slot0 // PAGE) * HKV + h) * (PAGE * NB) + ((po % 32) * (PAGE // 32) + po // 32) * NB
+    else:
+        return (slot0 * HKV + h) * NB + offs_t * (HKV * NB)
+
+
+@triton.jit
 def load_raw_page_tile(buf_ptr, sf_ptr, slot0, offs_t, mask_n, h, stride_slot, stride_head,
                        HKV: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, KV_FORMAT: tl.constexpr,
                        PAGE: tl.constexpr, INTERLEAVED: tl.constexpr):
@@ -102,15 +114,8 @@ def load_raw_page_tile(buf_ptr, sf_ptr, slot0, offs_t, mask_n, h, stride_slot, s
     base = buf_ptr + (slot0 * stride_slot + h * stride_head)
     x = tl.load(base + (offs_t * stride_slot)[:, None] + tl.arange(0, D)[None, :], mask=mask_n[:, None], other=0.0)
     if KV_FORMAT == 2:
-        if INTERLEAVED:
-            # (page, head) atoms of [32, PAGE // 32, NB] bytes; the tile stays inside one page
-            po = (slot0 % PAGE).to(tl.int32) + offs_t
-            sf_base = sf_ptr + ((slot0 // PAGE) * HKV + h) * (PAGE * NB)
-            sf_rows = ((po % 32) * (PAGE // 32) + po // 32) * NB
-        else:
-            sf_base = sf_ptr + (slot0 * HKV + h) * NB
-            sf_rows = offs_t * (HKV * NB)
-        sf = tl.load(sf_base + sf_rows[:, None] + tl.arange(0, NB)[None, :], mask=mask_n[:, None], other=127)
+        sf = tl.load(sf_ptr + page_tile_scale_offsets(slot0, offs_t, h, HKV, NB, PAGE, INTERLEAVED)[:, None]
+                     + tl.arange(0, NB)[None, :], mask=mask_n[:, None], other=127)
     else:
         sf = tl.zeros([BLOCK_N, NB], tl.uint8)
     return x, sf
@@ -163,6 +168,41 @@ def soft_cap(x, cap):
     t = tl.exp2(-2.0 * 1.4426950408889634 * tl.abs(y))
     th = (1.0 - t) / (1.0 + t)
     return cap * tl.where(y < 0, -th, th)
+
+
+@triton.jit
+def decode_logits(qk, qk_scale, start, offs_n, mask_n, q_pos, bias_row_ptr, heads, mask_g, stride_rb_head,
+                  rel_extent, logit_cap, BLOCK_N: tl.constexpr, HAS_REL_BIAS: tl.constexpr, HAS_CAP: tl.constexpr):
+    """A decode tile's raw q.k -> base-2 logits: times ``qk_scale`` (which includes log2(e)), plus the relative bias
+    within ``rel_extent`` of the query (``bias_row_ptr``: this request's ``[Hq, rel_extent]`` row), the logit cap
+    on the natural-base logit after the bias, and -inf for keys outside ``mask_n``."""
+    if HAS_CAP:
+        qk = qk * (qk_scale / 1.4426950408889634)
+        if HAS_REL_BIAS:
+            dist = q_pos - offs_n
+            if start + BLOCK_N - 1 > q_pos - rel_extent:
+                in_reach = mask_n & (dist < rel_extent)
+                qk += tl.load(bias_row_ptr + heads[:, None] * stride_rb_head + dist[None, :],
+                              mask=mask_g[:, None] & in_reach[None, :], other=0.0)
+        qk = soft_cap(qk, logit_cap) * 1.4426950408889634
+    else:
+        qk = qk * qk_scale
+        if HAS_REL_BIAS:
+            dist = q_pos - offs_n
+            if start + BLOCK_N - 1 > q_pos - rel_extent:
+                in_reach = mask_n & (dist < rel_extent)
+                qk += tl.load(bias_row_ptr + heads[:, None] * stride_rb_head + dist[None, :],
+                              mask=mask_g[:, None] & in_reach[None, :], other=0.0).to(tl.float32) * 1.4426950408889634
+    return tl.where(mask_n[None, :], qk, float("-inf"))
+
+
+@triton.jit
+def fold_sinks(m_i, l_i, sinks_ptr, heads, mask_g):
+    """Add each head's sink logit to the softmax state: returns (the factor for the output so far, l_i, m_i)."""
+    sink = tl.load(sinks_ptr + heads, mask=mask_g, other=0.0).to(tl.float32) * 1.4426950408889634
+    m_fin = tl.maximum(m_i, sink)
+    scale_old = tl.exp2(m_i - m_fin)
+    return scale_old, l_i * scale_old + tl.exp2(sink - m_fin), m_fin
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -283,26 +323,8 @@ def _decode_split_kernel(
             qk = tl.dot(q, tl.trans(k16.to(DOT_DTYPE)))
         else:
             qk = tl.dot(q, tl.trans(dequant_tile(k_raw, k_sf, D, BLOCK_N, KV_FORMAT, DOT_DTYPE)))
-        if HAS_CAP:
-            # the cap applies to the natural-base logit (after the bias)
-            qk = qk * (tile_scale / 1.4426950408889634)
-            if HAS_REL_BIAS:
-                dist = q_pos - offs_n
-                if start + BLOCK_N - 1 > q_pos - rel_extent:
-                    in_reach = mask_n & (dist < rel_extent)
-                    qk += tl.load(rel_bias_ptr + b * stride_rb_row + heads[:, None] * stride_rb_head
-                                  + dist[None, :], mask=mask_g[:, None] & in_reach[None, :], other=0.0)
-            qk = soft_cap(qk, logit_cap) * 1.4426950408889634
-        else:
-            qk = qk * tile_scale
-            if HAS_REL_BIAS:
-                dist = q_pos - offs_n
-                if start + BLOCK_N - 1 > q_pos - rel_extent:
-                    in_reach = mask_n & (dist < rel_extent)
-                    qk += tl.load(rel_bias_ptr + b * stride_rb_row + heads[:, None] * stride_rb_head
-                                  + dist[None, :], mask=mask_g[:, None] & in_reach[None, :],
-                                  other=0.0).to(tl.float32) * 1.4426950408889634
-        qk = tl.where(mask_n[None, :], qk, float("-inf"))
+        qk = decode_logits(qk, tile_scale, start, offs_n, mask_n, q_pos, rel_bias_ptr + b * stride_rb_row, heads,
+                           mask_g, stride_rb_head, rel_extent, logit_cap, BLOCK_N, HAS_REL_BIAS, HAS_CAP)
 
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -333,11 +355,7 @@ def _decode_split_kernel(
     if KV_FORMAT == 1:
         acc = acc * v_scale
     if DIRECT and HAS_SINKS:
-        sink = tl.load(sinks_ptr + heads, mask=mask_g, other=0.0).to(tl.float32) * 1.4426950408889634
-        m_fin = tl.maximum(m_i, sink)
-        scale_old = tl.exp2(m_i - m_fin)
-        l_i = l_i * scale_old + tl.exp2(sink - m_fin)
-        m_i = m_fin
+        scale_old, l_i, m_i = fold_sinks(m_i, l_i, sinks_ptr, heads, mask_g)
     else:
         scale_old = tl.full([G_PAD], 1.0, tl.float32)
     o = acc * (scale_old * acc_unit / l_i)[:, None]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .decode_attention import scale_offsets, soft_cap
+from .decode_attention import decode_logits, fold_sinks, page_tile_scale_offsets
 
 
 @triton.jit
@@ -106,46 +106,20 @@ def _decode_paged_split_kernel(
         k_base = k_ptr + (slot0 * stride_k_slot + h * stride_k_head)
         v_base = v_ptr + (slot0 * stride_v_slot + h * stride_v_head)
         if KV_FORMAT == 2:
-            if INTERLEAVED:
-                # (page, head) atoms of [32, PAGE // 32, NB] bytes; the tile stays inside one page
-                po = (slot0 % PAGE).to(tl.int32) + offs_t
-                sf_off = ((slot0 // PAGE) * HKV + h) * (PAGE * NB) + ((po % 32) * (PAGE // 32) + po // 32) * NB
-            else:
-                sf_off = (slot0 * HKV + h) * NB + offs_t * (HKV * NB)
+            sf_off = page_tile_scale_offsets(slot0, offs_t, h, HKV, NB, PAGE, INTERLEAVED)
 
         qk = tl.zeros([G_PAD, BLOCK_N], tl.float32)
         for j in tl.static_range(NB):
             kj = tl.load(k_base + k_tile + 32 * j, mask=mask_n[:, None], other=0.0)
-            if KV_FORMAT == 0:
-                qkj = tl.dot(qs[j], tl.trans(kj.to(Q_DTYPE)))
-            else:
-                qkj = tl.dot(qs[j], tl.trans(kj.to(Q_DTYPE)))
+            qkj = tl.dot(qs[j], tl.trans(kj.to(Q_DTYPE)))
             if KV_FORMAT == 2:
                 ks = tl.load(ksf_ptr + sf_off + j, mask=mask_n, other=127)
                 qk += qkj * (ks.to(tl.int32) << 23).to(tl.float32, bitcast=True)[None, :]
             else:
                 qk += qkj
 
-        if HAS_CAP:
-            # the cap applies to the natural-base logit (after the bias)
-            qk = qk * (qk_scale / 1.4426950408889634)
-            if HAS_REL_BIAS:
-                dist = q_pos - offs_n
-                if start + BLOCK_N - 1 > q_pos - rel_extent:
-                    in_reach = mask_n & (dist < rel_extent)
-                    qk += tl.load(rel_bias_ptr + b * stride_rb_row + heads[:, None] * stride_rb_head
-                                  + dist[None, :], mask=mask_g[:, None] & in_reach[None, :], other=0.0)
-            qk = soft_cap(qk, logit_cap) * 1.4426950408889634
-        else:
-            qk = qk * qk_scale
-            if HAS_REL_BIAS:
-                dist = q_pos - offs_n
-                if start + BLOCK_N - 1 > q_pos - rel_extent:
-                    in_reach = mask_n & (dist < rel_extent)
-                    qk += tl.load(rel_bias_ptr + b * stride_rb_row + heads[:, None] * stride_rb_head
-                                  + dist[None, :], mask=mask_g[:, None] & in_reach[None, :],
-                                  other=0.0).to(tl.float32) * 1.4426950408889634
-        qk = tl.where(mask_n[None, :], qk, float("-inf"))
+        qk = decode_logits(qk, qk_scale, start, offs_n, mask_n, q_pos, rel_bias_ptr + b * stride_rb_row, heads,
+                           mask_g, stride_rb_head, rel_extent, logit_cap, BLOCK_N, HAS_REL_BIAS, HAS_CAP)
 
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -180,11 +154,7 @@ def _decode_paged_split_kernel(
         m_i = m_new
 
     if DIRECT and HAS_SINKS:
-        sink = tl.load(sinks_ptr + heads, mask=mask_g, other=0.0).to(tl.float32) * 1.4426950408889634
-        m_fin = tl.maximum(m_i, sink)
-        scale_old = tl.exp2(m_i - m_fin)
-        l_i = l_i * scale_old + tl.exp2(sink - m_fin)
-        m_i = m_fin
+        scale_old, l_i, m_i = fold_sinks(m_i, l_i, sinks_ptr, heads, mask_g)
     else:
         scale_old = tl.full([G_PAD], 1.0, tl.float32)
     o_scale = scale_old / l_i
