@@ -4,9 +4,9 @@ On a machine without a GPU they run under the Triton interpreter (``TRITON_INTER
 import of this package), which is how the CPU tests exercise them.
 """
 
-from .decode_attention import DecodePlan, paged_decode_attention, plan_decode, run_decode
+from .decode_attention import DecodePlan, check_decode_inputs, paged_decode_attention, plan_decode, run_decode
 from .extend_attention import paged_extend_attention
 from .kv_store import store_kv_mxfp8
 
-__all__ = ["DecodePlan", "paged_decode_attention", "plan_decode", "run_decode", "paged_extend_attention",
-           "store_kv_mxfp8"]
+__all__ = ["DecodePlan", "check_decode_inputs", "paged_decode_attention", "plan_decode", "run_decode",
+           "paged_extend_attention", "store_kv_mxfp8"]
