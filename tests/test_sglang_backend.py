@@ -394,3 +394,152 @@ def test_cpu_graph_runner_hooks_with_padded_batch():
         out = ours.forward(qp, kp, torch.cat([v, torch.zeros_like(kp[3:])]), layer, padded)
         dense = dense_reference(h, fb, layer, q, lambda x: x.float())
         assert float((out[:3].float() - dense).abs().max()) <= 2 ** -7
+
+
+# --- the Triton route inside the backend (kernels under the interpreter on the CPU): one decode plan per step -----
+MIXED = (WINDOW_SIZE, -1, WINDOW_SIZE, -1)  # Inkling-style: local and full layers interleaved, one window
+
+
+def triton_backend(h, per_layer_plans=False):
+    """An InklingAttnBackend on h's runner serving through the Triton route (the CPU picks torch otherwise); with
+    ``per_layer_plans`` the route ignores the step's plan cache, i.e. plans every layer (the path before caching)."""
+    from sglang_inkling_backend import triton as kernels
+    from sglang_inkling_backend.sglang.routes import TritonRoute
+
+    class PerLayerPlans(TritonRoute):
+        def decode(self, q, kv, rails, params, max_seq_len=None, plans=None):
+            return super().decode(q, kv, rails, params, max_seq_len=max_seq_len, plans=None)
+
+    backend = InklingAttnBackend(h.runner)
+    backend.route = (PerLayerPlans if per_layer_plans else TritonRoute)(kernels)
+    return backend
+
+
+def count_plans(monkeypatch):
+    """Count plan_decode calls, whichever name they go through (the package's, or decode_attention's own, which
+    paged_decode_attention uses)."""
+    from sglang_inkling_backend import triton as kernels
+
+    calls = []
+    real = kernels.decode_attention.plan_decode
+
+    def counting(*args, **kwargs):
+        plan = real(*args, **kwargs)
+        calls.append(plan)
+        return plan
+
+    monkeypatch.setattr(kernels, "plan_decode", counting)
+    monkeypatch.setattr(kernels.decode_attention, "plan_decode", counting)
+    return calls
+
+
+def test_triton_route_plans_decode_once_per_step_and_window(monkeypatch):
+    """Four layers of two windows (4 visible keys, full): every decode step calls plan_decode exactly twice, keeps
+    both plans in its metadata, and gives the same bytes as planning every layer; both within the Triton routes'
+    tolerance of the dense reference (bf16 out, bf16 P.V tiles)."""
+    calls = count_plans(monkeypatch)
+    layers = make_layers(windows=MIXED)
+    h = Harness(layers, bf16_pool(layers=len(MIXED)))
+    ours = triton_backend(h)
+    other_runner = SimpleNamespace(**vars(h.runner))
+    other_runner.token_to_kv_pool = bf16_pool(layers=len(MIXED))()
+    per_layer = triton_backend(SimpleNamespace(runner=other_runner), per_layer_plans=True)
+    decode_steps, worst = 0, 0.0
+    for fb in serving_script(h):
+        inputs = []
+        for layer in layers:
+            q, k, v = h.qkv(fb, layer)
+            h.record(fb, layer, k, v)
+            inputs.append((q, k, v))
+        counts, outs = [], []
+        for backend in (ours, per_layer):
+            backend.init_forward_metadata(fb)
+            before = len(calls)
+            outs.append([backend.forward(q, k, v, layer, fb) for layer, (q, k, v) in zip(layers, inputs)])
+            counts.append(len(calls) - before)
+        for layer, (q, _, _), mine, theirs in zip(layers, inputs, *outs):
+            assert torch.equal(mine, theirs)
+            err = float((mine.float() - dense_reference(h, fb, layer, q, lambda x: x.float())).abs().max())
+            worst = max(worst, err)
+        if fb.forward_mode.is_decode():
+            decode_steps += 1
+            assert counts == [2, len(MIXED)], counts  # one plan per window vs one per layer
+            plans = ours.forward_metadata.decode_plans.plans()
+            assert len(plans) == 2 and {p.window for p in plans} == {WINDOW_SIZE + 1, None}
+            assert all(p.batch == fb.batch_size for p in plans)
+            assert len(per_layer.forward_metadata.decode_plans) == 0  # the per-layer route never cached
+        else:
+            assert counts == [0, 0] and len(ours.forward_metadata.decode_plans) == 0  # extend does not plan
+    assert decode_steps == 3
+    assert worst <= 2e-2, worst  # the Triton routes' tolerance against the reference (test_sglang_graph_gpu.py)
+
+
+def test_triton_graph_metadata_plans_for_its_batch_and_restarts_at_capture(monkeypatch):
+    """The decode CUDA-graph metadata path (run on the CPU: Python is the same): a capture metadata's plans are sized
+    for the capture batch and the context limit (split-KV buffers present), shared by the layers, rebuilt when the
+    stream starts capturing (SGLang warms up eagerly on the same metadata first), and a new metadata, even for the
+    same batch size, gets plans and buffers of its own."""
+    from sglang_inkling_backend.sglang import metadata
+
+    calls = count_plans(monkeypatch)
+    layers = make_layers(windows=MIXED)
+    h = Harness(layers, bf16_pool(layers=len(MIXED)), context=600)  # graph plans use the context limit: 3 splits
+    ours = triton_backend(h)
+    for fb in itertools.islice(serving_script(h), 3):  # prefill the four requests
+        ours.init_forward_metadata(fb)
+        for layer in layers:
+            q, k, v = h.qkv(fb, layer)
+            h.record(fb, layer, k, v)
+            ours.forward(q, k, v, layer, fb)
+    ours.init_cuda_graph_state(8, 8)
+    capturing = [False]
+    monkeypatch.setattr(metadata, "stream_capturing", lambda device: capturing[0])
+
+    def step_inputs(fb):
+        inputs = []
+        for layer in layers:
+            q, k, v = h.qkv(fb, layer)
+            h.record(fb, layer, k, v)
+            inputs.append((q, k, v))
+        return inputs
+
+    def decode_step(fb, inputs):  # a run writes its tokens' K/V to the same slots, so runs may repeat
+        for layer, (q, k, v) in zip(layers, inputs):
+            out = ours.forward(q, k, v, layer, fb)
+            dense = dense_reference(h, fb, layer, q, lambda x: x.float())
+            assert float((out.float() - dense).abs().max()) <= 2e-2
+
+    fb = h.batch([0, 1, 2, 3], [1, 1, 1, 1], decode=True)
+    ours.init_forward_metadata_out_graph(fb, in_capture=True)
+    md = ours.forward_metadata
+    assert md.graph and md.max_seq_len == 600
+    inputs = step_inputs(fb)
+    n = len(calls)
+    decode_step(fb, inputs)  # warm-up run (SGLang runs two, eagerly, on this metadata)
+    warm = md.decode_plans.plans()
+    assert len(calls) - n == 2 and len(warm) == 2
+    full = next(p for p in warm if p.window is None)
+    assert full.num_splits == 3 and full.part_o.shape == (4, HQ, 3, D) and full.part_lse.shape == (4, HQ, 3)
+    # the capture run: the same metadata, the stream now capturing -> fresh plans, made once for the four layers
+    capturing[0] = True
+    decode_step(fb, inputs)
+    captured = md.decode_plans.plans()
+    assert len(calls) - n == 4 and len(captured) == 2
+    assert all(c is not w for c in captured for w in warm)
+    assert next(p for p in captured if p.window is None).part_o.shape == (4, HQ, 3, D)
+    capturing[0] = False
+    # later metadata (SGLang refills the graph buffers for every replay), twice for one batch size: each starts
+    # empty and gets plans of its own, sized for its batch
+    seen = warm + captured
+    for rows in ([1, 3], [0, 2]):
+        fb = h.batch(rows, [1, 1], decode=True)
+        ours.init_forward_metadata_out_graph(fb)
+        assert len(ours.forward_metadata.decode_plans) == 0
+        decode_step(fb, step_inputs(fb))
+        plans = ours.forward_metadata.decode_plans.plans()
+        assert len(plans) == 2 and all(p is not old for p in plans for old in seen)
+        new_full = next(p for p in plans if p.window is None)
+        assert new_full.part_o.shape == (2, HQ, 3, D) and new_full.part_lse.shape == (2, HQ, 3)
+        seen += plans
+    # the capture metadata still holds the captured plans (and so their buffers)
+    assert [id(p) for p in md.decode_plans.plans()] == [id(p) for p in captured]

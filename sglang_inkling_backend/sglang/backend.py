@@ -282,7 +282,7 @@ class InklingAttnBackend(AttentionBackend):
         kv = self._paged_kv(geometry)
         rails = self._rails(layer, geometry.window)
         if decode:
-            out = self.route.decode(q3, kv, rails, params, max_seq_len=md.max_seq_len)
+            out = self.route.decode(q3, kv, rails, params, max_seq_len=md.max_seq_len, plans=md.decode_plans)
         else:
             out = self.route.extend(q3, kv, rails, md.qo_indptr, params)
         return out.to(self.model_dtype).reshape(rows, geometry.num_q_heads * geometry.head_dim)

@@ -17,11 +17,15 @@ any distance ``i - j``.
 
 Decode CUDA graphs: ``DecodeGraphBuffers`` preallocates every rail at its largest size once, and ``refill`` writes a
 new batch into the same storage (addresses never change), returning metadata whose tensors are views of it.
+
+Decode plans: every metadata carries a ``DecodePlanCache``, so the Triton route plans a step's decode (kernel
+configuration, split-KV scratch) once per window and layer shape instead of once per layer; a plan dies with its
+metadata, so it never outlives its batch.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from typing import Callable, Hashable, Iterable, Optional
 
 import torch
 
@@ -35,6 +39,48 @@ class KVRails:
 
     indptr: torch.Tensor  # int64 [B + 1]
     indices: torch.Tensor  # int64 [>= nnz]
+
+
+def stream_capturing(device: torch.device) -> bool:
+    """Whether the current stream of ``device`` is capturing a CUDA graph (never on other devices)."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+class DecodePlanCache:
+    """The decode plans of one step (one forward metadata), keyed by everything a plan depends on besides the batch
+    (the route's key: window, head counts, head_dim, KV dtype, page size; plus batch size and max_seq_len, which are
+    fixed for a metadata anyway). Every layer with the same key shares one plan and its split-KV buffers: the layers
+    run one after another on one stream, so one layer's merge has read the buffers before the next layer's split
+    kernel writes them.
+
+    CUDA-graph capture: SGLang builds the metadata once, runs the forward eagerly twice (warm-up), then once under
+    capture. Plans from the warm-up hold buffers from the ordinary allocator; a graph that baked in those addresses
+    would write, at every replay, into memory the allocator hands out again once this metadata is dropped. So the
+    cache starts over whenever the device's capture state changes: the captured run makes its own plans, their
+    buffers come from the graph's memory pool and are sized for the capture batch, and they stay here, with the
+    captured metadata, for the rest of the capture (replays run no Python, so nothing is planned or allocated then).
+    """
+
+    def __init__(self) -> None:
+        self._plans: dict = {}
+        self._capturing = False
+
+    def get(self, key: Hashable, make: Callable[[], object], device: torch.device):
+        """The plan for ``key``, made with ``make()`` on first use (and again after a capture-state change)."""
+        capturing = stream_capturing(device)
+        if capturing != self._capturing:
+            self._plans.clear()
+            self._capturing = capturing
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = make()
+        return plan
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+    def plans(self) -> list:
+        return list(self._plans.values())
 
 
 @dataclass
@@ -51,6 +97,8 @@ class InklingForwardMetadata:
     # int, the context limit) sizes the decode kernel's grid the same at capture and at replay.
     graph: bool = False
     max_seq_len: Optional[int] = None
+    # This step's decode plans (the Triton route's), shared by its layers; a new metadata starts with an empty cache.
+    decode_plans: DecodePlanCache = field(default_factory=DecodePlanCache, repr=False, compare=False)
 
     def rails(self, window: Optional[int]) -> KVRails:
         """The rails a layer with ``window`` visible keys (None: full attention) reads."""

@@ -3,9 +3,12 @@
 - ``TorchRoute``: the core's torch reference (``sglang_inkling_backend.reference.attention``): readable, float32
   inside, per-request loops. The CPU route, and the fallback anywhere else.
 - ``TritonRoute``: ``sglang_inkling_backend.triton`` kernels on CUDA/ROCm (decode split-KV kernel, extend kernel).
+  Decode plans (``plan_decode``: kernel configuration, split-KV buffers) once per step and window, in the step's
+  ``DecodePlanCache`` (``InklingForwardMetadata.decode_plans``), and runs every layer with ``run_decode``.
 
-A route answers ``decode(q, kv, rails, params)`` and ``extend(q, kv, rails, qo_indptr, params)`` with ``[rows, Hq, D]``
-(float32 or q's dtype; the backend casts to the model dtype).
+A route answers ``decode(q, kv, rails, params, max_seq_len=None, plans=None)`` and
+``extend(q, kv, rails, qo_indptr, params)`` with ``[rows, Hq, D]`` (float32 or q's dtype; the backend casts to the model
+dtype).
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ import torch
 
 from sglang_inkling_backend.reference import attention as reference
 from sglang_inkling_backend.reference.attention import AttentionParams, PagedKV
-from sglang_inkling_backend.sglang.metadata import KVRails
+from sglang_inkling_backend.sglang.metadata import DecodePlanCache, KVRails
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +38,7 @@ class TorchRoute:
     graph_capturable = False
 
     def decode(self, q: torch.Tensor, kv: PagedKV, rails: KVRails, params: AttentionParams,
-               max_seq_len: Optional[int] = None) -> torch.Tensor:
+               max_seq_len: Optional[int] = None, plans: Optional[DecodePlanCache] = None) -> torch.Tensor:
         kv, rails = gather_rails_kv(kv, rails)
         return reference.paged_decode_attention(q, kv, rails.indptr, rails.indices, params)
 
@@ -53,14 +56,28 @@ class TritonRoute:
         self.kernels = kernels
 
     def decode(self, q: torch.Tensor, kv: PagedKV, rails: KVRails, params: AttentionParams,
-               max_seq_len: Optional[int] = None) -> torch.Tensor:
+               max_seq_len: Optional[int] = None, plans: Optional[DecodePlanCache] = None) -> torch.Tensor:
+        """One layer's decode. With ``plans`` (the step's cache, from its metadata) the plan is made on the first
+        layer of each (window, shape) key and reused by the others; without, every call plans for itself."""
         # With max_seq_len (a host int) the kernel's plan needs no device sync: what CUDA-graph capture needs.
         # An MXFP8 pool is paged (page 128, forced by hooks.py): SGLang's paged allocator gives every request whole
         # pages, the contract SGLang's own MXFP8 decode (FA4, which reads a page table) relies on too, so the
         # kernel finds each tile's slots from one index.
-        options = {"page_size": kv.layout.page_size} if kv.is_mxfp8 and kv.layout.page_size % 16 == 0 else None
-        return self.kernels.paged_decode_attention(q, kv, rails.indptr, rails.indices, params,
-                                                   max_seq_len=max_seq_len, validate=False, plan_options=options)
+        page_size = kv.layout.page_size if kv.is_mxfp8 and kv.layout.page_size % 16 == 0 else None
+        options = {"page_size": page_size} if page_size is not None else None
+        if plans is None:
+            return self.kernels.paged_decode_attention(q, kv, rails.indptr, rails.indices, params,
+                                                       max_seq_len=max_seq_len, validate=False, plan_options=options)
+        # The no-sync shape/dtype/device checks paged_decode_attention runs, on every call (not only the layer that
+        # plans): q, the pool, rel_bias and sinks are per layer. Then the key holds every input of the plan.
+        self.kernels.check_decode_inputs(q, kv, rails.indptr, rails.indices, params, None)
+        hq, hkv, d, kv_dtype = q.shape[1], kv.num_kv_heads, q.shape[2], kv.k_buffer.dtype
+        batch = rails.indptr.numel() - 1  # a host int (the tensor's shape): no sync
+        key = (params.window, hq, hkv, d, kv_dtype, page_size, batch, max_seq_len)
+        plan = plans.get(key, lambda: self.kernels.plan_decode(
+            rails.indptr, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, window=params.window,
+            max_seq_len=max_seq_len, page_size=page_size, kv_dtype=kv_dtype), q.device)
+        return self.kernels.run_decode(plan, q, kv, rails.indptr, rails.indices, params, out=None, check=False)
 
     def extend(self, q: torch.Tensor, kv: PagedKV, rails: KVRails, qo_indptr: torch.Tensor,
                params: AttentionParams) -> torch.Tensor:
@@ -75,7 +92,8 @@ def triton_decode_kernel():
     except Exception as err:  # no triton, or a broken build: the torch route serves, with a log line
         logger.debug("sglang_inkling_backend.triton unavailable: %s", err)
         return None
-    if not all(hasattr(kernels, name) for name in ("paged_decode_attention", "paged_extend_attention")):
+    if not all(hasattr(kernels, name) for name in ("paged_decode_attention", "check_decode_inputs", "plan_decode",
+                                                   "run_decode", "paged_extend_attention")):
         return None
     return kernels
 
