@@ -35,6 +35,16 @@ def empty_paged_kv(kv_format, slots, page, dev):
     return PagedKV(k_buf, v_buf)
 
 
+def whole_pages_req_to_token(rows, ctx, page, slots, g, dev):
+    """req_to_token rows of ``ctx`` positions over random whole pages (never page 0, the padding sink's): SGLang's
+    paged allocator gives requests whole pages, and the Triton route decodes MXFP8 pools by pages on that promise
+    (routes.TritonRoute), so per-token random slots would break that contract."""
+    per_row = -(-ctx // page)
+    pages = (torch.randperm(slots // page - 1, device=dev, generator=g)[: rows * per_row] + 1).view(rows, per_row)
+    pos = torch.arange(ctx, device=dev)
+    return (pages[:, pos // page] * page + pos % page).to(torch.int32)
+
+
 def check_decode_graph_capture_and_replay(kv_format, window):
     from sglang_inkling_backend import mxfp8
     from sglang_inkling_backend.reference.attention import AttentionParams
@@ -46,8 +56,8 @@ def check_decode_graph_capture_and_replay(kv_format, window):
     g = torch.Generator(device=dev).manual_seed(0)
     slots, page, max_bs, ctx = 8192, 128, 8, 512
     kv = empty_paged_kv(kv_format, slots, page, dev)
-    # fill history for every request row (positions 0..ctx-1 at random slots 1..)
-    r2t = (torch.randperm(slots - 1, device=dev, generator=g)[: 9 * ctx] + 1).view(9, ctx).to(torch.int32)
+    # fill history for every request row (positions 0..ctx-1 on random whole pages 1..)
+    r2t = whole_pages_req_to_token(9, ctx, page, slots, g, dev)
     hist_k = torch.randn(9 * ctx, HKV, D, device=dev, generator=g).to(torch.bfloat16)
     hist_v = torch.randn(9 * ctx, HKV, D, device=dev, generator=g).to(torch.bfloat16)
     store_kv_unchecked(kv, r2t.reshape(-1).long(), hist_k, hist_v)
@@ -121,7 +131,7 @@ def check_eager_triton_route_matches_torch_route(kv_format, window):
     g = torch.Generator(device=dev).manual_seed(1)
     slots, page, ctx = 8192, 128, 600
     kv = empty_paged_kv(kv_format, slots, page, dev)
-    r2t = (torch.randperm(slots - 1, device=dev, generator=g)[: 4 * ctx] + 1).view(4, ctx).to(torch.int32)
+    r2t = whole_pages_req_to_token(4, ctx, page, slots, g, dev)
     store_kv_unchecked(kv, r2t.reshape(-1).long(), torch.randn(4 * ctx, HKV, D, device=dev, generator=g),
                        torch.randn(4 * ctx, HKV, D, device=dev, generator=g))
     triton_route, torch_route = choose_route(dev, {D}), TorchRoute()
