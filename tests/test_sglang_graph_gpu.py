@@ -45,7 +45,10 @@ def whole_pages_req_to_token(rows, ctx, page, slots, g, dev):
     return (pages[:, pos // page] * page + pos % page).to(torch.int32)
 
 
-def check_decode_graph_capture_and_replay(kv_format, window):
+def check_decode_graph_capture_and_replay(kv_format, window, cached=False):
+    """``cached``: decode through the metadata's plan cache, as the backend does (warm-up and capture on one
+    metadata): the capture must plan afresh (buffers from the graph's pool), and every layer of the capture must
+    share that plan."""
     from sglang_inkling_backend import mxfp8
     from sglang_inkling_backend.reference.attention import AttentionParams
     from sglang_inkling_backend.sglang.impl import store_kv_unchecked
@@ -79,9 +82,14 @@ def check_decode_graph_capture_and_replay(kv_format, window):
 
     md = step()
 
+    plans = md.decode_plans if cached else None
+
     def body():
         store_kv_unchecked(kv, static_loc, static_k, static_v)
-        return route.decode(static_q, kv, md.rails(window), params, max_seq_len=ctx)
+        out = route.decode(static_q, kv, md.rails(window), params, max_seq_len=ctx, plans=plans)
+        if cached:  # a second layer reading the same pool: the step's plan serves it too
+            out = out + route.decode(static_q, kv, md.rails(window), params, max_seq_len=ctx, plans=plans)
+        return out
 
     torch.cuda.synchronize()
     s = torch.cuda.Stream()
@@ -89,9 +97,19 @@ def check_decode_graph_capture_and_replay(kv_format, window):
     with torch.cuda.stream(s):
         body()  # warm up (compiles the kernels)
     torch.cuda.current_stream().wait_stream(s)
+    warm = plans.plans() if cached else []
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         static_out = body()
+    if cached:
+        (captured,) = plans.plans()
+        assert len(warm) == 1 and captured is not warm[0]  # planned again under capture, once for both layers
+        assert captured.batch == max_bs and (captured.part_o is None) == (captured.num_splits == 1)
+        # the warm-up plan's buffers go back to the allocator, which hands the blocks out again for tensors of the
+        # same sizes: filled with NaN, they would show in every replay's output if the graph wrote to them
+        shapes = [t.shape for t in (warm[0].part_o, warm[0].part_lse) if t is not None]
+        del warm
+        junk = [torch.full(shape, float("nan"), device=dev) for shape in shapes]
 
     for trial, bs in enumerate((3, 8, 5)):
         rows = torch.randperm(9, device=dev, generator=g)[:bs]
@@ -106,8 +124,11 @@ def check_decode_graph_capture_and_replay(kv_format, window):
         # eager reference on the same pool state
         eager_md = build_forward_metadata(r2t, rows, lens, windows=[window] if window else [])
         ref = TorchRoute().decode(static_q[:bs].float(), kv, eager_md.rails(window), params)
-        err = (static_out[:bs].float() - ref).abs().max().item()
+        got = static_out[:bs].float() / (2 if cached else 1)  # cached: the sum of two identical layers
+        err = (got - ref).abs().max().item()
         assert err < 2e-2, (trial, err)
+        if cached:
+            assert all(torch.isnan(t).all() for t in junk)  # nobody wrote into the freed warm-up buffers
         # the captured store wrote the new tokens (bytes equal to an eager quantization)
         got = kv.read(static_loc[:bs])[0]
         if kv_format == "mxfp8":
@@ -124,7 +145,7 @@ def check_eager_triton_route_matches_torch_route(kv_format, window):
     route against the torch reference route on the same pool and rails."""
     from sglang_inkling_backend.reference.attention import AttentionParams
     from sglang_inkling_backend.sglang.impl import store_kv_unchecked
-    from sglang_inkling_backend.sglang.metadata import build_forward_metadata
+    from sglang_inkling_backend.sglang.metadata import DecodePlanCache, build_forward_metadata
     from sglang_inkling_backend.sglang.routes import TorchRoute, choose_route
 
     dev = torch.device("cuda")
@@ -147,6 +168,11 @@ def check_eager_triton_route_matches_torch_route(kv_format, window):
         rails = md.rails(window)
         if extend_lens is None:
             got = triton_route.decode(q, kv, rails, params, max_seq_len=int(seq_lens.max()))
+            plans = DecodePlanCache()  # the backend's path: the step's plan, twice (two layers), same bytes
+            for _ in range(2):
+                assert torch.equal(triton_route.decode(q, kv, rails, params, max_seq_len=int(seq_lens.max()),
+                                                       plans=plans), got)
+            assert len(plans) == 1
             want = torch_route.decode(q.float(), kv, rails, params)
         else:
             got = triton_route.extend(q, kv, rails, md.qo_indptr, params)
@@ -164,12 +190,14 @@ if pytest is not None:
 
     @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
     @pytest.mark.parametrize("kv_format, window", CASES)
-    def test_decode_graph_capture_and_replay(kv_format, window):
-        check_decode_graph_capture_and_replay(kv_format, window)
+    @pytest.mark.parametrize("cached", [False, True], ids=["plan-per-call", "step-plan-cache"])
+    def test_decode_graph_capture_and_replay(kv_format, window, cached):
+        check_decode_graph_capture_and_replay(kv_format, window, cached)
 
 
 if __name__ == "__main__":
     for case in CASES:
         check_decode_graph_capture_and_replay(*case)
+        check_decode_graph_capture_and_replay(*case, cached=True)
         check_eager_triton_route_matches_torch_route(*case)
         print("ok", case)
