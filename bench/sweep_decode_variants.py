@@ -45,6 +45,10 @@ VARIANTS = {
     "b64/2/3w32": dict(P, kernel="blocks", block_n=64, num_warps=2, num_stages=3, waves=32),
     "b16/1/3w32": dict(P, kernel="blocks", block_n=16, num_warps=1, num_stages=3, waves=32),
     "b64/4/3w32": dict(P, kernel="blocks", block_n=64, num_warps=4, num_stages=3, waves=32),
+    "b32/1/4w32": dict(P, kernel="blocks", block_n=32, num_warps=1, num_stages=4, waves=32),
+    "b32/1/3w64": dict(P, kernel="blocks", block_n=32, num_warps=1, num_stages=3, waves=64),
+    "b32/1/4w64": dict(P, kernel="blocks", block_n=32, num_warps=1, num_stages=4, waves=64),
+    "b32/2/3w64": dict(P, kernel="blocks", block_n=32, num_warps=2, num_stages=3, waves=64),
 }
 SMALL = {  # small batches: shorter splits, more programs
     "t32/1/3m64": dict(P, block_n=32, num_warps=1, num_stages=3, waves=32, min_split=64),

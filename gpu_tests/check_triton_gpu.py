@@ -150,6 +150,7 @@ DECODE_CONFIGS = {
     "pages(auto)": {"page_size": 128},
     "pages(blocks)": {"page_size": 128, "kernel": "blocks", "block_n": 32, "num_warps": 1, "num_stages": 3},
     "pages(tiles)": {"page_size": 128, "kernel": "tiles", "block_n": 64, "num_warps": 4, "num_stages": 3},
+    "pages(blocks_m)": {"page_size": 128, "kernel": "blocks_m", "block_n": 32, "num_warps": 1, "num_stages": 2},
 }
 
 
@@ -188,7 +189,8 @@ def check_decode():
         params = modes["inkling"]
         ref = reference_f64(q, None, indptr, indices, params, float_kv=(k.float(), v.float()))
         for cname, options in (("per-token", {}), ("pages(auto)", {"page_size": 128}),
-                               ("pages(blocks)", DECODE_CONFIGS["pages(blocks)"])):
+                               ("pages(blocks)", DECODE_CONFIGS["pages(blocks)"]),
+                               ("pages(blocks_m)", DECODE_CONFIGS["pages(blocks_m)"])):
             out = torch.full(q.shape, float("nan"), device=DEV)
             paged_decode_attention(q, PagedKV(k, v), indptr, indices, params, out=out, plan_options=options)
             sync()

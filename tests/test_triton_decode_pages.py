@@ -80,7 +80,8 @@ MODES = {
                                                    sinks=torch.randn(hq, generator=g).to(DEV)),
 }
 KERNELS = {"tiles": dict(kernel="tiles", block_n=32, num_warps=2),
-           "blocks": dict(kernel="blocks", block_n=32, num_warps=1)}
+           "blocks": dict(kernel="blocks", block_n=32, num_warps=1),
+           "blocks_m": dict(kernel="blocks_m", block_n=32, num_warps=1)}
 CASES = ([("mxfp8", 128, mode) for mode in sorted(MODES)]  # the production layout, every mode
          + [("mxfp8", 32, "inkling-local"),  # the flat scale layout, pages of 32
             ("bfloat16", 128, "generic"), ("fp8", 128, "inkling")])
@@ -109,8 +110,9 @@ def test_whole_pages_match_reference(kernel, fmt, page, mode):
         assert rel_err(out, ref) < tolerance(fmt, kernel), (num_splits, rel_err(out, ref))
 
 
-def test_block_kernel_head_dim_256_and_group_4():
-    """Gemma-3's geometry (8 channel blocks per head, 4 query heads per KV head) through the block kernel."""
+@pytest.mark.parametrize("kernel", ["blocks", "blocks_m"])
+def test_block_kernel_head_dim_256_and_group_4(kernel):
+    """Gemma-3's geometry (8 channel blocks per head, 4 query heads per KV head) through the block kernels."""
     gen = torch.Generator().manual_seed(11)
     hq, hkv, d = 4, 1, 256
     indptr, indices, slots = whole_pages_batch([200, 5], 128, gen)
@@ -118,7 +120,7 @@ def test_block_kernel_head_dim_256_and_group_4():
     q = torch.randn(2, hq, d, generator=gen).bfloat16().to(DEV)
     params = MODES["inkling"](2, hq, d, gen)
     out = paged_decode_attention(q, pool, indptr, indices, params, out=torch.full(q.shape, float("nan")),
-                                 plan_options=dict(page_size=128, kernel="blocks", block_n=16, num_warps=1))
+                                 plan_options=dict(page_size=128, kernel=kernel, block_n=16, num_warps=1))
     assert rel_err(out, reference_decode(q, pool, indptr, indices, params)) < 1e-5
 
 
@@ -150,7 +152,7 @@ def test_plan_rejects_bad_page_options():
         plan_decode(indptr, page_size=8, **common)  # pages smaller than the smallest tile
     with pytest.raises(ValueError, match="kernel='blocks' needs page_size"):
         plan_decode(indptr, kernel="blocks", **common)
-    with pytest.raises(ValueError, match="kernel must be 'tiles' or 'blocks'"):
+    with pytest.raises(ValueError, match="kernel must be 'tiles', 'blocks' or 'blocks_m'"):
         plan_decode(indptr, kernel="fast", page_size=128, **common)
     with pytest.raises(ValueError, match="prefetch=True is not implemented for page_size"):
         plan_decode(indptr, page_size=128, prefetch=True, **common)
@@ -178,9 +180,11 @@ def test_plan_reuses_across_layers_and_window_splits_cover_the_window():
 
 
 @pytest.mark.parametrize("batch,hkv,d,keys,dtype,expect", [
-    (128, 2, 128, 32768, torch.float8_e4m3fn, dict(kernel="blocks", block_n=32, num_warps=1, num_stages=3)),
-    (128, 1, 256, 16384, torch.float8_e4m3fn, dict(kernel="blocks", block_n=32, num_warps=1, num_stages=2)),
-    (8, 1, 256, 16384, torch.float8_e4m3fn, dict(kernel="blocks")),  # 8 x 64 = 512 programs of 256 keys
+    (128, 2, 128, 32768, torch.float8_e4m3fn, dict(kernel="blocks", block_n=32, num_warps=1, num_stages=3,
+                                                    waves=64)),
+    (128, 1, 256, 16384, torch.float8_e4m3fn, dict(kernel="blocks_m", block_n=32, num_warps=1, num_stages=2,
+                                                    waves=32)),
+    (8, 1, 256, 16384, torch.float8_e4m3fn, dict(kernel="blocks_m")),  # 8 x 64 = 512 programs of 256 keys
     (8, 2, 128, 4096, torch.float8_e4m3fn, dict(kernel="tiles", block_n=64, num_warps=2, waves=8)),  # 256
     (8, 1, 256, 4096, torch.float8_e4m3fn, dict(kernel="tiles", num_warps=4, num_stages=3, waves=8)),
     (1, 2, 128, 32768, torch.float8_e4m3fn, dict(kernel="tiles", block_n=64, num_warps=4, min_split=64)),

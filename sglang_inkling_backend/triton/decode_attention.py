@@ -11,7 +11,9 @@ Two stage-1 kernels:
   (``dequant_tile_relative``); the output accumulates in units of the last V tile's common scale and is rescaled
   only when a row's max or that unit changes.
 - ``decode_paged._decode_paged_split_kernel`` ("blocks"): pools of whole pages; each 32-channel block its own
-  tile and dot, K's scales applied to the block's logits and V's to the probabilities (see that module).
+  tile and dot, K's scales applied to the block's logits and V's to the probabilities, every product transposed so
+  the query heads are the dots' N side (see that module); ``_decode_paged_split_kernel_heads_m`` ("blocks_m") is
+  the same with the heads on the M side, for head_dim 256.
 Scales are made from the UE8M0 byte's exponent bits (``byte << 23`` as float32 is ``2**(byte - 127)``; ``exp2``
 per element halves the speed on an H200, see ``../shared/bench``). Either way the output is within bf16 rounding
 of float64 attention on the same quantized K/V (gpu_tests/check_triton_gpu.py).
@@ -172,28 +174,37 @@ def soft_cap(x, cap):
 
 @triton.jit
 def decode_logits(qk, qk_scale, start, offs_n, mask_n, q_pos, bias_row_ptr, heads, mask_g, stride_rb_head,
-                  rel_extent, logit_cap, BLOCK_N: tl.constexpr, HAS_REL_BIAS: tl.constexpr, HAS_CAP: tl.constexpr):
+                  rel_extent, logit_cap, BLOCK_N: tl.constexpr, HAS_REL_BIAS: tl.constexpr, HAS_CAP: tl.constexpr,
+                  KEYS_FIRST: tl.constexpr = False):
     """A decode tile's raw q.k -> base-2 logits: times ``qk_scale`` (which includes log2(e)), plus the relative bias
     within ``rel_extent`` of the query (``bias_row_ptr``: this request's ``[Hq, rel_extent]`` row), the logit cap
-    on the natural-base logit after the bias, and -inf for keys outside ``mask_n``."""
+    on the natural-base logit after the bias, and -inf for keys outside ``mask_n``. ``qk`` is ``[heads, keys]``,
+    or ``[keys, heads]`` with ``KEYS_FIRST``."""
+    if KEYS_FIRST:
+        key_mask = mask_n[:, None]
+    else:
+        key_mask = mask_n[None, :]
     if HAS_CAP:
         qk = qk * (qk_scale / 1.4426950408889634)
-        if HAS_REL_BIAS:
-            dist = q_pos - offs_n
-            if start + BLOCK_N - 1 > q_pos - rel_extent:
-                in_reach = mask_n & (dist < rel_extent)
-                qk += tl.load(bias_row_ptr + heads[:, None] * stride_rb_head + dist[None, :],
-                              mask=mask_g[:, None] & in_reach[None, :], other=0.0)
-        qk = soft_cap(qk, logit_cap) * 1.4426950408889634
     else:
         qk = qk * qk_scale
-        if HAS_REL_BIAS:
-            dist = q_pos - offs_n
-            if start + BLOCK_N - 1 > q_pos - rel_extent:
-                in_reach = mask_n & (dist < rel_extent)
-                qk += tl.load(bias_row_ptr + heads[:, None] * stride_rb_head + dist[None, :],
-                              mask=mask_g[:, None] & in_reach[None, :], other=0.0).to(tl.float32) * 1.4426950408889634
-    return tl.where(mask_n[None, :], qk, float("-inf"))
+    if HAS_REL_BIAS:
+        dist = q_pos - offs_n
+        if start + BLOCK_N - 1 > q_pos - rel_extent:
+            in_reach = mask_n & (dist < rel_extent)
+            if KEYS_FIRST:
+                bias = tl.load(bias_row_ptr + heads[None, :] * stride_rb_head + dist[:, None],
+                               mask=mask_g[None, :] & in_reach[:, None], other=0.0).to(tl.float32)
+            else:
+                bias = tl.load(bias_row_ptr + heads[:, None] * stride_rb_head + dist[None, :],
+                               mask=mask_g[:, None] & in_reach[None, :], other=0.0).to(tl.float32)
+            if HAS_CAP:
+                qk += bias
+            else:
+                qk += bias * 1.4426950408889634
+    if HAS_CAP:
+        qk = soft_cap(qk, logit_cap) * 1.4426950408889634
+    return tl.where(key_mask, qk, float("-inf"))
 
 
 @triton.jit
@@ -454,7 +465,8 @@ class DecodePlan:
     # Requests own whole pages of this many slots (token t in slot page_table[t // P] * P + t % P), so a tile of
     # block_n keys is one run of contiguous slots, found from one index (None: any slot per token).
     page_size: Optional[int] = None
-    kernel: str = "tiles"  # "tiles" (_decode_split_kernel) or "blocks" (decode_paged: one dot per 32-channel block)
+    kernel: str = "tiles"  # "tiles" (_decode_split_kernel); "blocks" / "blocks_m" (decode_paged: a dot per 32-channel
+    # block, the query heads on the dots' N / M side)
     compiled: object = None  # the last launched stage-1 kernel (Triton's CompiledKernel), for reports
 
     @property
@@ -477,8 +489,10 @@ def choose_config(batch: int, num_kv_heads: int, head_dim: int, max_keys: int, p
     """Kernel configuration for a batch, from the H200 runs (bench/results/README.md, "Decode configuration").
 
     With whole pages and an 8-bit pool:
-    - enough work for 512+ programs of 256-key splits: the block kernel (32-key tiles, one warp per program, no
-      block-wide barrier, 2-3 stage cp.async pipeline, splits for ~32 waves); it needs many programs in flight;
+    - enough work for 512+ programs of 256-key splits: a block kernel (32-key tiles, one warp per program, no
+      block-wide barrier, cp.async pipeline; splits for ~64 waves). Heads on the dots' N side ("blocks") up to
+      head_dim 128; at 256 that kernel spills on one warp, and the heads-on-M one ("blocks_m", 2 stages, ~32 waves)
+      is the faster;
     - few (request, KV head) pairs or little work in all: 64-key tiles on 4 warps, one or two waves of splits of
       >= 64 keys (a short batch's time is its serial tiles plus the merge);
     - in between: 64-key tiles, 2 warps (4 at head_dim 256, where 2 spill), 8 waves of splits of >= 256 keys.
@@ -493,8 +507,10 @@ def choose_config(batch: int, num_kv_heads: int, head_dim: int, max_keys: int, p
         return middle
     programs_at_256 = batch * num_kv_heads * -(-max_keys // MIN_SPLIT_TOKENS)
     if programs_at_256 >= 512:
-        return dict(kernel="blocks", block_n=32, num_warps=1, num_stages=2 if wide else 3, waves=32,
-                    min_split=MIN_SPLIT_TOKENS)
+        if wide:
+            return dict(kernel="blocks_m", block_n=32, num_warps=1, num_stages=2, waves=32,
+                        min_split=MIN_SPLIT_TOKENS)
+        return dict(kernel="blocks", block_n=32, num_warps=1, num_stages=3, waves=64, min_split=MIN_SPLIT_TOKENS)
     if batch * num_kv_heads <= 2 or batch * max_keys <= 8192:
         return dict(kernel="tiles", block_n=64, num_warps=4, num_stages=3, waves=2, min_split=64)
     return middle
@@ -544,15 +560,15 @@ def plan_decode(kv_indptr: torch.Tensor, *, num_q_heads: int, num_kv_heads: int,
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     if block_n < 16 or block_n & (block_n - 1):
         raise ValueError(f"block_n must be a power of two >= 16, got {block_n}")
-    if kernel not in ("tiles", "blocks"):
-        raise ValueError(f"kernel must be 'tiles' or 'blocks', got {kernel!r}")
+    if kernel not in ("tiles", "blocks", "blocks_m"):
+        raise ValueError(f"kernel must be 'tiles', 'blocks' or 'blocks_m', got {kernel!r}")
     if page_size is not None:
         if not isinstance(page_size, int) or page_size <= 0 or page_size % block_n:
             raise ValueError(f"page_size must be a positive multiple of block_n={block_n}, got {page_size!r}")
         if prefetch:
             raise ValueError("prefetch=True is not implemented for page_size (page-aligned tiles)")
-    elif kernel == "blocks":
-        raise ValueError("kernel='blocks' needs page_size (it reads page-aligned tiles)")
+    elif kernel != "tiles":
+        raise ValueError(f"kernel={kernel!r} needs page_size (it reads page-aligned tiles)")
     if page_size is not None and window is not None and window < max_seq_len:
         max_keys += block_n - 1  # page-aligned tiles start up to block_n - 1 keys before the window
     if num_splits is None:
@@ -710,9 +726,13 @@ def run_decode(plan: DecodePlan, q: torch.Tensor, kv: PagedKV, kv_indptr: torch.
     direct = plan.num_splits == 1
     dummy = out
     grid = (batch, hkv, plan.num_splits)
-    if plan.kernel == "blocks":
+    g_pad = max(16, triton.next_power_of_2(group))  # the heads are the dots' M side: 16 rows at least
+    if plan.kernel in ("blocks", "blocks_m"):
         pv_dtype = tl.float32 if interpreting() else (_dot_dtype(kv) if fmt == KV_FLOAT else tl.float16)
-        kernel, variant = _decode_paged_split_kernel, dict(PV_DTYPE=pv_dtype)
+        kernel, variant = _decode_paged_split_kernel_heads_m, dict(PV_DTYPE=pv_dtype)
+        if plan.kernel == "blocks":
+            kernel = _decode_paged_split_kernel
+            g_pad = max(8, triton.next_power_of_2(group))  # the heads are its dots' N side: 8 wide at least
     else:
         kernel, variant = _decode_split_kernel, dict(DOT_DTYPE=dot_dtype, PREFETCH=plan.prefetch,
                                                      FP16_TILES=fp16_tiles, PAGED=plan.paged)
@@ -729,7 +749,7 @@ def run_decode(plan: DecodePlan, q: torch.Tensor, kv: PagedKV, kv_indptr: torch.
         float(params.softmax_scale), float(kv.k_scale), float(kv.v_scale), float(params.logit_cap),
         params.window if params.window is not None else 0,
         plan.split_len, plan.num_splits,
-        G=group, G_PAD=max(16, triton.next_power_of_2(group)), D=d, HKV=hkv, BLOCK_N=plan.block_n,
+        G=group, G_PAD=g_pad, D=d, HKV=hkv, BLOCK_N=plan.block_n,
         KV_FORMAT=fmt, PAGE=page, INTERLEAVED=interleaved,
         HAS_REL_BIAS=rb is not None, HAS_WINDOW=params.window is not None, HAS_CAP=params.logit_cap > 0,
         HAS_SINKS=params.sinks is not None, DIRECT=direct, **variant,
@@ -762,4 +782,4 @@ def paged_decode_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: torch.Tensor
     return run_decode(plan, q, kv, kv_indptr, kv_indices, params, out=out, check=False)
 
 
-from .decode_paged import _decode_paged_split_kernel  # noqa: E402  (it imports this module's helpers)
+from .decode_paged import _decode_paged_split_kernel, _decode_paged_split_kernel_heads_m  # noqa: E402  (it imports this module's helpers)

@@ -6,13 +6,18 @@ of contiguous slots. The kernel reads one index per tile instead of one per key,
 that slot plus a constant pattern, which the software pipeline can prefetch several tiles ahead.
 
 The head dimension is processed as ``NB = D / 32`` channel blocks, each its own ``[BLOCK_N, 32]`` tile (a tuple
-of NB tensors; no reshapes, so each tile goes from the load to its dot without a layout change):
-- ``q.k``: one dot per block, each block's logits times that block's K scales (``2**(e - 127)`` from the exponent
-  bits), so K needs only the exact e4m3 -> fp16 conversion;
-- ``p @ V``: the probabilities times each block's V scales, rounded to bf16 (V in bf16 is exact for e4m3), one dot
-  per block into its own ``[G, 32]`` accumulator.
-No step reduces across the tile. bf16 / fp16 pools use the same kernel without scales; per-tensor fp8 applies its
-two scalars.
+of NB tensors; no reshapes, so each tile goes from the load to its dot without a layout change), and every product
+is taken transposed, keys and channels on the dots' M side and the G query heads of the KV head on the N side:
+- logits ``[BLOCK_N, G] = K_j @ q_j^T`` summed over the blocks j, each block's times its K scales (``2**(e - 127)``
+  from the exponent bits, one value per key), so K needs only the exact e4m3 -> fp16 conversion;
+- output ``[32, G] += V_j^T @ (p^T * V scales of block j)``, one accumulator per block, in units of the largest V
+  scale seen in that block (the probabilities times ``2**(e - unit) <= 1`` are rounded to fp16; V in fp16 is exact
+  for e4m3).
+Heads on the N side: an mma is 8 wide in N but 16 tall in M, so G = 8 (or 4) heads fill (half) a dot instead of
+padding it to 16 rows. Against the same kernel with heads on M (the previous version, measured side by side in
+``bench/results/2026-11-29-s3-call1/``) this halves the dots, the accumulator registers and the softmax work per
+key: 15% fewer instructions per key, 2-7% faster at head_dim 128. No step reduces across the tile except the
+softmax's max and sum over keys. bf16 / fp16 pools use the same kernel without scales; per-tensor fp8 applies its two scalars.
 
 Semantics are the reference's (``reference.attention.paged_decode_attention``), like ``_decode_split_kernel``.
 """
@@ -23,6 +28,32 @@ import triton
 import triton.language as tl
 
 from .decode_attention import decode_logits, fold_sinks, page_tile_scale_offsets
+
+
+@triton.jit
+def scale_columns(sf, NB: tl.constexpr):
+    """A ``[BLOCK_N, NB]`` tile of scale bytes (NB in 1, 2, 4, 8) as a tuple of NB ``[BLOCK_N]`` columns, by
+    register-local splits (one load per key instead of one per key and block)."""
+    N: tl.constexpr = sf.shape[0]
+    if NB == 1:
+        cols = (tl.reshape(sf, (N,)),)
+    elif NB == 2:
+        cols = tl.split(sf)
+    elif NB == 4:
+        a, b = tl.split(tl.reshape(sf, (N, 2, 2)))  # a: columns 0, 2; b: 1, 3
+        a0, a2 = tl.split(a)
+        b1, b3 = tl.split(b)
+        cols = (a0, b1, a2, b3)
+    else:
+        a, b = tl.split(tl.reshape(sf, (N, 4, 2)))  # a: 0, 2, 4, 6; b: 1, 3, 5, 7
+        a0, a1 = tl.split(tl.reshape(a, (N, 2, 2)))  # a0: 0, 4; a1: 2, 6
+        b0, b1 = tl.split(tl.reshape(b, (N, 2, 2)))  # b0: 1, 5; b1: 3, 7
+        c0, c4 = tl.split(a0)
+        c2, c6 = tl.split(a1)
+        c1, c5 = tl.split(b0)
+        c3, c7 = tl.split(b1)
+        cols = (c0, c1, c2, c3, c4, c5, c6, c7)
+    return cols
 
 
 @triton.jit
@@ -39,10 +70,160 @@ def _decode_paged_split_kernel(
     split_len, max_splits,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, HKV: tl.constexpr, BLOCK_N: tl.constexpr,
     KV_FORMAT: tl.constexpr, PAGE: tl.constexpr, INTERLEAVED: tl.constexpr, PV_DTYPE: tl.constexpr,
+    HAS_REL_BIAS: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr, HAS_SINKS: tl.constexpr,
+    DIRECT: tl.constexpr,
+):
+    NB: tl.constexpr = D // 32
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    split = tl.program_id(2)
+
+    kv_start = tl.load(kv_indptr_ptr + b).to(tl.int64)
+    seq_len = (tl.load(kv_indptr_ptr + b + 1) - tl.load(kv_indptr_ptr + b)).to(tl.int32)
+    first = 0
+    if HAS_WINDOW:
+        first = tl.maximum(seq_len - window, 0)
+    tok_begin = (first // BLOCK_N) * BLOCK_N + split * split_len
+    tok_end = tl.minimum(tok_begin + split_len, seq_len)
+    if tok_begin >= tok_end:
+        return
+    q_pos = seq_len - 1
+
+    offs_g = tl.arange(0, G_PAD)
+    offs_c = tl.arange(0, 32)
+    mask_g = offs_g < G
+    heads = h * G + offs_g
+    q_cols = q_ptr + b * stride_qb + heads[None, :] * stride_qh + offs_c[:, None]  # q^T: [32 channels, heads]
+    q_max = 0.0
+    for j in tl.static_range(NB):
+        q_max = tl.maximum(q_max, tl.max(tl.max(tl.abs(tl.load(q_cols + 32 * j, mask=mask_g[None, :],
+                                                                  other=0.0).to(tl.float32)), 1), 0))
+    qk_scale = sm_scale * 1.4426950408889634
+    if KV_FORMAT == 1:
+        qk_scale = qk_scale * k_scale
+    if KV_FORMAT == 0:
+        q_norm = 1.0
+        Q_DTYPE: tl.constexpr = PV_DTYPE
+    else:
+        q_exp = (q_max.to(tl.int32, bitcast=True) >> 23) & 0xFF
+        q_norm = ((254 - q_exp) << 23).to(tl.float32, bitcast=True)
+        qk_scale = qk_scale * (q_exp << 23).to(tl.float32, bitcast=True)
+        Q_DTYPE: tl.constexpr = tl.float32 if PV_DTYPE == tl.float32 else tl.float16
+    qts = ()
+    accs = ()
+    units = ()
+    for j in tl.static_range(NB):
+        qj = tl.load(q_cols + 32 * j, mask=mask_g[None, :], other=0.0).to(tl.float32) * q_norm
+        qts = qts + (qj.to(Q_DTYPE),)
+        accs = accs + (tl.zeros([32, G_PAD], tl.float32),)
+        units = units + (tl.zeros([], tl.int32) + 1,)
+    m_i = tl.full([G_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([G_PAD], tl.float32)
+
+    offs_t = tl.arange(0, BLOCK_N)
+    offs_j = tl.arange(0, NB)
+    k_tile = (offs_t * stride_k_slot)[:, None] + offs_c[None, :]
+    v_tile = (offs_t * stride_v_slot)[:, None] + offs_c[None, :]
+    idx_ptr = kv_indices_ptr + kv_start
+    for start in range(tok_begin, tok_end, BLOCK_N):
+        offs_n = start + offs_t
+        mask_n = offs_n < tok_end
+        if HAS_WINDOW:
+            mask_n = mask_n & (offs_n >= first)
+        slot0 = tl.load(idx_ptr + start).to(tl.int64)
+        k_base = k_ptr + (slot0 * stride_k_slot + h * stride_k_head)
+        v_base = v_ptr + (slot0 * stride_v_slot + h * stride_v_head)
+        if KV_FORMAT == 2:
+            sf_off = page_tile_scale_offsets(slot0, offs_t, h, HKV, NB, PAGE, INTERLEAVED)
+
+        qk = tl.zeros([BLOCK_N, G_PAD], tl.float32)
+        if KV_FORMAT == 2:  # both tiles' scale bytes, one load per key each
+            k_cols = scale_columns(tl.load(ksf_ptr + sf_off[:, None] + offs_j[None, :], mask=mask_n[:, None],
+                                           other=127), NB)
+            v_cols = scale_columns(tl.load(vsf_ptr + sf_off[:, None] + offs_j[None, :], mask=mask_n[:, None],
+                                           other=0), NB)
+        for j in tl.static_range(NB):
+            kj = tl.load(k_base + k_tile + 32 * j, mask=mask_n[:, None], other=0.0)
+            qkj = tl.dot(kj.to(Q_DTYPE), qts[j])
+            if KV_FORMAT == 2:
+                qk += qkj * (k_cols[j].to(tl.int32) << 23).to(tl.float32, bitcast=True)[:, None]
+            else:
+                qk += qkj
+
+        qk = decode_logits(qk, qk_scale, start, offs_n, mask_n, q_pos, rel_bias_ptr + b * stride_rb_row, heads,
+                           mask_g, stride_rb_head, rel_extent, logit_cap, BLOCK_N, HAS_REL_BIAS, HAS_CAP,
+                           KEYS_FIRST=True)
+
+        m_new = tl.maximum(m_i, tl.max(qk, 0))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[None, :])
+        l_i = l_i * alpha + tl.sum(p, 0)
+        moved = tl.min(alpha, 0) != 1.0
+        new_accs = ()
+        new_units = ()
+        for j in tl.static_range(NB):
+            vj = tl.load(v_base + v_tile + 32 * j, mask=mask_n[:, None], other=0.0)
+            acc = accs[j]
+            if KV_FORMAT == 2:
+                e = v_cols[j].to(tl.int32)
+                unit = tl.maximum(units[j], tl.max(e, 0))
+                rel = tl.maximum(e - unit, -126)
+                pj = p * ((rel + 127) << 23).to(tl.float32, bitcast=True)[:, None]
+                if moved or unit != units[j]:
+                    acc = acc * (alpha * ((units[j] - unit + 127) << 23).to(tl.float32, bitcast=True))[None, :]
+                new_units = new_units + (unit,)
+                new_accs = new_accs + (tl.dot(tl.trans(vj.to(PV_DTYPE)), pj.to(PV_DTYPE), acc),)
+            else:
+                if moved:
+                    acc = acc * alpha[None, :]
+                new_accs = new_accs + (tl.dot(tl.trans(vj.to(PV_DTYPE)), p.to(PV_DTYPE), acc),)
+        accs = new_accs
+        if KV_FORMAT == 2:
+            units = new_units
+        m_i = m_new
+
+    if DIRECT and HAS_SINKS:
+        scale_old, l_i, m_i = fold_sinks(m_i, l_i, sinks_ptr, heads, mask_g)
+    else:
+        scale_old = tl.full([G_PAD], 1.0, tl.float32)
+    o_scale = scale_old / l_i
+    if KV_FORMAT == 1:
+        o_scale = o_scale * v_scale
+    part_row = (b * (HKV * G) + heads).to(tl.int64) * max_splits + split
+    for j in tl.static_range(NB):
+        o = accs[j] * o_scale[None, :]
+        if KV_FORMAT == 2:
+            o = o * (units[j] << 23).to(tl.float32, bitcast=True)
+        if DIRECT:
+            tl.store(out_ptr + b * stride_ob + heads[None, :] * stride_oh + 32 * j + offs_c[:, None],
+                     o.to(out_ptr.dtype.element_ty), mask=mask_g[None, :])
+        else:
+            tl.store(part_o_ptr + part_row[None, :] * D + 32 * j + offs_c[:, None], o, mask=mask_g[None, :])
+    if not DIRECT:
+        tl.store(part_lse_ptr + part_row, m_i + tl.log2(l_i), mask=mask_g)
+
+
+@triton.jit
+def _decode_paged_split_kernel_heads_m(
+    q_ptr, k_ptr, v_ptr, ksf_ptr, vsf_ptr,
+    kv_indptr_ptr, kv_indices_ptr,
+    rel_bias_ptr, sinks_ptr,
+    out_ptr, part_o_ptr, part_lse_ptr,
+    stride_qb, stride_qh,
+    stride_k_slot, stride_k_head, stride_v_slot, stride_v_head,
+    stride_rb_row, stride_rb_head, rel_extent,
+    stride_ob, stride_oh,
+    sm_scale, k_scale, v_scale, logit_cap, window,
+    split_len, max_splits,
+    G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, HKV: tl.constexpr, BLOCK_N: tl.constexpr,
+    KV_FORMAT: tl.constexpr, PAGE: tl.constexpr, INTERLEAVED: tl.constexpr, PV_DTYPE: tl.constexpr,
     # PV_DTYPE: the p @ V dot's operands (bf16; the pool's float dtype for float pools; float32 interpreted)
     HAS_REL_BIAS: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr, HAS_SINKS: tl.constexpr,
     DIRECT: tl.constexpr,
 ):
+    """The block kernel with the query heads on the dots' M side (padded to 16 rows): logits ``[G, BLOCK_N]``,
+    output ``[G, 32]`` per block. ``kernel='blocks_m'``; at head_dim 256 it runs on one warp without the spills
+    of the heads-on-N kernel, and is 10% faster there (``bench/results/2026-11-29-s3-call2/``)."""
     NB: tl.constexpr = D // 32
     b = tl.program_id(0)
     h = tl.program_id(1)
