@@ -220,3 +220,31 @@ def test_sglang_triton_route_decodes_mxfp8_pools_by_whole_pages(monkeypatch):
         out = route.decode(q, pool, rails, params, max_seq_len=150)
         assert seen[-1] == expect
         assert rel_err(out, reference_decode(q, pool, indptr, indices, params)) < 4e-3  # bf16 output
+
+
+def test_sglang_triton_route_plans_window_rails_per_token(monkeypatch):
+    """A window rail starts at the window, mid-page (metadata.window_start), so it breaks the whole-pages contract:
+    the route must not pass page_size for it. With page_size the kernel reads the tile from the rail's first slot
+    rounded to a tile, the wrong keys (rel err ~1 against the reference)."""
+    from sglang_inkling_backend import triton as kernels
+    from sglang_inkling_backend.sglang.metadata import KVRails, window_start
+    from sglang_inkling_backend.sglang.routes import TritonRoute
+
+    seen = []
+    real_plan = kernels.decode_attention.plan_decode
+    monkeypatch.setattr(kernels.decode_attention, "plan_decode",
+                        lambda *a, **kw: seen.append(kw.get("page_size")) or real_plan(*a, **kw))
+    gen = torch.Generator().manual_seed(17)
+    lens, window = [150, 70], 48
+    indptr, indices, slots = whole_pages_batch(lens, 128, gen)
+    starts = window_start(torch.tensor(lens), torch.ones(2, dtype=torch.long), window)  # [103, 22]: mid-page
+    rail_indices = torch.cat([indices[int(indptr[b]) + int(starts[b]):int(indptr[b + 1])] for b in range(2)])
+    rail_indptr = torch.tensor([0, lens[0] - int(starts[0]), sum(lens) - int(starts.sum())])
+    rails = KVRails(rail_indptr, rail_indices.long())
+    params = AttentionParams(1.0 / 64, window=window, rel_bias=torch.randn(2, 8, window, generator=gen).to(DEV))
+    pool = make_pool("mxfp8", slots, 2, 64, 128, gen)
+    q = torch.randn(2, 8, 64, generator=gen).bfloat16().to(DEV)
+    out = TritonRoute(kernels).decode(q, pool, rails, params, max_seq_len=window)
+    assert seen[-1] is None
+    ref = reference_decode(q, pool, indptr.long(), indices.long(), params)  # the whole rails, the window masks
+    assert rel_err(out, ref) < 4e-3

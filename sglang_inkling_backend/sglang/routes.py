@@ -62,8 +62,11 @@ class TritonRoute:
         # With max_seq_len (a host int) the kernel's plan needs no device sync: what CUDA-graph capture needs.
         # An MXFP8 pool is paged (page 128, forced by hooks.py): SGLang's paged allocator gives every request whole
         # pages, the contract SGLang's own MXFP8 decode (FA4, which reads a page table) relies on too, so the
-        # kernel finds each tile's slots from one index.
-        page_size = kv.layout.page_size if kv.is_mxfp8 and kv.layout.page_size % 16 == 0 else None
+        # kernel finds each tile's slots from one index. Only full rails keep that contract: they start at token 0.
+        # A window rail starts at the window (mid-page), and on a hybrid pool it holds sliding-window sub-pool
+        # slots, so windowed layers are planned per token.
+        page_size = (kv.layout.page_size if kv.is_mxfp8 and params.window is None and kv.layout.page_size % 16 == 0
+                     else None)
         options = {"page_size": page_size} if page_size is not None else None
         if plans is None:
             return self.kernels.paged_decode_attention(q, kv, rails.indptr, rails.indices, params,
