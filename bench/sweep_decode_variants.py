@@ -49,6 +49,7 @@ VARIANTS = {
     "b32/1/3w64": dict(P, kernel="blocks", block_n=32, num_warps=1, num_stages=3, waves=64),
     "b32/1/4w64": dict(P, kernel="blocks", block_n=32, num_warps=1, num_stages=4, waves=64),
     "b32/2/3w64": dict(P, kernel="blocks", block_n=32, num_warps=2, num_stages=3, waves=64),
+    "m32/1/2w32": dict(P, kernel="blocks_m", block_n=32, num_warps=1, num_stages=2, waves=32),
 }
 SMALL = {  # small batches: shorter splits, more programs
     "t32/1/3m64": dict(P, block_n=32, num_warps=1, num_stages=3, waves=32, min_split=64),
@@ -96,6 +97,7 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--ncu-target", action="store_true")
     ap.add_argument("--only", help="comma-separated variant names")
+    ap.add_argument("--points", help="comma-separated indices into POINTS (default: all)")
     args = ap.parse_args()
     torch.manual_seed(0)
     dev = "cuda"
@@ -117,7 +119,8 @@ def main():
         ws = None
     only = set(args.only.split(",")) if args.only else None
     rows = []
-    for name, Hq, Hkv, D, B, ctx in POINTS:
+    points = [POINTS[int(i)] for i in args.points.split(",")] if args.points else POINTS
+    for name, Hq, Hkv, D, B, ctx in points:
         case = Case(Hq, Hkv, D, B, ctx, dev, with_fp8=ws is not None)
         peers = flashinfer_times(case, ws) if ws is not None else {}
         variants = dict(VARIANTS)
