@@ -81,7 +81,8 @@ MODES = {
 }
 KERNELS = {"tiles": dict(kernel="tiles", block_n=32, num_warps=2),
            "blocks": dict(kernel="blocks", block_n=32, num_warps=1),
-           "blocks_m": dict(kernel="blocks_m", block_n=32, num_warps=1)}
+           "blocks_m": dict(kernel="blocks_m", block_n=32, num_warps=1),
+           "blocks-vt": dict(kernel="blocks", block_n=32, num_warps=1, load_v_transposed=True)}
 CASES = ([("mxfp8", 128, mode) for mode in sorted(MODES)]  # the production layout, every mode
          + [("mxfp8", 32, "inkling-local"),  # the flat scale layout, pages of 32
             ("bfloat16", 128, "generic"), ("fp8", 128, "inkling")])
@@ -110,7 +111,7 @@ def test_whole_pages_match_reference(kernel, fmt, page, mode):
         assert rel_err(out, ref) < tolerance(fmt, kernel), (num_splits, rel_err(out, ref))
 
 
-@pytest.mark.parametrize("kernel", ["blocks", "blocks_m"])
+@pytest.mark.parametrize("kernel", ["blocks", "blocks_m", "blocks-vt"])
 def test_block_kernel_head_dim_256_and_group_4(kernel):
     """Gemma-3's geometry (8 channel blocks per head, 4 query heads per KV head) through the block kernels."""
     gen = torch.Generator().manual_seed(11)
@@ -120,7 +121,9 @@ def test_block_kernel_head_dim_256_and_group_4(kernel):
     q = torch.randn(2, hq, d, generator=gen).bfloat16().to(DEV)
     params = MODES["inkling"](2, hq, d, gen)
     out = paged_decode_attention(q, pool, indptr, indices, params, out=torch.full(q.shape, float("nan")),
-                                 plan_options=dict(page_size=128, kernel=kernel, block_n=16, num_warps=1))
+                                 plan_options=dict(page_size=128, block_n=16, num_warps=1,
+                                                   **({"kernel": "blocks", "load_v_transposed": True}
+                                                      if kernel == "blocks-vt" else {"kernel": kernel})))
     assert rel_err(out, reference_decode(q, pool, indptr, indices, params)) < 1e-5
 
 
@@ -158,6 +161,10 @@ def test_plan_rejects_bad_page_options():
         plan_decode(indptr, page_size=128, prefetch=True, **common)
     with pytest.raises(ValueError, match="block_n must be a power of two >= 16, got 48"):
         plan_decode(indptr, block_n=48, **common)
+    with pytest.raises(ValueError, match="load_v_transposed=True needs kernel='blocks', got kernel='tiles'"):
+        plan_decode(indptr, page_size=128, kernel="tiles", load_v_transposed=True, **common)
+    with pytest.raises(TypeError, match="load_v_transposed must be a bool, got 1"):
+        plan_decode(indptr, page_size=128, kernel="blocks", load_v_transposed=1, **common)
 
 
 def test_plan_reuses_across_layers_and_window_splits_cover_the_window():

@@ -467,6 +467,9 @@ class DecodePlan:
     page_size: Optional[int] = None
     kernel: str = "tiles"  # "tiles" (_decode_split_kernel); "blocks" / "blocks_m" (decode_paged: a dot per 32-channel
     # block, the query heads on the dots' N / M side)
+    # "blocks" only: load V as [channels, keys] so Triton streams it through shared memory like K (fewer registers;
+    # not yet timed on a GPU, see decode_paged.py)
+    load_v_transposed: bool = False
     compiled: object = None  # the last launched stage-1 kernel (Triton's CompiledKernel), for reports
 
     @property
@@ -521,7 +524,7 @@ def plan_decode(kv_indptr: torch.Tensor, *, num_q_heads: int, num_kv_heads: int,
                 block_n: Optional[int] = None, num_warps: Optional[int] = None, num_stages: Optional[int] = None,
                 prefetch: bool = False, fp16_tiles: bool = True, page_size: Optional[int] = None,
                 kernel: Optional[str] = None, waves: Optional[int] = None, min_split: Optional[int] = None,
-                kv_dtype: Optional[torch.dtype] = None) -> DecodePlan:
+                kv_dtype: Optional[torch.dtype] = None, load_v_transposed: Optional[bool] = None) -> DecodePlan:
     """Pick the kernel configuration and split count for a batch, and allocate the partial buffers.
 
     ``max_seq_len`` (a host int) avoids reading ``kv_indptr`` back from the device; without it the plan syncs once.
@@ -529,6 +532,7 @@ def plan_decode(kv_indptr: torch.Tensor, *, num_q_heads: int, num_kv_heads: int,
     always paged by 128), so each tile's slots are found from one index; ``block_n`` must divide it.
     ``validate_slots(..., page_size=...)`` checks that contract.
     ``kv_dtype``: the pool's element dtype (the configuration differs for 8-bit and 16-bit pools; None: 8-bit).
+    ``load_v_transposed`` (kernel "blocks" only): load V tiles as ``[channels, keys]`` (see ``decode_paged``).
     Configuration arguments left at None come from ``choose_config``.
     """
     if not isinstance(kv_indptr, torch.Tensor) or kv_indptr.dim() != 1 or kv_indptr.dtype not in (torch.int32,
@@ -554,6 +558,9 @@ def plan_decode(kv_indptr: torch.Tensor, *, num_q_heads: int, num_kv_heads: int,
     num_stages = chosen["num_stages"] if num_stages is None else num_stages
     waves = chosen["waves"] if waves is None else waves
     min_split = chosen["min_split"] if min_split is None else min_split
+    load_v_transposed = chosen.get("load_v_transposed", False) if load_v_transposed is None else load_v_transposed
+    if not isinstance(load_v_transposed, bool):
+        raise TypeError(f"load_v_transposed must be a bool, got {load_v_transposed!r}")
     for name, value in (("block_n", block_n), ("num_warps", num_warps), ("num_stages", num_stages),
                         ("waves", waves), ("min_split", min_split)):
         if not isinstance(value, int) or value <= 0:
@@ -562,6 +569,8 @@ def plan_decode(kv_indptr: torch.Tensor, *, num_q_heads: int, num_kv_heads: int,
         raise ValueError(f"block_n must be a power of two >= 16, got {block_n}")
     if kernel not in ("tiles", "blocks", "blocks_m"):
         raise ValueError(f"kernel must be 'tiles', 'blocks' or 'blocks_m', got {kernel!r}")
+    if load_v_transposed and kernel != "blocks":
+        raise ValueError(f"load_v_transposed=True needs kernel='blocks', got kernel={kernel!r}")
     if page_size is not None:
         if not isinstance(page_size, int) or page_size <= 0 or page_size % block_n:
             raise ValueError(f"page_size must be a positive multiple of block_n={block_n}, got {page_size!r}")
@@ -584,7 +593,8 @@ def plan_decode(kv_indptr: torch.Tensor, *, num_q_heads: int, num_kv_heads: int,
         part_o = torch.empty((batch, num_q_heads, num_splits, head_dim), dtype=torch.float32, device=dev)
         part_lse = torch.empty((batch, num_q_heads, num_splits), dtype=torch.float32, device=dev)
     return DecodePlan(batch, num_q_heads, num_kv_heads, head_dim, window, num_splits, split_len, block_n,
-                      num_warps, num_stages, part_o, part_lse, prefetch, fp16_tiles, page_size, kernel)
+                      num_warps, num_stages, part_o, part_lse, prefetch, fp16_tiles, page_size, kernel,
+                      load_v_transposed)
 
 
 def interpreting() -> bool:
@@ -732,6 +742,7 @@ def run_decode(plan: DecodePlan, q: torch.Tensor, kv: PagedKV, kv_indptr: torch.
         kernel, variant = _decode_paged_split_kernel_heads_m, dict(PV_DTYPE=pv_dtype)
         if plan.kernel == "blocks":
             kernel = _decode_paged_split_kernel
+            variant["LOAD_V_TRANSPOSED"] = plan.load_v_transposed
             g_pad = max(8, triton.next_power_of_2(group))  # the heads are its dots' N side: 8 wide at least
     else:
         kernel, variant = _decode_split_kernel, dict(DOT_DTYPE=dot_dtype, PREFETCH=plan.prefetch,
