@@ -54,6 +54,9 @@ def compile_decode(D=128, G=8, HKV=2, fmt="mxfp8", block_n=64, warps=2, stages=2
         consts["PAGED"] = bool(paged)
     consts.update(extra or {})
     consts.update(json.loads(os.environ.get("COMPILE_EXTRA", "{}")))
+    for param in fn.params:  # constexprs not set above take their defaults (else they would compile as runtime ints)
+        if param.is_constexpr and param.name not in consts and param.has_default:
+            consts[param.name] = param.default
     sig, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in consts:
