@@ -173,6 +173,31 @@ def soft_cap(x, cap):
 
 
 @triton.jit
+def scale_logits(qk, qk_scale, HAS_CAP: tl.constexpr):
+    """Raw q.k times ``qk_scale`` (which includes log2(e)): base-2 logits, or natural ones when a cap will apply (the
+    cap is on the natural logit, after the bias)."""
+    if HAS_CAP:
+        return qk * (qk_scale / 1.4426950408889634)
+    return qk * qk_scale
+
+
+@triton.jit
+def add_logit_bias(qk, bias, HAS_CAP: tl.constexpr):
+    """``scale_logits``' logits plus a natural-unit bias (float32)."""
+    if HAS_CAP:
+        return qk + bias
+    return qk + bias * 1.4426950408889634
+
+
+@triton.jit
+def cap_logits(qk, logit_cap, HAS_CAP: tl.constexpr):
+    """``scale_logits``' logits (bias added) as base-2 logits, through the soft cap when there is one."""
+    if HAS_CAP:
+        return soft_cap(qk, logit_cap) * 1.4426950408889634
+    return qk
+
+
+@triton.jit
 def decode_logits(qk, qk_scale, start, offs_n, mask_n, q_pos, bias_row_ptr, heads, mask_g, stride_rb_head,
                   rel_extent, logit_cap, BLOCK_N: tl.constexpr, HAS_REL_BIAS: tl.constexpr, HAS_CAP: tl.constexpr,
                   KEYS_FIRST: tl.constexpr = False):
@@ -184,10 +209,7 @@ def decode_logits(qk, qk_scale, start, offs_n, mask_n, q_pos, bias_row_ptr, head
         key_mask = mask_n[:, None]
     else:
         key_mask = mask_n[None, :]
-    if HAS_CAP:
-        qk = qk * (qk_scale / 1.4426950408889634)
-    else:
-        qk = qk * qk_scale
+    qk = scale_logits(qk, qk_scale, HAS_CAP)
     if HAS_REL_BIAS:
         dist = q_pos - offs_n
         if start + BLOCK_N - 1 > q_pos - rel_extent:
@@ -198,13 +220,37 @@ def decode_logits(qk, qk_scale, start, offs_n, mask_n, q_pos, bias_row_ptr, head
             else:
                 bias = tl.load(bias_row_ptr + heads[:, None] * stride_rb_head + dist[None, :],
                                mask=mask_g[:, None] & in_reach[None, :], other=0.0).to(tl.float32)
-            if HAS_CAP:
-                qk += bias
-            else:
-                qk += bias * 1.4426950408889634
-    if HAS_CAP:
-        qk = soft_cap(qk, logit_cap) * 1.4426950408889634
+            qk = add_logit_bias(qk, bias, HAS_CAP)
+    qk = cap_logits(qk, logit_cap, HAS_CAP)
     return tl.where(key_mask, qk, float("-inf"))
+
+
+@triton.jit
+def split_bounds(kv_indptr_ptr, b, split, split_len, window, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                 PAGE_ALIGNED: tl.constexpr):
+    """Request ``b``'s first rail entry, its key count, the first key its window sees, and split ``split``'s key
+    range ``[tok_begin, tok_end)`` (empty when the split has no keys). ``PAGE_ALIGNED``: splits start at multiples
+    of BLOCK_N from the tile holding ``first`` (whole pages: a tile never crosses a page; keys before ``first`` are
+    masked by the caller)."""
+    kv_start = tl.load(kv_indptr_ptr + b).to(tl.int64)
+    seq_len = (tl.load(kv_indptr_ptr + b + 1) - tl.load(kv_indptr_ptr + b)).to(tl.int32)
+    first = 0
+    if HAS_WINDOW:
+        first = tl.maximum(seq_len - window, 0)
+    if PAGE_ALIGNED:
+        tok_begin = (first // BLOCK_N) * BLOCK_N + split * split_len
+    else:
+        tok_begin = first + split * split_len
+    tok_end = tl.minimum(tok_begin + split_len, seq_len)
+    return kv_start, seq_len, first, tok_begin, tok_end
+
+
+@triton.jit
+def q_power_of_two_norm(q_max, qk_scale):
+    """q * 2**(127 - E) has |q| < 2 (E: the biased exponent of max|q|): exact in fp16 for bf16 q down to 2**-14 of
+    its largest element. Returns that factor and ``qk_scale`` times 2**(E - 127), which moves into the logits."""
+    q_exp = (q_max.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    return ((254 - q_exp) << 23).to(tl.float32, bitcast=True), qk_scale * (q_exp << 23).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -243,18 +289,10 @@ def _decode_split_kernel(
     h = tl.program_id(1)
     split = tl.program_id(2)
 
-    kv_start = tl.load(kv_indptr_ptr + b).to(tl.int64)
-    seq_len = (tl.load(kv_indptr_ptr + b + 1) - tl.load(kv_indptr_ptr + b)).to(tl.int32)
-    first = 0
-    if HAS_WINDOW:
-        first = tl.maximum(seq_len - window, 0)
-    if PAGED:
-        # whole pages: tiles start at multiples of BLOCK_N (a divisor of the page), so a tile is one run of
-        # contiguous slots found from one index; keys before `first` are masked
-        tok_begin = (first // BLOCK_N) * BLOCK_N + split * split_len
-    else:
-        tok_begin = first + split * split_len
-    tok_end = tl.minimum(tok_begin + split_len, seq_len)
+    # PAGED (whole pages): tiles start at multiples of BLOCK_N (a divisor of the page), so a tile is one run of
+    # contiguous slots found from one index
+    kv_start, seq_len, first, tok_begin, tok_end = split_bounds(kv_indptr_ptr, b, split, split_len, window, BLOCK_N,
+                                                                HAS_WINDOW, PAGED)
     if tok_begin >= tok_end:
         return
     q_pos = seq_len - 1
@@ -270,12 +308,8 @@ def _decode_split_kernel(
     if KV_FORMAT == 1:
         qk_scale = qk_scale * k_scale
     if FP16_TILES:
-        # q * 2**(127 - E) has |q| < 2 (E: the biased exponent of max|q|): exact in fp16 for bf16 q down to 2**-14
-        # of its largest element; 2**(E - 127) moves into the logit scale
-        q_exp = (tl.max(tl.max(tl.abs(q), 1), 0).to(tl.int32, bitcast=True) >> 23) & 0xFF
-        q = q * ((254 - q_exp) << 23).to(tl.float32, bitcast=True)
-        qk_scale = qk_scale * (q_exp << 23).to(tl.float32, bitcast=True)
-        q = q.to(tl.float16)
+        q_norm, qk_scale = q_power_of_two_norm(tl.max(tl.max(tl.abs(q), 1), 0), qk_scale)
+        q = (q * q_norm).to(tl.float16)
     q = q.to(DOT_DTYPE)
 
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .decode_attention import decode_logits, fold_sinks, page_tile_scale_offsets
+from .decode_attention import decode_logits, fold_sinks, page_tile_scale_offsets, q_power_of_two_norm, split_bounds
 
 
 @triton.jit
@@ -78,13 +78,8 @@ def _decode_paged_split_kernel(
     h = tl.program_id(1)
     split = tl.program_id(2)
 
-    kv_start = tl.load(kv_indptr_ptr + b).to(tl.int64)
-    seq_len = (tl.load(kv_indptr_ptr + b + 1) - tl.load(kv_indptr_ptr + b)).to(tl.int32)
-    first = 0
-    if HAS_WINDOW:
-        first = tl.maximum(seq_len - window, 0)
-    tok_begin = (first // BLOCK_N) * BLOCK_N + split * split_len
-    tok_end = tl.minimum(tok_begin + split_len, seq_len)
+    kv_start, seq_len, first, tok_begin, tok_end = split_bounds(kv_indptr_ptr, b, split, split_len, window, BLOCK_N,
+                                                                HAS_WINDOW, True)  # page-aligned tiles
     if tok_begin >= tok_end:
         return
     q_pos = seq_len - 1
@@ -105,9 +100,7 @@ def _decode_paged_split_kernel(
         q_norm = 1.0
         Q_DTYPE: tl.constexpr = PV_DTYPE
     else:
-        q_exp = (q_max.to(tl.int32, bitcast=True) >> 23) & 0xFF
-        q_norm = ((254 - q_exp) << 23).to(tl.float32, bitcast=True)
-        qk_scale = qk_scale * (q_exp << 23).to(tl.float32, bitcast=True)
+        q_norm, qk_scale = q_power_of_two_norm(q_max, qk_scale)
         Q_DTYPE: tl.constexpr = tl.float32 if PV_DTYPE == tl.float32 else tl.float16
     qts = ()
     accs = ()
@@ -244,14 +237,8 @@ def _decode_paged_split_kernel_heads_m(
     h = tl.program_id(1)
     split = tl.program_id(2)
 
-    kv_start = tl.load(kv_indptr_ptr + b).to(tl.int64)
-    seq_len = (tl.load(kv_indptr_ptr + b + 1) - tl.load(kv_indptr_ptr + b)).to(tl.int32)
-    first = 0
-    if HAS_WINDOW:
-        first = tl.maximum(seq_len - window, 0)
-    # tiles start at multiples of BLOCK_N (so they never cross a page); keys before `first` are masked
-    tok_begin = (first // BLOCK_N) * BLOCK_N + split * split_len
-    tok_end = tl.minimum(tok_begin + split_len, seq_len)
+    kv_start, seq_len, first, tok_begin, tok_end = split_bounds(kv_indptr_ptr, b, split, split_len, window, BLOCK_N,
+                                                                HAS_WINDOW, True)  # page-aligned tiles
     if tok_begin >= tok_end:
         return
     q_pos = seq_len - 1
@@ -272,11 +259,7 @@ def _decode_paged_split_kernel_heads_m(
         q_norm = 1.0
         Q_DTYPE: tl.constexpr = PV_DTYPE
     else:
-        # q * 2**(127 - E) has |q| < 2 (E: the biased exponent of max|q|), exact in fp16 for bf16 q down to 2**-14
-        # of its largest element; 2**(E - 127) moves into the logit scale
-        q_exp = (q_max.to(tl.int32, bitcast=True) >> 23) & 0xFF
-        q_norm = ((254 - q_exp) << 23).to(tl.float32, bitcast=True)
-        qk_scale = qk_scale * (q_exp << 23).to(tl.float32, bitcast=True)
+        q_norm, qk_scale = q_power_of_two_norm(q_max, qk_scale)
         Q_DTYPE: tl.constexpr = tl.float32 if PV_DTYPE == tl.float32 else tl.float16
     qs = ()
     accs = ()

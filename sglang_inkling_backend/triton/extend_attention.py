@@ -19,7 +19,7 @@ import triton.language as tl
 
 from ..reference.attention import AttentionParams, PagedKV
 from .decode_attention import (KV_MXFP8, _dot_dtype, check_index_tensor, check_query_and_pool, kv_format,
-                               load_kv_tile, soft_cap)
+                               add_logit_bias, cap_logits, load_kv_tile, scale_logits)
 
 
 @triton.jit
@@ -83,22 +83,14 @@ def _extend_kernel(
         keep = mask_r[:, None] & mask_n[None, :] & (dist >= 0)
         if HAS_WINDOW:
             keep = keep & (dist <= window - 1)
-        if HAS_CAP:
-            qk = qk * (qk_scale / 1.4426950408889634)
-        else:
-            qk = qk * qk_scale
+        qk = scale_logits(qk, qk_scale, HAS_CAP)
         if HAS_REL_BIAS:
             if start + BLOCK_N - 1 > first_pos - rel_extent:
                 in_reach = keep & (dist < rel_extent)
                 bias = tl.load(rel_bias_ptr + tok.to(tl.int64)[:, None] * stride_rb_row
                                + heads[:, None] * stride_rb_head + dist, mask=in_reach, other=0.0).to(tl.float32)
-                if HAS_CAP:
-                    qk += bias
-                else:
-                    qk += bias * 1.4426950408889634
-        if HAS_CAP:
-            qk = soft_cap(qk, logit_cap) * 1.4426950408889634
-        qk = tl.where(keep, qk, float("-inf"))
+                qk = add_logit_bias(qk, bias, HAS_CAP)
+        qk = tl.where(keep, cap_logits(qk, logit_cap, HAS_CAP), float("-inf"))
 
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: keep everything at 0
