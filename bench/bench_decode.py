@@ -189,7 +189,7 @@ def main():
                 ms, gbps, plan = time_ours(case, kv, nbytes, eager=eager)
                 rows.append(row(kernel, name, case, ms, gbps, num_splits=plan.num_splits, variant=plan.kernel,
                                 block_n=plan.block_n, num_warps=plan.num_warps, num_stages=plan.num_stages,
-                                timing="eager" if eager else "cuda_graph"))
+                                load_v_transposed=plan.load_v_transposed, timing="eager" if eager else "cuda_graph"))
                 got[kernel] = ms
             except Exception as e:  # noqa: BLE001
                 print(f"{kernel} {name} B={B} ctx={ctx} failed: {repr(e)[:300]}", flush=True)

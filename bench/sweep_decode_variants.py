@@ -26,11 +26,19 @@ from sglang_inkling_backend.triton.decode_attention import plan_decode, run_deco
 POINTS = [("inkling-tp4", 16, 2, 128, 128, 32768), ("gqa8-tp1", 64, 8, 128, 32, 16384),
           ("gemma3-270m", 4, 1, 256, 128, 16384), ("inkling-tp4", 16, 2, 128, 8, 32768),
           ("inkling-tp4", 16, 2, 128, 1, 32768), ("gemma3-270m", 4, 1, 256, 8, 32768),
-          ("inkling-tp4", 16, 2, 128, 32, 4096), ("gemma3-270m", 4, 1, 256, 1, 4096)]
+          ("inkling-tp4", 16, 2, 128, 32, 4096), ("gemma3-270m", 4, 1, 256, 1, 4096),
+          # 8..16: the grid's middle and small points
+          ("inkling-tp4", 16, 2, 128, 8, 4096), ("gqa8-tp1", 64, 8, 128, 8, 1024), ("inkling-tp4", 16, 2, 128, 32, 1024),
+          ("gqa8-tp1", 64, 8, 128, 128, 1024), ("gemma3-270m", 4, 1, 256, 32, 4096),
+          ("gemma3-270m", 4, 1, 256, 128, 1024), ("inkling-tp4", 16, 2, 128, 1, 16384),
+          ("gemma3-270m", 4, 1, 256, 1, 16384), ("gemma3-270m", 4, 1, 256, 8, 16384),
+          # 17..19: more of the small and middle points
+          ("inkling-tp4", 16, 2, 128, 8, 1024), ("gemma3-270m", 4, 1, 256, 8, 4096), ("gemma3-270m", 4, 1, 256, 32, 1024)]
 
 P = dict(page_size=PAGE)
 VARIANTS = {
     "default": {},
+    "planned": dict(P),  # choose_config's choice for whole pages
     "t64/2/3w32": dict(P, block_n=64, num_warps=2, num_stages=3, waves=32),
     "t32/1/3w32": dict(P, block_n=32, num_warps=1, num_stages=3, waves=32),
     "t32/1/3w16": dict(P, block_n=32, num_warps=1, num_stages=3, waves=16),
@@ -59,7 +67,27 @@ VARIANTS = {
     "v64/1/3w64": dict(P, kernel="blocks", block_n=64, num_warps=1, num_stages=3, waves=64, load_v_transposed=True),
     "v64/2/3w64": dict(P, kernel="blocks", block_n=64, num_warps=2, num_stages=3, waves=64, load_v_transposed=True),
     "v64/4/3w32": dict(P, kernel="blocks", block_n=64, num_warps=4, num_stages=3, waves=32, load_v_transposed=True),
+    "v32/1/4w64": dict(P, kernel="blocks", block_n=32, num_warps=1, num_stages=4, waves=64, load_v_transposed=True),
+    "v32/1/3w96": dict(P, kernel="blocks", block_n=32, num_warps=1, num_stages=3, waves=96, load_v_transposed=True),
+    "v32/1/5w96": dict(P, kernel="blocks", block_n=32, num_warps=1, num_stages=5, waves=96, load_v_transposed=True),
+    "v32/2/3w64": dict(P, kernel="blocks", block_n=32, num_warps=2, num_stages=3, waves=64, load_v_transposed=True),
+    # register caps on the transposed-V kernel (155 registers at head_dim 128: 12 programs per SM; 144: 14, 128: 16)
+    "v32/1/3w32r144": dict(P, kernel="blocks", block_n=32, num_warps=1, num_stages=3, waves=32,
+                           load_v_transposed=True, maxnreg=144),
+    "v32/1/3w32r128": dict(P, kernel="blocks", block_n=32, num_warps=1, num_stages=3, waves=32,
+                           load_v_transposed=True, maxnreg=128),
 }
+# Split counts by whole rounds of resident programs: "rounds" r gives num_splits = r * resident * SMs // pairs
+# (then rounded by plan_decode to whole 32-key tiles), resident = programs per SM at that head_dim (registers)
+V = dict(P, kernel="blocks", block_n=32, num_warps=1, load_v_transposed=True)
+for _st in (2, 3, 4, 5):
+    for _r in (1, 2, 3, 4):
+        VARIANTS[f"v32/1/{_st}r{_r}"] = dict(V, num_stages=_st, rounds=_r)
+for _m in (64, 128, 256):  # one round, splits of at least _m keys
+    VARIANTS[f"v32/1/3r1m{_m}"] = dict(V, num_stages=3, rounds=1, min_split=_m)
+VARIANTS["v64/1/3r1"] = dict(V, block_n=64, num_stages=3, rounds=1)
+VARIANTS["v64/1/3r2"] = dict(V, block_n=64, num_stages=3, rounds=2)
+RESIDENT = {(32, 128): 12, (32, 256): 8, (64, 128): 8, (64, 256): 4}  # (block_n, head_dim): programs per SM
 SMALL = {  # small batches: shorter splits, more programs
     "t32/1/3m64": dict(P, block_n=32, num_warps=1, num_stages=3, waves=32, min_split=64),
     "t64/4/3m64": dict(P, block_n=64, num_warps=4, num_stages=3, waves=32, min_split=64),
@@ -70,9 +98,21 @@ SMALL = {  # small batches: shorter splits, more programs
 NCU_VARIANTS = ["t32/1/3w32", "b32/2/3w32", "b32/1/3w32"]
 
 
-def time_variant(case, kv, cfg):
+def make_plan(case, cfg):
+    cfg = dict(cfg)
+    launch = {"maxnreg": cfg.pop("maxnreg")} if "maxnreg" in cfg else {}
+    if "rounds" in cfg:
+        resident = RESIDENT[(cfg["block_n"], case.D)] * torch.cuda.get_device_properties(0).multi_processor_count
+        cap = -(-case.ctx // cfg.pop("min_split", 1))
+        cfg["num_splits"] = max(1, min(cap, cfg.pop("rounds") * resident // (case.B * case.Hkv)))
     plan = plan_decode(case.kv_indptr, num_q_heads=case.Hq, num_kv_heads=case.Hkv, head_dim=case.D,
                        max_seq_len=case.ctx, **cfg)
+    plan.launch_options = launch
+    return plan
+
+
+def time_variant(case, kv, cfg):
+    plan = make_plan(case, cfg)
     out = torch.empty_like(case.q)
     fn = lambda: run_decode(plan, case.q, kv, case.kv_indptr, case.kv_indices, case.params, out=out, check=False)
     fn()
@@ -107,15 +147,17 @@ def main():
     ap.add_argument("--ncu-target", action="store_true")
     ap.add_argument("--only", help="comma-separated variant names")
     ap.add_argument("--points", help="comma-separated indices into POINTS (default: all)")
+    ap.add_argument("--ncu-variants", help="with --ncu-target: comma-separated variant names (default: %s)"
+                    % ",".join(NCU_VARIANTS))
+    ap.add_argument("--ncu-point", type=int, default=0, help="with --ncu-target: index into POINTS")
     args = ap.parse_args()
     torch.manual_seed(0)
     dev = "cuda"
     if args.ncu_target:
-        name, Hq, Hkv, D, B, ctx = POINTS[0]
+        name, Hq, Hkv, D, B, ctx = POINTS[args.ncu_point]
         case = Case(Hq, Hkv, D, B, ctx, dev, with_fp8=False)
-        for v in NCU_VARIANTS:
-            plan = plan_decode(case.kv_indptr, num_q_heads=Hq, num_kv_heads=Hkv, head_dim=D, max_seq_len=ctx,
-                               **VARIANTS[v])
+        for v in args.ncu_variants.split(",") if args.ncu_variants else NCU_VARIANTS:
+            plan = make_plan(case, VARIANTS[v])
             for _ in range(2):  # first launch compiles; ncu is told to skip it
                 run_decode(plan, case.q, case.mx, case.kv_indptr, case.kv_indices, case.params)
             torch.cuda.synchronize()

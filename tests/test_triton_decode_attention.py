@@ -154,6 +154,44 @@ def test_choose_num_splits():
     assert choose_num_splits(128, 8, 32768, 132, 64) == 2  # 1024 programs: 2 splits reach 8 x 132
     assert choose_num_splits(1, 2, 32768, 132, 64) == 128  # one long request: 256-key splits
     assert choose_num_splits(1, 2, 100, 132, 64) == 1  # a short one is never split
+    # one round of resident programs: at most resident x SMs programs, never one more
+    assert choose_num_splits(8, 2, 32768, 132, 32, resident=12) == 99  # 16 pairs x 99 = 1584 = 12 x 132
+    assert choose_num_splits(128, 2, 32768, 132, 32, resident=12) == 6  # 256 x 6 = 1536 <= 1584 < 256 x 7
+    assert choose_num_splits(32, 2, 4096, 132, 32, resident=12) == 16  # 24 would fit; splits stay >= 256 keys
+    assert choose_num_splits(2048, 1, 1024, 132, 32, resident=8) == 1  # more pairs than a round: no split
+
+
+def test_plan_decode_splits_large_batches_into_one_round_of_resident_programs():
+    """The planned block configuration splits into at most one round (12 x 132 programs at head_dim 128, 8 x 132 at
+    256); the same kernel with a caller's waves, or the untransposed-V kernel, goes by waves instead."""
+    indptr = torch.arange(0, 9 * 32768, 32768, dtype=torch.int32)  # B=8 requests of 32k keys
+    plan = plan_decode(indptr, num_q_heads=16, num_kv_heads=2, head_dim=128, max_seq_len=32768, page_size=128)
+    assert (plan.kernel, plan.load_v_transposed, plan.block_n) == ("blocks", True, 32)
+    assert plan.num_splits == 94 and plan.split_len == 352  # 99 asked; 352-key splits (11 tiles) need 94
+    assert 8 * 2 * plan.num_splits <= 12 * 132
+    wide = plan_decode(indptr, num_q_heads=4, num_kv_heads=1, head_dim=256, max_seq_len=32768, page_size=128)
+    assert wide.kernel == "blocks" and wide.load_v_transposed and wide.num_splits == 128  # 132 asked: 256 keys
+    assert 8 * wide.num_splits <= 8 * 132
+    by_waves = plan_decode(indptr, num_q_heads=16, num_kv_heads=2, head_dim=128, max_seq_len=32768, page_size=128,
+                           waves=4)
+    assert by_waves.num_splits == 32  # ceil(4 x 132 / 16) = 33 asked: 993 -> 1024-key splits, 32 of them
+    untransposed = plan_decode(indptr, num_q_heads=16, num_kv_heads=2, head_dim=128, max_seq_len=32768,
+                               page_size=128, load_v_transposed=False)
+    assert untransposed.num_splits == 128  # waves=32: 264 asked, capped at 256-key splits
+
+
+@pytest.mark.parametrize("batch,hq,hkv,d,keys,splits", [
+    (8, 64, 8, 128, 1024, 8),  # 64 pairs: ceil(4 x 132 / 64) = 9 asked -> 114 -> 128-key splits, 8 of them
+    (8, 4, 1, 256, 4096, 64),  # 8 pairs: 66 asked, splits of >= 64 keys: 64
+    (32, 4, 1, 256, 1024, 16),  # 32 pairs: 17 asked -> 61 -> 64-key splits, 16 of them
+    (8, 16, 2, 128, 4096, 32),  # 16 pairs: 33 asked -> 125 -> 128-key splits, 32
+])
+def test_plan_decode_middle_batches_take_the_block_kernel_at_four_programs_per_sm(batch, hq, hkv, d, keys, splits):
+    """Between the large batches and the small ones the transposed-V block kernel runs about 4 x 132 programs
+    (the split counts timed in bench/results/2026-11-29-s4-call3 and -call5)."""
+    indptr = torch.arange(0, (batch + 1) * keys, keys, dtype=torch.int32)
+    plan = plan_decode(indptr, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, max_seq_len=keys, page_size=128)
+    assert (plan.kernel, plan.load_v_transposed, plan.num_splits) == ("blocks", True, splits)
 
 
 def test_decode_rejects_bad_input():

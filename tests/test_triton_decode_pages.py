@@ -188,21 +188,33 @@ def test_plan_reuses_across_layers_and_window_splits_cover_the_window():
 
 @pytest.mark.parametrize("batch,hkv,d,keys,dtype,expect", [
     (128, 2, 128, 32768, torch.float8_e4m3fn, dict(kernel="blocks", block_n=32, num_warps=1, num_stages=3,
-                                                    waves=64)),
-    (128, 1, 256, 16384, torch.float8_e4m3fn, dict(kernel="blocks_m", block_n=32, num_warps=1, num_stages=2,
-                                                    waves=32)),
-    (8, 1, 256, 16384, torch.float8_e4m3fn, dict(kernel="blocks_m")),  # 8 x 64 = 512 programs of 256 keys
-    (8, 2, 128, 4096, torch.float8_e4m3fn, dict(kernel="tiles", block_n=64, num_warps=2, waves=8)),  # 256
-    (8, 1, 256, 4096, torch.float8_e4m3fn, dict(kernel="tiles", num_warps=4, num_stages=3, waves=8)),
+                                                    load_v_transposed=True, resident=12)),
+    (128, 1, 256, 16384, torch.float8_e4m3fn, dict(kernel="blocks", block_n=32, num_warps=1, num_stages=3,
+                                                    load_v_transposed=True, resident=8)),
+    (8, 1, 256, 16384, torch.float8_e4m3fn, dict(kernel="blocks")),  # 8 x 64 = 512 programs of 256 keys
+    (8, 2, 128, 4096, torch.float8_e4m3fn, dict(kernel="blocks", load_v_transposed=True, waves=4, min_split=64)),
+    (8, 1, 256, 4096, torch.float8_e4m3fn, dict(kernel="blocks", load_v_transposed=True, waves=4, min_split=64)),
+    (8, 8, 128, 1024, torch.float8_e4m3fn, dict(kernel="blocks", waves=4)),  # 8192 keys, but 64 (request, head) pairs
     (1, 2, 128, 32768, torch.float8_e4m3fn, dict(kernel="tiles", block_n=64, num_warps=4, min_split=64)),
     (8, 2, 128, 1024, torch.float8_e4m3fn, dict(kernel="tiles", block_n=64, num_warps=4, waves=2)),
     (128, 2, 128, 32768, torch.bfloat16, dict(kernel="tiles", block_n=64, num_warps=2)),
 ])
 def test_choose_config(batch, hkv, d, keys, dtype, expect):
+    """Configurations from the H200 sweeps (bench/results/README.md, "Decode configuration")."""
     got = choose_config(batch, hkv, d, keys, 128, dtype)
     assert {k: got[k] for k in expect} == expect
     assert choose_config(batch, hkv, d, keys, None, dtype)["kernel"] == "tiles"  # per-token indices: tiles only
     assert choose_config(batch, hkv, d, keys, 32, dtype)["block_n"] == 32  # small pages: tiles inside a page
+
+
+@pytest.mark.parametrize("kernel,expect_vt", [("tiles", False), ("blocks_m", False), ("blocks", True)])
+def test_plan_decode_caller_kernel_takes_its_own_v_layout(kernel, expect_vt):
+    """A caller's kernel overrides choose_config's, and the transposed-V flag that belongs to it goes too (a large
+    batch, where choose_config picks the transposed-V block kernel): "tiles" / "blocks_m" must not inherit it."""
+    indptr = torch.arange(0, 129 * 4096, 4096, dtype=torch.int32)
+    plan = plan_decode(indptr, num_q_heads=16, num_kv_heads=2, head_dim=128, max_seq_len=4096, page_size=128,
+                       kernel=kernel, block_n=32)
+    assert plan.kernel == kernel and plan.load_v_transposed is expect_vt
 
 
 def test_sglang_triton_route_decodes_mxfp8_pools_by_whole_pages(monkeypatch):

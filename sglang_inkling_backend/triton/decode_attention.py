@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -505,6 +505,8 @@ class DecodePlan:
     # not yet timed on a GPU, see decode_paged.py)
     load_v_transposed: bool = False
     compiled: object = None  # the last launched stage-1 kernel (Triton's CompiledKernel), for reports
+    # Extra Triton launch options for the stage-1 kernel (e.g. {"maxnreg": 128}); for variant sweeps, not planned
+    launch_options: dict = field(default_factory=dict)
 
     @property
     def paged(self) -> bool:
@@ -512,11 +514,19 @@ class DecodePlan:
 
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_keys: int, num_sms: int, block_n: int,
-                      waves: int = 8, min_split: int = MIN_SPLIT_TOKENS) -> int:
+                      waves: int = 8, min_split: int = MIN_SPLIT_TOKENS, resident: Optional[int] = None) -> int:
     """Enough (request, head, split) programs to fill the GPU about ``waves`` times over (an H200 sweep: 1280
-    programs beat 640 by 13% at 4/1/256, B=128, 16k keys), never a split shorter than ``min_split`` keys."""
+    programs beat 640 by 13% at 4/1/256, B=128, 16k keys), never a split shorter than ``min_split`` keys.
+
+    ``resident`` (programs of this kernel that fit on one SM at once): instead, at most one round of resident
+    programs, ``resident * num_sms``, so that every program starts at once and none waits for a second, mostly
+    empty round (H200, transposed-V block kernel: one round beat 2, 3 and 32 or 64 waves' worth by 1-4% at the
+    large points and by 13-20% at B=8, 32k keys, where 2048 programs were 1.3 rounds of 1584)."""
     programs = batch * num_kv_heads
-    want = max(1, math.ceil(waves * num_sms / programs))
+    if resident is not None:
+        want = max(1, resident * num_sms // programs)
+    else:
+        want = max(1, math.ceil(waves * num_sms / programs))
     cap = max(1, math.ceil(max_keys / max(min_split, block_n)))
     return min(want, cap)
 
@@ -526,14 +536,18 @@ def choose_config(batch: int, num_kv_heads: int, head_dim: int, max_keys: int, p
     """Kernel configuration for a batch, from the H200 runs (bench/results/README.md, "Decode configuration").
 
     With whole pages and an 8-bit pool:
-    - enough work for 512+ programs of 256-key splits: a block kernel (32-key tiles, one warp per program, no
-      block-wide barrier, cp.async pipeline; splits for ~64 waves). Heads on the dots' N side ("blocks") up to
-      head_dim 128; at 256 that kernel spills on one warp, and the heads-on-M one ("blocks_m", 2 stages, ~32 waves)
-      is the faster;
-    - few (request, KV head) pairs or little work in all: 64-key tiles on 4 warps, one or two waves of splits of
-      >= 64 keys (a short batch's time is its serial tiles plus the merge);
-    - in between: 64-key tiles, 2 warps (4 at head_dim 256, where 2 spill), 8 waves of splits of >= 256 keys.
-    Otherwise (per-token indices, or 16-bit pools) the tile kernel with that last configuration."""
+    - enough work for 512+ programs of 256-key splits: the block kernel with the heads on the dots' N side and V
+      loaded transposed ("blocks", load_v_transposed: 32-key tiles, one warp per program, no block-wide barrier,
+      K and V streamed by cp.async), split into one round of resident programs (12 per SM at head_dim 128, 8 at
+      256). It beat the untransposed and the heads-on-M ("blocks_m") kernels at every large point of the H200
+      sweeps (bench/results/2026-11-29-s4-call1, -call2);
+    - one or two (request, KV head) pairs, or little work (<= 8192 keys in all) over fewer than 64 pairs: 64-key
+      tiles on 4 warps, one or two waves of splits of >= 64 keys (a short batch's time is its serial tiles plus
+      the merge; the block kernel tied or lost there, s4-call5);
+    - in between: the same block kernel, splits of >= 64 keys for about 4 programs per SM (1.14-1.25x
+      FlashInfer bf16 where the tile kernel ran 0.97-1.03x, s4-call3 and -call5).
+    Otherwise (per-token indices, or 16-bit pools) the tile kernel: 64-key tiles, 2 warps (4 at head_dim 256, where
+    2 spill), 8 waves of splits of >= 256 keys."""
     eight_bit = kv_dtype is None or kv_dtype.itemsize == 1
     wide = head_dim > 128
     middle = dict(kernel="tiles", block_n=DEFAULT_BLOCK_N, num_warps=4 if wide else 2, num_stages=3 if wide else 2,
@@ -543,14 +557,14 @@ def choose_config(batch: int, num_kv_heads: int, head_dim: int, max_keys: int, p
     if page_size is None or not eight_bit:
         return middle
     programs_at_256 = batch * num_kv_heads * -(-max_keys // MIN_SPLIT_TOKENS)
+    blocks = dict(kernel="blocks", block_n=32, num_warps=1, num_stages=3, load_v_transposed=True)
     if programs_at_256 >= 512:
-        if wide:
-            return dict(kernel="blocks_m", block_n=32, num_warps=1, num_stages=2, waves=32,
-                        min_split=MIN_SPLIT_TOKENS)
-        return dict(kernel="blocks", block_n=32, num_warps=1, num_stages=3, waves=64, min_split=MIN_SPLIT_TOKENS)
-    if batch * num_kv_heads <= 2 or batch * max_keys <= 8192:
+        # resident: programs per SM at 155 (head_dim 128) / 238 (256) registers on one warp, 65536 per SM
+        return dict(blocks, resident=8 if wide else 12, waves=32, min_split=MIN_SPLIT_TOKENS)
+    pairs = batch * num_kv_heads
+    if pairs <= 2 or (batch * max_keys <= 8192 and pairs < 64):
         return dict(kernel="tiles", block_n=64, num_warps=4, num_stages=3, waves=2, min_split=64)
-    return middle
+    return dict(blocks, waves=4, min_split=64)  # about 4 x SMs programs: 512-1024 beat 256 and 2048 (s4 calls 3, 5)
 
 
 def plan_decode(kv_indptr: torch.Tensor, *, num_q_heads: int, num_kv_heads: int, head_dim: int,
@@ -590,9 +604,15 @@ def plan_decode(kv_indptr: torch.Tensor, *, num_q_heads: int, num_kv_heads: int,
     block_n = chosen["block_n"] if block_n is None else block_n
     num_warps = chosen["num_warps"] if num_warps is None else num_warps
     num_stages = chosen["num_stages"] if num_stages is None else num_stages
-    waves = chosen["waves"] if waves is None else waves
     min_split = chosen["min_split"] if min_split is None else min_split
-    load_v_transposed = chosen.get("load_v_transposed", False) if load_v_transposed is None else load_v_transposed
+    if load_v_transposed is None:  # the chosen V layout belongs to the chosen kernel
+        load_v_transposed = chosen.get("load_v_transposed", False) if kernel == chosen["kernel"] else False
+    # Splits by one round of resident programs only for the configuration whose residency choose_config knows;
+    # a caller's waves, or another kernel, tile, warp count or V layout, goes by waves
+    same = (kernel, block_n, num_warps, load_v_transposed) == (chosen["kernel"], chosen["block_n"],
+                                                               chosen["num_warps"], chosen.get("load_v_transposed"))
+    resident = chosen.get("resident") if waves is None and same else None
+    waves = chosen["waves"] if waves is None else waves
     if not isinstance(load_v_transposed, bool):
         raise TypeError(f"load_v_transposed must be a bool, got {load_v_transposed!r}")
     for name, value in (("block_n", block_n), ("num_warps", num_warps), ("num_stages", num_stages),
@@ -616,7 +636,7 @@ def plan_decode(kv_indptr: torch.Tensor, *, num_q_heads: int, num_kv_heads: int,
         max_keys += block_n - 1  # page-aligned tiles start up to block_n - 1 keys before the window
     if num_splits is None:
         num_splits = choose_num_splits(batch, num_kv_heads, max_keys, _num_sms(kv_indptr.device), block_n,
-                                       waves=waves, min_split=min_split)
+                                       waves=waves, min_split=min_split, resident=resident)
     if not isinstance(num_splits, int) or num_splits <= 0:
         raise ValueError(f"num_splits must be a positive int, got {num_splits!r}")
     split_len = triton.cdiv(triton.cdiv(max_keys, num_splits), block_n) * block_n
@@ -798,7 +818,7 @@ def run_decode(plan: DecodePlan, q: torch.Tensor, kv: PagedKV, kv_indptr: torch.
         KV_FORMAT=fmt, PAGE=page, INTERLEAVED=interleaved,
         HAS_REL_BIAS=rb is not None, HAS_WINDOW=params.window is not None, HAS_CAP=params.logit_cap > 0,
         HAS_SINKS=params.sinks is not None, DIRECT=direct, **variant,
-        num_warps=plan.num_warps, num_stages=plan.num_stages,
+        num_warps=plan.num_warps, num_stages=plan.num_stages, **plan.launch_options,
     )
     if not direct:
         _decode_merge_kernel[(batch, hq)](
