@@ -148,11 +148,10 @@ def reference_f64(q, kv, indptr, indices, params, float_kv=None):
 DECODE_CONFIGS = {
     "per-token": {},
     "pages(auto)": {"page_size": 128},
-    "pages(blocks)": {"page_size": 128, "kernel": "blocks", "block_n": 32, "num_warps": 1, "num_stages": 3},
+    "pages(blocks)": {"page_size": 128, "kernel": "blocks", "block_n": 32, "num_warps": 1, "num_stages": 3},  # V^T
     "pages(tiles)": {"page_size": 128, "kernel": "tiles", "block_n": 64, "num_warps": 4, "num_stages": 3},
-    "pages(blocks_m)": {"page_size": 128, "kernel": "blocks_m", "block_n": 32, "num_warps": 1, "num_stages": 2},
-    "pages(blocks,vt)": {"page_size": 128, "kernel": "blocks", "block_n": 32, "num_warps": 1, "num_stages": 3,
-                         "load_v_transposed": True},
+    "pages(blocks,untransposed-v)": {"page_size": 128, "kernel": "blocks", "block_n": 32, "num_warps": 1,
+                                     "num_stages": 3, "load_v_transposed": False},
 }
 
 
@@ -192,8 +191,7 @@ def check_decode():
         ref = reference_f64(q, None, indptr, indices, params, float_kv=(k.float(), v.float()))
         for cname, options in (("per-token", {}), ("pages(auto)", {"page_size": 128}),
                                ("pages(blocks)", DECODE_CONFIGS["pages(blocks)"]),
-                               ("pages(blocks_m)", DECODE_CONFIGS["pages(blocks_m)"]),
-                               ("pages(blocks,vt)", DECODE_CONFIGS["pages(blocks,vt)"])):
+                               ("pages(blocks,untransposed-v)", DECODE_CONFIGS["pages(blocks,untransposed-v)"])):
             out = torch.full(q.shape, float("nan"), device=DEV)
             paged_decode_attention(q, PagedKV(k, v), indptr, indices, params, out=out, plan_options=options)
             sync()

@@ -80,9 +80,8 @@ MODES = {
                                                    sinks=torch.randn(hq, generator=g).to(DEV)),
 }
 KERNELS = {"tiles": dict(kernel="tiles", block_n=32, num_warps=2),
-           "blocks": dict(kernel="blocks", block_n=32, num_warps=1),
-           "blocks_m": dict(kernel="blocks_m", block_n=32, num_warps=1),
-           "blocks-vt": dict(kernel="blocks", block_n=32, num_warps=1, load_v_transposed=True)}
+           "blocks": dict(kernel="blocks", block_n=32, num_warps=1),  # V loaded transposed (the default)
+           "blocks-untransposed-v": dict(kernel="blocks", block_n=32, num_warps=1, load_v_transposed=False)}
 CASES = ([("mxfp8", 128, mode) for mode in sorted(MODES)]  # the production layout, every mode
          + [("mxfp8", 32, "inkling-local"),  # the flat scale layout, pages of 32
             ("bfloat16", 128, "generic"), ("fp8", 128, "inkling")])
@@ -111,7 +110,7 @@ def test_whole_pages_match_reference(kernel, fmt, page, mode):
         assert rel_err(out, ref) < tolerance(fmt, kernel), (num_splits, rel_err(out, ref))
 
 
-@pytest.mark.parametrize("kernel", ["blocks", "blocks_m", "blocks-vt"])
+@pytest.mark.parametrize("kernel", ["blocks", "blocks-untransposed-v"])
 def test_block_kernel_head_dim_256_and_group_4(kernel):
     """Gemma-3's geometry (8 channel blocks per head, 4 query heads per KV head) through the block kernels."""
     gen = torch.Generator().manual_seed(11)
@@ -121,9 +120,7 @@ def test_block_kernel_head_dim_256_and_group_4(kernel):
     q = torch.randn(2, hq, d, generator=gen).bfloat16().to(DEV)
     params = MODES["inkling"](2, hq, d, gen)
     out = paged_decode_attention(q, pool, indptr, indices, params, out=torch.full(q.shape, float("nan")),
-                                 plan_options=dict(page_size=128, block_n=16, num_warps=1,
-                                                   **({"kernel": "blocks", "load_v_transposed": True}
-                                                      if kernel == "blocks-vt" else {"kernel": kernel})))
+                                 plan_options=dict(page_size=128, **dict(KERNELS[kernel], block_n=16)))
     assert rel_err(out, reference_decode(q, pool, indptr, indices, params)) < 1e-5
 
 
@@ -155,7 +152,7 @@ def test_plan_rejects_bad_page_options():
         plan_decode(indptr, page_size=8, **common)  # pages smaller than the smallest tile
     with pytest.raises(ValueError, match="kernel='blocks' needs page_size"):
         plan_decode(indptr, kernel="blocks", **common)
-    with pytest.raises(ValueError, match="kernel must be 'tiles', 'blocks' or 'blocks_m'"):
+    with pytest.raises(ValueError, match="kernel must be 'tiles' or 'blocks'"):
         plan_decode(indptr, kernel="fast", page_size=128, **common)
     with pytest.raises(ValueError, match="prefetch=True is not implemented for page_size"):
         plan_decode(indptr, page_size=128, prefetch=True, **common)
@@ -188,12 +185,12 @@ def test_plan_reuses_across_layers_and_window_splits_cover_the_window():
 
 @pytest.mark.parametrize("batch,hkv,d,keys,dtype,expect", [
     (128, 2, 128, 32768, torch.float8_e4m3fn, dict(kernel="blocks", block_n=32, num_warps=1, num_stages=3,
-                                                    load_v_transposed=True, resident=12)),
+                                                    resident=12)),
     (128, 1, 256, 16384, torch.float8_e4m3fn, dict(kernel="blocks", block_n=32, num_warps=1, num_stages=3,
-                                                    load_v_transposed=True, resident=8)),
+                                                    resident=8)),
     (8, 1, 256, 16384, torch.float8_e4m3fn, dict(kernel="blocks")),  # 8 x 64 = 512 programs of 256 keys
-    (8, 2, 128, 4096, torch.float8_e4m3fn, dict(kernel="blocks", load_v_transposed=True, waves=4, min_split=64)),
-    (8, 1, 256, 4096, torch.float8_e4m3fn, dict(kernel="blocks", load_v_transposed=True, waves=4, min_split=64)),
+    (8, 2, 128, 4096, torch.float8_e4m3fn, dict(kernel="blocks", waves=4, min_split=64)),
+    (8, 1, 256, 4096, torch.float8_e4m3fn, dict(kernel="blocks", waves=4, min_split=64)),
     (8, 8, 128, 1024, torch.float8_e4m3fn, dict(kernel="blocks", waves=4)),  # 8192 keys, but 64 (request, head) pairs
     (1, 2, 128, 32768, torch.float8_e4m3fn, dict(kernel="tiles", block_n=64, num_warps=4, min_split=64)),
     (8, 2, 128, 1024, torch.float8_e4m3fn, dict(kernel="tiles", block_n=64, num_warps=4, waves=2)),
@@ -207,10 +204,11 @@ def test_choose_config(batch, hkv, d, keys, dtype, expect):
     assert choose_config(batch, hkv, d, keys, 32, dtype)["block_n"] == 32  # small pages: tiles inside a page
 
 
-@pytest.mark.parametrize("kernel,expect_vt", [("tiles", False), ("blocks_m", False), ("blocks", True)])
+@pytest.mark.parametrize("kernel,expect_vt", [("tiles", False), ("blocks", True)])
 def test_plan_decode_caller_kernel_takes_its_own_v_layout(kernel, expect_vt):
-    """A caller's kernel overrides choose_config's, and the transposed-V flag that belongs to it goes too (a large
-    batch, where choose_config picks the transposed-V block kernel): "tiles" / "blocks_m" must not inherit it."""
+    """The V layout goes with the kernel: "blocks" loads V transposed unless told not to, "tiles" never (a large
+    batch, where choose_config picks the block kernel; a caller's "tiles" once inherited the flag and was
+    refused)."""
     indptr = torch.arange(0, 129 * 4096, 4096, dtype=torch.int32)
     plan = plan_decode(indptr, num_q_heads=16, num_kv_heads=2, head_dim=128, max_seq_len=4096, page_size=128,
                        kernel=kernel, block_n=32)

@@ -4,8 +4,8 @@ Triton's wheel carries ptxas and cuobjdump, so registers, spills, shared memory,
 can be read here at no device time (the numbers are this Triton's, which may differ from the GPU machine's).
 
     python tools/compile_sm90.py --D 128 --G 8 --fmt mxfp8 --block-n 64 --warps 2 --stages 2 [--paged] [--sass F]
-    python tools/compile_sm90.py --blocks --block-n 32 --warps 1 --stages 3 --ttgir k.ttgir   # heads-on-N block kernel
-    COMPILE_EXTRA='{"LOAD_V_TRANSPOSED": 1}' python tools/compile_sm90.py --blocks ...        # extra constexprs
+    python tools/compile_sm90.py --blocks --block-n 32 --warps 1 --stages 3 --ttgir k.ttgir   # the planned block kernel
+    COMPILE_EXTRA='{"LOAD_V_TRANSPOSED": 0}' python tools/compile_sm90.py --blocks ...        # V untransposed
     COMPILE_OPTIONS='{"maxnreg": 200}' python tools/compile_sm90.py --blocks ...              # extra compile options
 
 Use the GPU machine's Triton (3.6) for numbers that match it: ``pip install --target /tmp/t36 triton==3.6.0`` (the
@@ -32,8 +32,7 @@ BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin"
 
 def compile_decode(D=128, G=8, HKV=2, fmt="mxfp8", block_n=64, warps=2, stages=2, paged=False, fp16_tiles=True,
                    direct=False, extra=None):
-    fn = {"blocks": dp._decode_paged_split_kernel, "blocks_m": dp._decode_paged_split_kernel_heads_m}.get(
-        paged, da._decode_split_kernel)
+    fn = dp._decode_paged_split_kernel if paged == "blocks" else da._decode_split_kernel
     kvt = {"mxfp8": "*fp8e4nv", "fp8": "*fp8e4nv", "bf16": "*bf16"}[fmt]
     types = {"q_ptr": "*bf16", "k_ptr": kvt, "v_ptr": kvt, "ksf_ptr": "*u8", "vsf_ptr": "*u8",
              "kv_indptr_ptr": "*i32", "kv_indices_ptr": "*i32", "rel_bias_ptr": "*bf16", "sinks_ptr": "*bf16",
@@ -44,13 +43,13 @@ def compile_decode(D=128, G=8, HKV=2, fmt="mxfp8", block_n=64, warps=2, stages=2
                   INTERLEAVED=fmt == "mxfp8", DOT_DTYPE=triton.language.float16 if fmt != "bf16" else
                   triton.language.bfloat16, HAS_REL_BIAS=False, HAS_WINDOW=False, HAS_CAP=False, HAS_SINKS=False,
                   DIRECT=direct, PREFETCH=False, FP16_TILES=fp16_tiles and fmt != "bf16")
-    if paged in ("blocks", "blocks_m"):
+    if paged == "blocks":
         for name in ("DOT_DTYPE", "PREFETCH", "FP16_TILES"):
             consts.pop(name)
         consts["PV_DTYPE"] = triton.language.float16 if fmt != "bf16" else triton.language.bfloat16
-    if paged == "blocks":
         consts["G_PAD"] = max(8, triton.next_power_of_2(G))  # the heads are the block kernel's N side
-    elif paged != "blocks_m":
+        consts["LOAD_V_TRANSPOSED"] = True  # plan_decode's default ({"LOAD_V_TRANSPOSED": 0} in COMPILE_EXTRA: off)
+    else:
         consts["PAGED"] = bool(paged)
     consts.update(extra or {})
     consts.update(json.loads(os.environ.get("COMPILE_EXTRA", "{}")))
@@ -90,12 +89,11 @@ def main():
     ap.add_argument("--warps", type=int, default=2)
     ap.add_argument("--stages", type=int, default=2)
     ap.add_argument("--paged", action="store_true", help="page-aligned tiles (PAGED)")
-    ap.add_argument("--blocks", action="store_true", help="the block kernel of decode_paged.py (heads on N)")
-    ap.add_argument("--blocks-m", action="store_true", help="its heads-on-M version")
+    ap.add_argument("--blocks", action="store_true", help="the block kernel of decode_paged.py (V transposed)")
     ap.add_argument("--sass", help="write SASS here")
     ap.add_argument("--ttgir", help="write TTGIR here")
     a = ap.parse_args()
-    k = compile_decode(a.D, a.G, 2, a.fmt, a.block_n, a.warps, a.stages, "blocks" if a.blocks else "blocks_m" if a.blocks_m else a.paged)
+    k = compile_decode(a.D, a.G, 2, a.fmt, a.block_n, a.warps, a.stages, "blocks" if a.blocks else a.paged)
     print(resources(k))
     if a.ttgir:
         open(a.ttgir, "w").write(k.asm["ttgir"])

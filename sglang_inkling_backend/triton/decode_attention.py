@@ -12,8 +12,7 @@ Two stage-1 kernels:
   only when a row's max or that unit changes.
 - ``decode_paged._decode_paged_split_kernel`` ("blocks"): pools of whole pages; each 32-channel block its own
   tile and dot, K's scales applied to the block's logits and V's to the probabilities, every product transposed so
-  the query heads are the dots' N side (see that module); ``_decode_paged_split_kernel_heads_m`` ("blocks_m") is
-  the same with the heads on the M side, for head_dim 256.
+  the query heads are the dots' N side, V loaded as ``[channels, keys]`` by default (see that module).
 Scales are made from the UE8M0 byte's exponent bits (``byte << 23`` as float32 is ``2**(byte - 127)``; ``exp2``
 per element halves the speed on an H200, see ``../shared/bench``). Either way the output is within bf16 rounding
 of float64 attention on the same quantized K/V (gpu_tests/check_triton_gpu.py).
@@ -499,10 +498,10 @@ class DecodePlan:
     # Requests own whole pages of this many slots (token t in slot page_table[t // P] * P + t % P), so a tile of
     # block_n keys is one run of contiguous slots, found from one index (None: any slot per token).
     page_size: Optional[int] = None
-    kernel: str = "tiles"  # "tiles" (_decode_split_kernel); "blocks" / "blocks_m" (decode_paged: a dot per 32-channel
-    # block, the query heads on the dots' N / M side)
-    # "blocks" only: load V as [channels, keys] so Triton streams it through shared memory like K (fewer registers;
-    # not yet timed on a GPU, see decode_paged.py)
+    kernel: str = "tiles"  # "tiles" (_decode_split_kernel); "blocks" (decode_paged: a dot per 32-channel block, the
+    # query heads on the dots' N side)
+    # "blocks" only: load V as [channels, keys] so Triton streams it through shared memory like K (155 registers
+    # against 248 at head_dim 128; 1.13-1.17x faster at the large points, bench/results/2026-11-29-s4-call1)
     load_v_transposed: bool = False
     compiled: object = None  # the last launched stage-1 kernel (Triton's CompiledKernel), for reports
     # Extra Triton launch options for the stage-1 kernel (e.g. {"maxnreg": 128}); for variant sweeps, not planned
@@ -539,7 +538,7 @@ def choose_config(batch: int, num_kv_heads: int, head_dim: int, max_keys: int, p
     - enough work for 512+ programs of 256-key splits: the block kernel with the heads on the dots' N side and V
       loaded transposed ("blocks", load_v_transposed: 32-key tiles, one warp per program, no block-wide barrier,
       K and V streamed by cp.async), split into one round of resident programs (12 per SM at head_dim 128, 8 at
-      256). It beat the untransposed and the heads-on-M ("blocks_m") kernels at every large point of the H200
+      256). It beat the untransposed-V and session 2's heads-on-M block kernels at every large point of the H200
       sweeps (bench/results/2026-11-29-s4-call1, -call2);
     - one or two (request, KV head) pairs, or little work (<= 8192 keys in all) over fewer than 64 pairs: 64-key
       tiles on 4 warps, one or two waves of splits of >= 64 keys (a short batch's time is its serial tiles plus
@@ -557,7 +556,7 @@ def choose_config(batch: int, num_kv_heads: int, head_dim: int, max_keys: int, p
     if page_size is None or not eight_bit:
         return middle
     programs_at_256 = batch * num_kv_heads * -(-max_keys // MIN_SPLIT_TOKENS)
-    blocks = dict(kernel="blocks", block_n=32, num_warps=1, num_stages=3, load_v_transposed=True)
+    blocks = dict(kernel="blocks", block_n=32, num_warps=1, num_stages=3)  # V loaded transposed (plan_decode)
     if programs_at_256 >= 512:
         # resident: programs per SM at 155 (head_dim 128) / 238 (256) registers on one warp, 65536 per SM
         return dict(blocks, resident=8 if wide else 12, waves=32, min_split=MIN_SPLIT_TOKENS)
@@ -580,7 +579,8 @@ def plan_decode(kv_indptr: torch.Tensor, *, num_q_heads: int, num_kv_heads: int,
     always paged by 128), so each tile's slots are found from one index; ``block_n`` must divide it.
     ``validate_slots(..., page_size=...)`` checks that contract.
     ``kv_dtype``: the pool's element dtype (the configuration differs for 8-bit and 16-bit pools; None: 8-bit).
-    ``load_v_transposed`` (kernel "blocks" only): load V tiles as ``[channels, keys]`` (see ``decode_paged``).
+    ``load_v_transposed`` (kernel "blocks" only; default True there): load V tiles as ``[channels, keys]`` (see
+    ``decode_paged``); False keeps the untransposed layout, the slower baseline.
     Configuration arguments left at None come from ``choose_config``.
     """
     if not isinstance(kv_indptr, torch.Tensor) or kv_indptr.dim() != 1 or kv_indptr.dtype not in (torch.int32,
@@ -605,12 +605,12 @@ def plan_decode(kv_indptr: torch.Tensor, *, num_q_heads: int, num_kv_heads: int,
     num_warps = chosen["num_warps"] if num_warps is None else num_warps
     num_stages = chosen["num_stages"] if num_stages is None else num_stages
     min_split = chosen["min_split"] if min_split is None else min_split
-    if load_v_transposed is None:  # the chosen V layout belongs to the chosen kernel
-        load_v_transposed = chosen.get("load_v_transposed", False) if kernel == chosen["kernel"] else False
+    if load_v_transposed is None:  # the block kernel's faster V layout; False there: the untransposed baseline
+        load_v_transposed = kernel == "blocks"
     # Splits by one round of resident programs only for the configuration whose residency choose_config knows;
     # a caller's waves, or another kernel, tile, warp count or V layout, goes by waves
     same = (kernel, block_n, num_warps, load_v_transposed) == (chosen["kernel"], chosen["block_n"],
-                                                               chosen["num_warps"], chosen.get("load_v_transposed"))
+                                                               chosen["num_warps"], chosen["kernel"] == "blocks")
     resident = chosen.get("resident") if waves is None and same else None
     waves = chosen["waves"] if waves is None else waves
     if not isinstance(load_v_transposed, bool):
@@ -621,8 +621,8 @@ def plan_decode(kv_indptr: torch.Tensor, *, num_q_heads: int, num_kv_heads: int,
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     if block_n < 16 or block_n & (block_n - 1):
         raise ValueError(f"block_n must be a power of two >= 16, got {block_n}")
-    if kernel not in ("tiles", "blocks", "blocks_m"):
-        raise ValueError(f"kernel must be 'tiles', 'blocks' or 'blocks_m', got {kernel!r}")
+    if kernel not in ("tiles", "blocks"):
+        raise ValueError(f"kernel must be 'tiles' or 'blocks', got {kernel!r}")
     if load_v_transposed and kernel != "blocks":
         raise ValueError(f"load_v_transposed=True needs kernel='blocks', got kernel={kernel!r}")
     if page_size is not None:
@@ -790,15 +790,13 @@ def run_decode(plan: DecodePlan, q: torch.Tensor, kv: PagedKV, kv_indptr: torch.
     direct = plan.num_splits == 1
     dummy = out
     grid = (batch, hkv, plan.num_splits)
-    g_pad = max(16, triton.next_power_of_2(group))  # the heads are the dots' M side: 16 rows at least
-    if plan.kernel in ("blocks", "blocks_m"):
+    if plan.kernel == "blocks":
         pv_dtype = tl.float32 if interpreting() else (_dot_dtype(kv) if fmt == KV_FLOAT else tl.float16)
-        kernel, variant = _decode_paged_split_kernel_heads_m, dict(PV_DTYPE=pv_dtype)
-        if plan.kernel == "blocks":
-            kernel = _decode_paged_split_kernel
-            variant["LOAD_V_TRANSPOSED"] = plan.load_v_transposed
-            g_pad = max(8, triton.next_power_of_2(group))  # the heads are its dots' N side: 8 wide at least
+        kernel = _decode_paged_split_kernel
+        variant = dict(PV_DTYPE=pv_dtype, LOAD_V_TRANSPOSED=plan.load_v_transposed)
+        g_pad = max(8, triton.next_power_of_2(group))  # the heads are its dots' N side: 8 wide at least
     else:
+        g_pad = max(16, triton.next_power_of_2(group))  # the heads are the dots' M side: 16 rows at least
         kernel, variant = _decode_split_kernel, dict(DOT_DTYPE=dot_dtype, PREFETCH=plan.prefetch,
                                                      FP16_TILES=fp16_tiles, PAGED=plan.paged)
     plan.compiled = kernel[grid](  # kept for resource reports (registers, spills)
@@ -847,4 +845,4 @@ def paged_decode_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: torch.Tensor
     return run_decode(plan, q, kv, kv_indptr, kv_indices, params, out=out, check=False)
 
 
-from .decode_paged import _decode_paged_split_kernel, _decode_paged_split_kernel_heads_m  # noqa: E402  (it imports this module's helpers)
+from .decode_paged import _decode_paged_split_kernel  # noqa: E402  (it imports this module's helpers)

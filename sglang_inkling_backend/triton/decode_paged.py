@@ -14,9 +14,10 @@ is taken transposed, keys and channels on the dots' M side and the G query heads
   scale seen in that block (the probabilities times ``2**(e - unit) <= 1`` are rounded to fp16; V in fp16 is exact
   for e4m3).
 Heads on the N side: an mma is 8 wide in N but 16 tall in M, so G = 8 (or 4) heads fill (half) a dot instead of
-padding it to 16 rows. Against the same kernel with heads on M (the previous version, measured side by side in
-``bench/results/2026-11-29-s3-call1/``) this halves the dots, the accumulator registers and the softmax work per
-key: 15% fewer instructions per key, 2-7% faster at head_dim 128. No step reduces across the tile except the
+padding it to 16 rows. Against the same kernel with heads on M (session 2's, measured side by side in
+``bench/results/2026-11-29-s3-call1/`` and removed in session 4, when V loaded transposed made this one fit on one
+warp at head_dim 256 too) this halves the dots, the accumulator registers and the softmax work per key: 15% fewer
+instructions per key, 2-7% faster at head_dim 128. No step reduces across the tile except the
 softmax's max and sum over keys. bf16 / fp16 pools use the same kernel without scales; per-tensor fp8 applies its two scalars.
 
 Semantics are the reference's (``reference.attention.paged_decode_attention``), like ``_decode_split_kernel``.
@@ -207,148 +208,5 @@ def _decode_paged_split_kernel(
                      o.to(out_ptr.dtype.element_ty), mask=mask_g[None, :])
         else:
             tl.store(part_o_ptr + part_row[None, :] * D + 32 * j + offs_c[:, None], o, mask=mask_g[None, :])
-    if not DIRECT:
-        tl.store(part_lse_ptr + part_row, m_i + tl.log2(l_i), mask=mask_g)
-
-
-@triton.jit
-def _decode_paged_split_kernel_heads_m(
-    q_ptr, k_ptr, v_ptr, ksf_ptr, vsf_ptr,
-    kv_indptr_ptr, kv_indices_ptr,
-    rel_bias_ptr, sinks_ptr,
-    out_ptr, part_o_ptr, part_lse_ptr,
-    stride_qb, stride_qh,
-    stride_k_slot, stride_k_head, stride_v_slot, stride_v_head,
-    stride_rb_row, stride_rb_head, rel_extent,
-    stride_ob, stride_oh,
-    sm_scale, k_scale, v_scale, logit_cap, window,
-    split_len, max_splits,
-    G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, HKV: tl.constexpr, BLOCK_N: tl.constexpr,
-    KV_FORMAT: tl.constexpr, PAGE: tl.constexpr, INTERLEAVED: tl.constexpr, PV_DTYPE: tl.constexpr,
-    # PV_DTYPE: the p @ V dot's operands (bf16; the pool's float dtype for float pools; float32 interpreted)
-    HAS_REL_BIAS: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr, HAS_SINKS: tl.constexpr,
-    DIRECT: tl.constexpr,
-):
-    """The block kernel with the query heads on the dots' M side (padded to 16 rows): logits ``[G, BLOCK_N]``,
-    output ``[G, 32]`` per block. ``kernel='blocks_m'``; at head_dim 256 it runs on one warp without the spills
-    of the heads-on-N kernel, and is 10% faster there (``bench/results/2026-11-29-s3-call2/``)."""
-    NB: tl.constexpr = D // 32
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    split = tl.program_id(2)
-
-    kv_start, seq_len, first, tok_begin, tok_end = split_bounds(kv_indptr_ptr, b, split, split_len, window, BLOCK_N,
-                                                                HAS_WINDOW, True)  # page-aligned tiles
-    if tok_begin >= tok_end:
-        return
-    q_pos = seq_len - 1
-
-    offs_g = tl.arange(0, G_PAD)
-    offs_c = tl.arange(0, 32)
-    mask_g = offs_g < G
-    heads = h * G + offs_g
-    q_rows = q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_c[None, :]
-    q_max = 0.0
-    for j in tl.static_range(NB):
-        q_max = tl.maximum(q_max, tl.max(tl.max(tl.abs(tl.load(q_rows + 32 * j, mask=mask_g[:, None],
-                                                                  other=0.0).to(tl.float32)), 1), 0))
-    qk_scale = sm_scale * 1.4426950408889634  # logits in base 2: exp2 is the native instruction
-    if KV_FORMAT == 1:
-        qk_scale = qk_scale * k_scale
-    if KV_FORMAT == 0:
-        q_norm = 1.0
-        Q_DTYPE: tl.constexpr = PV_DTYPE
-    else:
-        q_norm, qk_scale = q_power_of_two_norm(q_max, qk_scale)
-        Q_DTYPE: tl.constexpr = tl.float32 if PV_DTYPE == tl.float32 else tl.float16
-    qs = ()
-    accs = ()
-    units = ()
-    for j in tl.static_range(NB):
-        qj = tl.load(q_rows + 32 * j, mask=mask_g[:, None], other=0.0).to(tl.float32) * q_norm
-        qs = qs + (qj.to(Q_DTYPE),)
-        accs = accs + (tl.zeros([G_PAD, 32], tl.float32),)
-        units = units + (tl.zeros([], tl.int32) + 1,)  # the smallest scale exponent: 2**-126
-    m_i = tl.full([G_PAD], float("-inf"), tl.float32)
-    l_i = tl.zeros([G_PAD], tl.float32)
-
-    offs_t = tl.arange(0, BLOCK_N)
-    k_tile = (offs_t * stride_k_slot)[:, None] + offs_c[None, :]  # a tile's offsets from its first slot
-    v_tile = (offs_t * stride_v_slot)[:, None] + offs_c[None, :]
-    idx_ptr = kv_indices_ptr + kv_start
-    for start in range(tok_begin, tok_end, BLOCK_N):
-        offs_n = start + offs_t
-        mask_n = offs_n < tok_end
-        if HAS_WINDOW:
-            mask_n = mask_n & (offs_n >= first)
-        slot0 = tl.load(idx_ptr + start).to(tl.int64)
-        k_base = k_ptr + (slot0 * stride_k_slot + h * stride_k_head)
-        v_base = v_ptr + (slot0 * stride_v_slot + h * stride_v_head)
-        if KV_FORMAT == 2:
-            sf_off = page_tile_scale_offsets(slot0, offs_t, h, HKV, NB, PAGE, INTERLEAVED)
-
-        qk = tl.zeros([G_PAD, BLOCK_N], tl.float32)
-        for j in tl.static_range(NB):
-            kj = tl.load(k_base + k_tile + 32 * j, mask=mask_n[:, None], other=0.0)
-            qkj = tl.dot(qs[j], tl.trans(kj.to(Q_DTYPE)))
-            if KV_FORMAT == 2:
-                ks = tl.load(ksf_ptr + sf_off + j, mask=mask_n, other=127)
-                qk += qkj * (ks.to(tl.int32) << 23).to(tl.float32, bitcast=True)[None, :]
-            else:
-                qk += qkj
-
-        qk = decode_logits(qk, qk_scale, start, offs_n, mask_n, q_pos, rel_bias_ptr + b * stride_rb_row, heads,
-                           mask_g, stride_rb_head, rel_extent, logit_cap, BLOCK_N, HAS_REL_BIAS, HAS_CAP)
-
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        # accumulators are rescaled only when a row's max moved or (MXFP8) a block's unit changed: rare on long
-        # contexts, so most tiles accumulate straight into them
-        moved = tl.min(alpha, 0) != 1.0
-        new_accs = ()
-        new_units = ()
-        for j in tl.static_range(NB):
-            vj = tl.load(v_base + v_tile + 32 * j, mask=mask_n[:, None], other=0.0)
-            acc = accs[j]
-            if KV_FORMAT == 2:
-                # block j's output is acc * 2**(unit - 127), unit = the largest V scale exponent seen in the block;
-                # p times 2**(e - unit) <= 1 is safe in fp16 (V in fp16 is exact for e4m3)
-                e = tl.load(vsf_ptr + sf_off + j, mask=mask_n, other=0).to(tl.int32)
-                unit = tl.maximum(units[j], tl.max(e, 0))
-                rel = tl.maximum(e - unit, -126)
-                pj = p * ((rel + 127) << 23).to(tl.float32, bitcast=True)[None, :]
-                if moved or unit != units[j]:
-                    acc = acc * (alpha * ((units[j] - unit + 127) << 23).to(tl.float32, bitcast=True))[:, None]
-                new_units = new_units + (unit,)
-                new_accs = new_accs + (tl.dot(pj.to(PV_DTYPE), vj.to(PV_DTYPE), acc),)
-            else:
-                if moved:
-                    acc = acc * alpha[:, None]
-                new_accs = new_accs + (tl.dot(p.to(PV_DTYPE), vj.to(PV_DTYPE), acc),)
-        accs = new_accs
-        if KV_FORMAT == 2:
-            units = new_units
-        m_i = m_new
-
-    if DIRECT and HAS_SINKS:
-        scale_old, l_i, m_i = fold_sinks(m_i, l_i, sinks_ptr, heads, mask_g)
-    else:
-        scale_old = tl.full([G_PAD], 1.0, tl.float32)
-    o_scale = scale_old / l_i
-    if KV_FORMAT == 1:
-        o_scale = o_scale * v_scale
-    part_row = (b * (HKV * G) + heads).to(tl.int64) * max_splits + split
-    for j in tl.static_range(NB):
-        o = accs[j] * o_scale[:, None]
-        if KV_FORMAT == 2:
-            o = o * (units[j] << 23).to(tl.float32, bitcast=True)
-        if DIRECT:
-            tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + 32 * j + offs_c[None, :],
-                     o.to(out_ptr.dtype.element_ty), mask=mask_g[:, None])
-        else:
-            # part_o [B, Hq, max_splits, D], part_lse [B, Hq, max_splits]
-            tl.store(part_o_ptr + part_row[:, None] * D + 32 * j + offs_c[None, :], o, mask=mask_g[:, None])
     if not DIRECT:
         tl.store(part_lse_ptr + part_row, m_i + tl.log2(l_i), mask=mask_g)
