@@ -558,7 +558,8 @@ def choose_config(batch: int, num_kv_heads: int, head_dim: int, max_keys: int, p
     programs_at_256 = batch * num_kv_heads * -(-max_keys // MIN_SPLIT_TOKENS)
     blocks = dict(kernel="blocks", block_n=32, num_warps=1, num_stages=3)  # V loaded transposed (plan_decode)
     if programs_at_256 >= 512:
-        # resident: programs per SM at 155 (head_dim 128) / 238 (256) registers on one warp, 65536 per SM
+        # resident: programs per SM at 155 (head_dim 128) / 238 (256) registers on one warp, 65536 per SM (Triton
+        # 3.6; smaller heads fit more, so 12 errs toward less than a round). waves: for a caller's other kernel
         return dict(blocks, resident=8 if wide else 12, waves=32, min_split=MIN_SPLIT_TOKENS)
     pairs = batch * num_kv_heads
     if pairs <= 2 or (batch * max_keys <= 8192 and pairs < 64):
