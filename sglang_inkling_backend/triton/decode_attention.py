@@ -501,7 +501,7 @@ class DecodePlan:
     kernel: str = "tiles"  # "tiles" (_decode_split_kernel); "blocks" (decode_paged: a dot per 32-channel block, the
     # query heads on the dots' N side)
     # "blocks" only: load V as [channels, keys] so Triton streams it through shared memory like K (155 registers
-    # against 248 at head_dim 128; 1.13-1.17x faster at the large points, bench/results/2026-11-29-s4-call1)
+    # against 248 at head_dim 128; 1.15-1.17x faster at its large points with the same splits, s4-call1)
     load_v_transposed: bool = False
     compiled: object = None  # the last launched stage-1 kernel (Triton's CompiledKernel), for reports
     # Extra Triton launch options for the stage-1 kernel (e.g. {"maxnreg": 128}); for variant sweeps, not planned
