@@ -543,7 +543,7 @@ def choose_config(batch: int, num_kv_heads: int, head_dim: int, max_keys: int, p
     - one or two (request, KV head) pairs, or little work (<= 8192 keys in all) over fewer than 64 pairs: 64-key
       tiles on 4 warps, one or two waves of splits of >= 64 keys (a short batch's time is its serial tiles plus
       the merge; the block kernel tied or lost there, s4-call5);
-    - in between: the same block kernel, splits of >= 64 keys for about 4 programs per SM (1.14-1.25x
+    - in between: the same block kernel, splits of >= 64 keys for about 4 programs per SM (1.18-1.22x
       FlashInfer bf16 where the tile kernel ran 0.97-1.03x, s4-call3 and -call5).
     Otherwise (per-token indices, or 16-bit pools) the tile kernel: 64-key tiles, 2 warps (4 at head_dim 256, where
     2 spill), 8 waves of splits of >= 256 keys."""
