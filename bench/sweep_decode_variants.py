@@ -89,9 +89,16 @@ for _st in (2, 3, 4, 5):
         VARIANTS[f"v32/1/{_st}r{_r}"] = dict(V, num_stages=_st, rounds=_r)
 for _m in (64, 128, 256):  # one round, splits of at least _m keys
     VARIANTS[f"v32/1/3r1m{_m}"] = dict(V, num_stages=3, rounds=1, min_split=_m)
+# V rows permuted (permute_v_rows; offline: 119 registers at head_dim 128, 162 at 256; untimed)
+for _st in (2, 3, 4):
+    for _r in (1, 2):
+        VARIANTS[f"p32/1/{_st}r{_r}"] = dict(V, num_stages=_st, rounds=_r, permute_v_rows=True)
+VARIANTS["p32/1/3w32"] = dict(V, num_stages=3, waves=32, permute_v_rows=True)
 VARIANTS["v64/1/3r1"] = dict(V, block_n=64, num_stages=3, rounds=1)
 VARIANTS["v64/1/3r2"] = dict(V, block_n=64, num_stages=3, rounds=2)
-RESIDENT = {(32, 128): 12, (32, 256): 8, (64, 128): 8, (64, 256): 4}  # (block_n, head_dim): programs per SM
+# (block_n, head_dim, permute_v_rows): programs per SM, from registers (65536 per SM) and shared memory (227 KB)
+RESIDENT = {(32, 128, False): 12, (32, 256, False): 8, (64, 128, False): 8, (64, 256, False): 4,
+            (32, 128, True): 17, (32, 256, True): 10}
 SMALL = {  # small batches: shorter splits, more programs
     "t32/1/3m64": dict(P, block_n=32, num_warps=1, num_stages=3, waves=32, min_split=64),
     "t64/4/3m64": dict(P, block_n=64, num_warps=4, num_stages=3, waves=32, min_split=64),
@@ -106,7 +113,8 @@ def make_plan(case, cfg):
     cfg = dict(cfg)
     launch = {"maxnreg": cfg.pop("maxnreg")} if "maxnreg" in cfg else {}
     if "rounds" in cfg:
-        resident = RESIDENT[(cfg["block_n"], case.D)] * torch.cuda.get_device_properties(0).multi_processor_count
+        key = (cfg["block_n"], case.D, cfg.get("permute_v_rows", False))
+        resident = RESIDENT[key] * torch.cuda.get_device_properties(0).multi_processor_count
         cap = -(-case.ctx // cfg.pop("min_split", 1))
         cfg["num_splits"] = max(1, min(cap, cfg.pop("rounds") * resident // (case.B * case.Hkv)))
     plan = plan_decode(case.kv_indptr, num_q_heads=case.Hq, num_kv_heads=case.Hkv, head_dim=case.D,

@@ -152,6 +152,8 @@ DECODE_CONFIGS = {
     "pages(tiles)": {"page_size": 128, "kernel": "tiles", "block_n": 64, "num_warps": 4, "num_stages": 3},
     "pages(blocks,untransposed-v)": {"page_size": 128, "kernel": "blocks", "block_n": 32, "num_warps": 1,
                                      "num_stages": 3, "load_v_transposed": False},
+    "pages(blocks,permuted-v-rows)": {"page_size": 128, "kernel": "blocks", "block_n": 32, "num_warps": 1,
+                                      "num_stages": 3, "permute_v_rows": True},
 }
 
 

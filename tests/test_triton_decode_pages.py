@@ -81,7 +81,8 @@ MODES = {
 }
 KERNELS = {"tiles": dict(kernel="tiles", block_n=32, num_warps=2),
            "blocks": dict(kernel="blocks", block_n=32, num_warps=1),  # V loaded transposed (the default)
-           "blocks-untransposed-v": dict(kernel="blocks", block_n=32, num_warps=1, load_v_transposed=False)}
+           "blocks-untransposed-v": dict(kernel="blocks", block_n=32, num_warps=1, load_v_transposed=False),
+           "blocks-permuted-v-rows": dict(kernel="blocks", block_n=32, num_warps=1, permute_v_rows=True)}
 CASES = ([("mxfp8", 128, mode) for mode in sorted(MODES)]  # the production layout, every mode
          + [("mxfp8", 32, "inkling-local"),  # the flat scale layout, pages of 32
             ("bfloat16", 128, "generic"), ("fp8", 128, "inkling")])
@@ -110,7 +111,7 @@ def test_whole_pages_match_reference(kernel, fmt, page, mode):
         assert rel_err(out, ref) < tolerance(fmt, kernel), (num_splits, rel_err(out, ref))
 
 
-@pytest.mark.parametrize("kernel", ["blocks", "blocks-untransposed-v"])
+@pytest.mark.parametrize("kernel", ["blocks", "blocks-untransposed-v", "blocks-permuted-v-rows"])
 def test_block_kernel_head_dim_256_and_group_4(kernel):
     """Gemma-3's geometry (8 channel blocks per head, 4 query heads per KV head) through the block kernels."""
     gen = torch.Generator().manual_seed(11)
@@ -160,6 +161,12 @@ def test_plan_rejects_bad_page_options():
         plan_decode(indptr, block_n=48, **common)
     with pytest.raises(ValueError, match="load_v_transposed=True needs kernel='blocks', got kernel='tiles'"):
         plan_decode(indptr, page_size=128, kernel="tiles", load_v_transposed=True, **common)
+    with pytest.raises(ValueError, match="permute_v_rows=True needs kernel='blocks' with load_v_transposed=True"):
+        plan_decode(indptr, page_size=128, kernel="blocks", load_v_transposed=False, permute_v_rows=True, **common)
+    with pytest.raises(ValueError, match="permute_v_rows=True needs kernel='blocks'"):
+        plan_decode(indptr, page_size=128, kernel="tiles", permute_v_rows=True, **common)
+    with pytest.raises(TypeError, match="permute_v_rows must be a bool, got 1"):
+        plan_decode(indptr, page_size=128, kernel="blocks", permute_v_rows=1, **common)
     with pytest.raises(TypeError, match="load_v_transposed must be a bool, got 1"):
         plan_decode(indptr, page_size=128, kernel="blocks", load_v_transposed=1, **common)
 

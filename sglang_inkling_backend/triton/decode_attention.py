@@ -503,6 +503,9 @@ class DecodePlan:
     # "blocks" only: load V as [channels, keys] so Triton streams it through shared memory like K (155 registers
     # against 248 at head_dim 128; 1.15-1.17x faster at its large points with the same splits, s4-call1)
     load_v_transposed: bool = False
+    # load_v_transposed only: permute the V dot's rows so V leaves shared memory in words (decode_paged; not yet
+    # timed on a GPU)
+    permute_v_rows: bool = False
     compiled: object = None  # the last launched stage-1 kernel (Triton's CompiledKernel), for reports
     # Extra Triton launch options for the stage-1 kernel (e.g. {"maxnreg": 128}); for variant sweeps, not planned
     launch_options: dict = field(default_factory=dict)
@@ -572,7 +575,8 @@ def plan_decode(kv_indptr: torch.Tensor, *, num_q_heads: int, num_kv_heads: int,
                 block_n: Optional[int] = None, num_warps: Optional[int] = None, num_stages: Optional[int] = None,
                 prefetch: bool = False, fp16_tiles: bool = True, page_size: Optional[int] = None,
                 kernel: Optional[str] = None, waves: Optional[int] = None, min_split: Optional[int] = None,
-                kv_dtype: Optional[torch.dtype] = None, load_v_transposed: Optional[bool] = None) -> DecodePlan:
+                kv_dtype: Optional[torch.dtype] = None, load_v_transposed: Optional[bool] = None,
+                permute_v_rows: bool = False) -> DecodePlan:
     """Pick the kernel configuration and split count for a batch, and allocate the partial buffers.
 
     ``max_seq_len`` (a host int) avoids reading ``kv_indptr`` back from the device; without it the plan syncs once.
@@ -582,6 +586,8 @@ def plan_decode(kv_indptr: torch.Tensor, *, num_q_heads: int, num_kv_heads: int,
     ``kv_dtype``: the pool's element dtype (the configuration differs for 8-bit and 16-bit pools; None: 8-bit).
     ``load_v_transposed`` (kernel "blocks" only; default True there): load V tiles as ``[channels, keys]`` (see
     ``decode_paged``); False keeps the untransposed layout, the slower baseline.
+    ``permute_v_rows`` (with ``load_v_transposed``): the experimental V row permutation of ``decode_paged``; its
+    splits go by ``waves`` (its residency is not measured yet).
     Configuration arguments left at None come from ``choose_config``.
     """
     if not isinstance(kv_indptr, torch.Tensor) or kv_indptr.dim() != 1 or kv_indptr.dtype not in (torch.int32,
@@ -612,7 +618,9 @@ def plan_decode(kv_indptr: torch.Tensor, *, num_q_heads: int, num_kv_heads: int,
     # a caller's waves, or another kernel, tile, warp count or V layout, goes by waves
     same = (kernel, block_n, num_warps, load_v_transposed) == (chosen["kernel"], chosen["block_n"],
                                                                chosen["num_warps"], chosen["kernel"] == "blocks")
-    resident = chosen.get("resident") if waves is None and same else None
+    if not isinstance(permute_v_rows, bool):
+        raise TypeError(f"permute_v_rows must be a bool, got {permute_v_rows!r}")
+    resident = chosen.get("resident") if waves is None and same and not permute_v_rows else None
     waves = chosen["waves"] if waves is None else waves
     if not isinstance(load_v_transposed, bool):
         raise TypeError(f"load_v_transposed must be a bool, got {load_v_transposed!r}")
@@ -626,6 +634,9 @@ def plan_decode(kv_indptr: torch.Tensor, *, num_q_heads: int, num_kv_heads: int,
         raise ValueError(f"kernel must be 'tiles' or 'blocks', got {kernel!r}")
     if load_v_transposed and kernel != "blocks":
         raise ValueError(f"load_v_transposed=True needs kernel='blocks', got kernel={kernel!r}")
+    if permute_v_rows and not (kernel == "blocks" and load_v_transposed):
+        raise ValueError("permute_v_rows=True needs kernel='blocks' with load_v_transposed=True, got "
+                         f"kernel={kernel!r}, load_v_transposed={load_v_transposed}")
     if page_size is not None:
         if not isinstance(page_size, int) or page_size <= 0 or page_size % block_n:
             raise ValueError(f"page_size must be a positive multiple of block_n={block_n}, got {page_size!r}")
@@ -649,7 +660,7 @@ def plan_decode(kv_indptr: torch.Tensor, *, num_q_heads: int, num_kv_heads: int,
         part_lse = torch.empty((batch, num_q_heads, num_splits), dtype=torch.float32, device=dev)
     return DecodePlan(batch, num_q_heads, num_kv_heads, head_dim, window, num_splits, split_len, block_n,
                       num_warps, num_stages, part_o, part_lse, prefetch, fp16_tiles, page_size, kernel,
-                      load_v_transposed)
+                      load_v_transposed, permute_v_rows)
 
 
 def interpreting() -> bool:
@@ -794,7 +805,8 @@ def run_decode(plan: DecodePlan, q: torch.Tensor, kv: PagedKV, kv_indptr: torch.
     if plan.kernel == "blocks":
         pv_dtype = tl.float32 if interpreting() else (_dot_dtype(kv) if fmt == KV_FLOAT else tl.float16)
         kernel = _decode_paged_split_kernel
-        variant = dict(PV_DTYPE=pv_dtype, LOAD_V_TRANSPOSED=plan.load_v_transposed)
+        variant = dict(PV_DTYPE=pv_dtype, LOAD_V_TRANSPOSED=plan.load_v_transposed,
+                       PERMUTE_V_ROWS=plan.permute_v_rows)
         g_pad = max(8, triton.next_power_of_2(group))  # the heads are its dots' N side: 8 wide at least
     else:
         g_pad = max(16, triton.next_power_of_2(group))  # the heads are the dots' M side: 16 rows at least
