@@ -94,11 +94,17 @@ for _st in (2, 3, 4):
     for _r in (1, 2):
         VARIANTS[f"p32/1/{_st}r{_r}"] = dict(V, num_stages=_st, rounds=_r, permute_v_rows=True)
 VARIANTS["p32/1/3w32"] = dict(V, num_stages=3, waves=32, permute_v_rows=True)
+# K loaded as whole rows (the kernel's sweep-only WHOLE_K_ROWS constexpr), alone and with V rows permuted
+VARIANTS["k32/1/3r1"] = dict(V, num_stages=3, rounds=1, whole_k_rows=True)
+VARIANTS["kp32/1/3r1"] = dict(V, num_stages=3, rounds=1, whole_k_rows=True, permute_v_rows=True)
+VARIANTS["kp32/1/3r2"] = dict(V, num_stages=3, rounds=2, whole_k_rows=True, permute_v_rows=True)
 VARIANTS["v64/1/3r1"] = dict(V, block_n=64, num_stages=3, rounds=1)
 VARIANTS["v64/1/3r2"] = dict(V, block_n=64, num_stages=3, rounds=2)
 # (block_n, head_dim, permute_v_rows): programs per SM, from registers (65536 per SM) and shared memory (227 KB)
 RESIDENT = {(32, 128, False): 12, (32, 256, False): 8, (64, 128, False): 8, (64, 256, False): 4,
-            (32, 128, True): 17, (32, 256, True): 10}
+            (32, 128, True): 17, (32, 256, True): 10,
+            # with whole K rows (offline registers: 205 / 255 without the permutation, 136 / 232 with it)
+            (32, 128, False, True): 9, (32, 256, False, True): 8, (32, 128, True, True): 15, (32, 256, True, True): 8}
 SMALL = {  # small batches: shorter splits, more programs
     "t32/1/3m64": dict(P, block_n=32, num_warps=1, num_stages=3, waves=32, min_split=64),
     "t64/4/3m64": dict(P, block_n=64, num_warps=4, num_stages=3, waves=32, min_split=64),
@@ -112,8 +118,11 @@ NCU_VARIANTS = ["t32/1/3w32", "b32/2/3w32", "b32/1/3w32"]
 def make_plan(case, cfg):
     cfg = dict(cfg)
     launch = {"maxnreg": cfg.pop("maxnreg")} if "maxnreg" in cfg else {}
+    whole_k_rows = cfg.pop("whole_k_rows", False)
+    if whole_k_rows:
+        launch["WHOLE_K_ROWS"] = True  # a constexpr with a default: Triton takes it as a launch keyword
     if "rounds" in cfg:
-        key = (cfg["block_n"], case.D, cfg.get("permute_v_rows", False))
+        key = (cfg["block_n"], case.D, cfg.get("permute_v_rows", False)) + ((True,) if whole_k_rows else ())
         resident = RESIDENT[key] * torch.cuda.get_device_properties(0).multi_processor_count
         cap = -(-case.ctx // cfg.pop("min_split", 1))
         cfg["num_splits"] = max(1, min(cap, cfg.pop("rounds") * resident // (case.B * case.Hkv)))

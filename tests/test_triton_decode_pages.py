@@ -125,6 +125,25 @@ def test_block_kernel_head_dim_256_and_group_4(kernel):
     assert rel_err(out, reference_decode(q, pool, indptr, indices, params)) < 1e-5
 
 
+@pytest.mark.parametrize("d,group", [(64, 4), (128, 8), (256, 4)])
+@pytest.mark.parametrize("permute_v_rows", [False, True])
+def test_block_kernel_whole_k_rows_sweep_option(d, group, permute_v_rows):
+    """WHOLE_K_ROWS (a sweep-only constexpr, passed through DecodePlan.launch_options) loads K as whole rows and
+    splits them into channel blocks in registers (2, 4 and 8 blocks here); the result is the reference's."""
+    gen = torch.Generator().manual_seed(d + permute_v_rows)
+    hkv = 2
+    indptr, indices, slots = whole_pages_batch([150, 33], 128, gen)
+    pool = make_pool("mxfp8", slots, hkv, d, 128, gen)
+    q = torch.randn(2, hkv * group, d, generator=gen).bfloat16().to(DEV)
+    params = MODES["generic"](2, hkv * group, d, gen)
+    plan = plan_decode(indptr, num_q_heads=hkv * group, num_kv_heads=hkv, head_dim=d, window=params.window,
+                       page_size=128, kernel="blocks", block_n=32, num_warps=1, num_splits=2,
+                       permute_v_rows=permute_v_rows)
+    plan.launch_options = {"WHOLE_K_ROWS": True}
+    out = run_decode(plan, q, pool, indptr, indices, params, out=torch.full(q.shape, float("nan")))
+    assert rel_err(out, reference_decode(q, pool, indptr, indices, params)) < 1e-5
+
+
 def test_validate_slots_checks_the_page_contract():
     gen = torch.Generator().manual_seed(5)
     indptr, indices, slots = whole_pages_batch([70, 200], 32, gen)

@@ -58,6 +58,32 @@ def scale_columns(sf, NB: tl.constexpr):
 
 
 @triton.jit
+def channel_blocks(x, NB: tl.constexpr):
+    """A ``[N, 32 * NB]`` tile (NB in 1, 2, 4, 8) as a tuple of NB ``[N, 32]`` channel blocks, by reshapes and
+    splits (no loads)."""
+    N: tl.constexpr = x.shape[0]
+    if NB == 1:
+        blocks = (x,)
+    elif NB == 2:
+        blocks = tl.split(tl.permute(tl.reshape(x, (N, 2, 32)), (0, 2, 1)))
+    elif NB == 4:
+        b0, b1 = tl.split(tl.permute(tl.reshape(x, (N, 2, 2, 32)), (0, 3, 1, 2)))  # block 2a + b; b0: 0, 2
+        c0, c2 = tl.split(b0)
+        c1, c3 = tl.split(b1)
+        blocks = (c0, c1, c2, c3)
+    else:
+        b0, b1 = tl.split(tl.permute(tl.reshape(x, (N, 2, 2, 2, 32)), (0, 4, 1, 2, 3)))  # block 4a + 2b + c
+        c00, c01 = tl.split(b0)  # c00: blocks 0, 4; c01: 2, 6
+        c10, c11 = tl.split(b1)  # c10: 1, 5; c11: 3, 7
+        d0, d4 = tl.split(c00)
+        d2, d6 = tl.split(c01)
+        d1, d5 = tl.split(c10)
+        d3, d7 = tl.split(c11)
+        blocks = (d0, d1, d2, d3, d4, d5, d6, d7)
+    return blocks
+
+
+@triton.jit
 def _decode_paged_split_kernel(
     q_ptr, k_ptr, v_ptr, ksf_ptr, vsf_ptr,
     kv_indptr_ptr, kv_indices_ptr,
@@ -73,6 +99,7 @@ def _decode_paged_split_kernel(
     KV_FORMAT: tl.constexpr, PAGE: tl.constexpr, INTERLEAVED: tl.constexpr, PV_DTYPE: tl.constexpr,
     HAS_REL_BIAS: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr, HAS_SINKS: tl.constexpr,
     DIRECT: tl.constexpr, LOAD_V_TRANSPOSED: tl.constexpr = False, PERMUTE_V_ROWS: tl.constexpr = False,
+    WHOLE_K_ROWS: tl.constexpr = False,  # sweeps only (DecodePlan.launch_options): see the K load below
 ):
     NB: tl.constexpr = D // 32
     b = tl.program_id(0)
@@ -142,8 +169,18 @@ def _decode_paged_split_kernel(
                                            other=127), NB)
             v_cols = scale_columns(tl.load(vsf_ptr + sf_off[:, None] + offs_j[None, :], mask=mask_n[:, None],
                                            other=0), NB)
+        if WHOLE_K_ROWS:
+            # K as one [keys, D] load split into channel blocks in registers: each key's row is one contiguous
+            # request (a per-block load asks for one 32-byte sector per request; call 2's ncu saw L2 at 85% busy
+            # with DRAM at 65%). Offline (triton 3.6, head_dim 128): 205 registers against 158, 992 loop
+            # instructions against 987; with PERMUTE_V_ROWS 136 and 1074. Not yet timed.
+            k_blocks = channel_blocks(tl.load(k_base + (offs_t * stride_k_slot)[:, None] + tl.arange(0, D)[None, :],
+                                              mask=mask_n[:, None], other=0.0), NB)
         for j in tl.static_range(NB):
-            kj = tl.load(k_base + k_tile + 32 * j, mask=mask_n[:, None], other=0.0)
+            if WHOLE_K_ROWS:
+                kj = k_blocks[j]
+            else:
+                kj = tl.load(k_base + k_tile + 32 * j, mask=mask_n[:, None], other=0.0)
             qkj = tl.dot(kj.to(Q_DTYPE), qts[j])
             if KV_FORMAT == 2:
                 qk += qkj * (k_cols[j].to(tl.int32) << 23).to(tl.float32, bitcast=True)[:, None]
