@@ -151,15 +151,18 @@ def serving_script(h):
         yield h.batch([0, 1, 2, 3], [1, 1, 1, 1], decode=True)
 
 
-def run_script(h, backends, check):
-    for fb in serving_script(h):
+def run_script(h, backends, check=None, steps=None):
+    """Run the serving script (its first ``steps`` batches, or all) through the backends, recording the history;
+    ``check(fb, layer, q, outs)`` sees every layer's outputs."""
+    for fb in itertools.islice(serving_script(h), steps):
         for backend in backends:
             backend.init_forward_metadata(fb)
         for layer in h.layers:
             q, k, v = h.qkv(fb, layer)
             h.record(fb, layer, k, v)
             outs = [b.forward(q, k, v, layer, fb) for b in backends]
-            check(fb, layer, q, outs)
+            if check is not None:
+                check(fb, layer, q, outs)
 
 
 def test_bf16_matches_torch_native_and_dense_reference():
@@ -365,12 +368,7 @@ def test_cpu_graph_runner_hooks_with_padded_batch():
     layers = make_layers()
     h = Harness(layers, bf16_pool())
     ours = InklingAttnBackend(h.runner)
-    for fb in itertools.islice(serving_script(h), 3):  # prefill the requests (lazily: batches read history)
-        ours.init_forward_metadata(fb)
-        for layer in layers:
-            q, k, v = h.qkv(fb, layer)
-            h.record(fb, layer, k, v)
-            ours.forward(q, k, v, layer, fb)
+    run_script(h, [ours], steps=3)  # prefill the requests (lazily: batches read history)
     ours.init_cpu_graph_state(8, 8)
     fill = ours.get_cpu_graph_seq_len_fill_value()
     assert fill == 1
@@ -485,12 +483,7 @@ def test_triton_graph_metadata_plans_for_its_batch_and_restarts_at_capture(monke
     layers = make_layers(windows=MIXED)
     h = Harness(layers, bf16_pool(layers=len(MIXED)), context=600)  # graph plans use the context limit: 3 splits
     ours = triton_backend(h)
-    for fb in itertools.islice(serving_script(h), 3):  # prefill the four requests
-        ours.init_forward_metadata(fb)
-        for layer in layers:
-            q, k, v = h.qkv(fb, layer)
-            h.record(fb, layer, k, v)
-            ours.forward(q, k, v, layer, fb)
+    run_script(h, [ours], steps=3)  # prefill the four requests
     ours.init_cuda_graph_state(8, 8)
     capturing = [False]
     monkeypatch.setattr(metadata, "stream_capturing", lambda device: capturing[0])
