@@ -59,27 +59,13 @@ def scale_columns(sf, NB: tl.constexpr):
 
 @triton.jit
 def channel_blocks(x, NB: tl.constexpr):
-    """A ``[N, 32 * NB]`` tile (NB in 1, 2, 4, 8) as a tuple of NB ``[N, 32]`` channel blocks, by reshapes and
-    splits (no loads)."""
+    """A ``[N, 32 * NB]`` tile as a tuple of NB ``[N, 32]`` channel blocks: the block index moved last and split off
+    by ``scale_columns`` (no loads)."""
     N: tl.constexpr = x.shape[0]
-    if NB == 1:
-        blocks = (x,)
-    elif NB == 2:
-        blocks = tl.split(tl.permute(tl.reshape(x, (N, 2, 32)), (0, 2, 1)))
-    elif NB == 4:
-        b0, b1 = tl.split(tl.permute(tl.reshape(x, (N, 2, 2, 32)), (0, 3, 1, 2)))  # block 2a + b; b0: 0, 2
-        c0, c2 = tl.split(b0)
-        c1, c3 = tl.split(b1)
-        blocks = (c0, c1, c2, c3)
-    else:
-        b0, b1 = tl.split(tl.permute(tl.reshape(x, (N, 2, 2, 2, 32)), (0, 4, 1, 2, 3)))  # block 4a + 2b + c
-        c00, c01 = tl.split(b0)  # c00: blocks 0, 4; c01: 2, 6
-        c10, c11 = tl.split(b1)  # c10: 1, 5; c11: 3, 7
-        d0, d4 = tl.split(c00)
-        d2, d6 = tl.split(c01)
-        d1, d5 = tl.split(c10)
-        d3, d7 = tl.split(c11)
-        blocks = (d0, d1, d2, d3, d4, d5, d6, d7)
+    cols = scale_columns(tl.reshape(tl.permute(tl.reshape(x, (N, NB, 32)), (0, 2, 1)), (N * 32, NB)), NB)
+    blocks = ()
+    for j in tl.static_range(NB):
+        blocks = blocks + (tl.reshape(cols[j], (N, 32)),)
     return blocks
 
 
