@@ -39,6 +39,7 @@ POINTS = [("inkling-tp4", 16, 2, 128, 128, 32768), ("gqa8-tp1", 64, 8, 128, 32, 
 
 P = dict(page_size=PAGE)
 PB = dict(P, kernel="blocks", load_v_transposed=False)
+V = dict(P, kernel="blocks", block_n=32, num_warps=1, load_v_transposed=True)
 # b*: the block kernel with V untransposed (session 3's default); v*: V loaded transposed (session 4's); the
 # heads-on-M m* variants went with their kernel in session 4 (their rows stay in the results of earlier calls)
 VARIANTS = {
@@ -64,26 +65,23 @@ VARIANTS = {
     "b32/2/3w64": dict(PB, block_n=32, num_warps=2, num_stages=3, waves=64),
     # V loaded as [channels, keys] (load_v_transposed): streamed through shared memory, far fewer registers
     # (offline, triton 3.6: 158 against 249 at head_dim 128 on one warp; 240 without spills at head_dim 256)
-    "v32/1/3w64": dict(P, kernel="blocks", block_n=32, num_warps=1, num_stages=3, waves=64, load_v_transposed=True),
-    "v32/1/3w32": dict(P, kernel="blocks", block_n=32, num_warps=1, num_stages=3, waves=32, load_v_transposed=True),
-    "v32/1/5w64": dict(P, kernel="blocks", block_n=32, num_warps=1, num_stages=5, waves=64, load_v_transposed=True),
-    "v32/1/2w32": dict(P, kernel="blocks", block_n=32, num_warps=1, num_stages=2, waves=32, load_v_transposed=True),
+    "v32/1/3w64": dict(V, num_stages=3, waves=64),
+    "v32/1/3w32": dict(V, num_stages=3, waves=32),
+    "v32/1/5w64": dict(V, num_stages=5, waves=64),
+    "v32/1/2w32": dict(V, num_stages=2, waves=32),
     "v64/1/3w64": dict(P, kernel="blocks", block_n=64, num_warps=1, num_stages=3, waves=64, load_v_transposed=True),
     "v64/2/3w64": dict(P, kernel="blocks", block_n=64, num_warps=2, num_stages=3, waves=64, load_v_transposed=True),
     "v64/4/3w32": dict(P, kernel="blocks", block_n=64, num_warps=4, num_stages=3, waves=32, load_v_transposed=True),
-    "v32/1/4w64": dict(P, kernel="blocks", block_n=32, num_warps=1, num_stages=4, waves=64, load_v_transposed=True),
-    "v32/1/3w96": dict(P, kernel="blocks", block_n=32, num_warps=1, num_stages=3, waves=96, load_v_transposed=True),
-    "v32/1/5w96": dict(P, kernel="blocks", block_n=32, num_warps=1, num_stages=5, waves=96, load_v_transposed=True),
+    "v32/1/4w64": dict(V, num_stages=4, waves=64),
+    "v32/1/3w96": dict(V, num_stages=3, waves=96),
+    "v32/1/5w96": dict(V, num_stages=5, waves=96),
     "v32/2/3w64": dict(P, kernel="blocks", block_n=32, num_warps=2, num_stages=3, waves=64, load_v_transposed=True),
     # register caps on the transposed-V kernel (155 registers at head_dim 128: 12 programs per SM; 144: 14, 128: 16)
-    "v32/1/3w32r144": dict(P, kernel="blocks", block_n=32, num_warps=1, num_stages=3, waves=32,
-                           load_v_transposed=True, maxnreg=144),
-    "v32/1/3w32r128": dict(P, kernel="blocks", block_n=32, num_warps=1, num_stages=3, waves=32,
-                           load_v_transposed=True, maxnreg=128),
+    "v32/1/3w32r144": dict(V, num_stages=3, waves=32, maxnreg=144),
+    "v32/1/3w32r128": dict(V, num_stages=3, waves=32, maxnreg=128),
 }
 # Split counts by whole rounds of resident programs: "rounds" r gives num_splits = r * resident * SMs // pairs
 # (then rounded by plan_decode to whole 32-key tiles), resident = programs per SM at that head_dim (registers)
-V = dict(P, kernel="blocks", block_n=32, num_warps=1, load_v_transposed=True)
 for _st in (2, 3, 4, 5):
     for _r in (1, 2, 3, 4):
         VARIANTS[f"v32/1/{_st}r{_r}"] = dict(V, num_stages=_st, rounds=_r)
