@@ -109,6 +109,13 @@ SMALL = {  # small batches: shorter splits, more programs
     "b32/2/3m64": dict(PB, block_n=32, num_warps=2, num_stages=3, waves=32, min_split=64),
     "b32/2/3m128": dict(PB, block_n=32, num_warps=2, num_stages=3, waves=32, min_split=128),
     "t64/4/3m128": dict(P, block_n=64, num_warps=4, num_stages=3, waves=32, min_split=128),
+    # single requests: the planned tile kernel's split counts, and the merge over whole heads (merge_block_d = D,
+    # the merge before choose_merge_block_d) against the planned one over channel blocks
+    "planned/mD": dict(P, merge_whole=True),
+    "t64/4/3w1m64": dict(P, block_n=64, num_warps=4, num_stages=3, waves=1, min_split=64),
+    "t64/4/3w4m64": dict(P, block_n=64, num_warps=4, num_stages=3, waves=4, min_split=64),
+    "t64/4/3w4m64/mD": dict(P, block_n=64, num_warps=4, num_stages=3, waves=4, min_split=64, merge_whole=True),
+    "t32/2/3w4m32": dict(P, block_n=32, num_warps=2, num_stages=3, waves=4, min_split=32),
 }
 NCU_VARIANTS = ["t32/1/3w32", "b32/2/3w32", "b32/1/3w32"]
 
@@ -117,6 +124,8 @@ def make_plan(case, cfg):
     cfg = dict(cfg)
     launch = {"maxnreg": cfg.pop("maxnreg")} if "maxnreg" in cfg else {}
     whole_k_rows = cfg.pop("whole_k_rows", False)
+    if cfg.pop("merge_whole", False):
+        cfg["merge_block_d"] = case.D
     if whole_k_rows:
         launch["WHOLE_K_ROWS"] = True  # a constexpr with a default: Triton takes it as a launch keyword
     if "rounds" in cfg:

@@ -209,6 +209,45 @@ def test_plan_reuses_across_layers_and_window_splits_cover_the_window():
         assert rel_err(out, reference_decode(q, pool, indptr, indices, params)) < 1e-5, layer
 
 
+@pytest.mark.parametrize("merge_block_d", [32, 64, 128])
+def test_merge_over_channel_blocks_matches_reference(merge_block_d):
+    """Stage 2 spread over channel blocks (one program per request, query head and merge_block_d channels), with
+    sinks and a window (the merge folds the sinks and counts the window's splits): the same output at every
+    block width. 41 splits of 32 keys: more than the 32 splits one load round took before, so the loop runs."""
+    gen = torch.Generator().manual_seed(17)
+    hq, hkv, d = 4, 1, 128
+    indptr, indices, slots = whole_pages_batch([1300, 90], 128, gen)
+    pool = make_pool("mxfp8", slots, hkv, d, 128, gen)
+    q = torch.randn(2, hq, d, generator=gen).bfloat16().to(DEV)
+    params = MODES["generic"](2, hq, d, gen)
+    params = AttentionParams(d ** -0.5, window=1250, logit_cap=2.0, sinks=params.sinks)
+    plan = plan_decode(indptr, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, window=1250, page_size=128,
+                       kernel="blocks", block_n=32, num_warps=1, num_splits=41, merge_block_d=merge_block_d)
+    assert plan.num_splits == 41 and plan.merge_block_d == merge_block_d  # 1281 keys (window + a tile)
+    out = run_decode(plan, q, pool, indptr, indices, params, out=torch.full(q.shape, float("nan")))
+    assert rel_err(out, reference_decode(q, pool, indptr, indices, params)) < 1e-5
+
+
+@pytest.mark.parametrize("batch,hq,d,expect", [
+    (1, 16, 128, 32),  # 16 pairs: 4 blocks of 32 channels, 64 programs
+    (1, 4, 256, 32),  # 4 pairs: 8 blocks
+    (8, 16, 128, 64),  # 128 pairs, fewer than 132 SMs: 2 blocks, 256 programs
+    (16, 16, 128, 128),  # 256 pairs: the whole head
+    (32, 64, 128, 128),
+])
+def test_choose_merge_block_d(batch, hq, d, expect):
+    from sglang_inkling_backend.triton.decode_attention import choose_merge_block_d
+    assert choose_merge_block_d(batch, hq, d, 132) == expect
+
+
+def test_plan_rejects_bad_merge_block_d():
+    indptr = torch.tensor([0, 100], dtype=torch.int32)
+    for bad in (16, 96, 256, 64.0):
+        with pytest.raises(ValueError, match=f"merge_block_d must be a power of two in \\[32, head_dim=128\\] "
+                                             f"dividing head_dim, got {bad!r}"):
+            plan_decode(indptr, num_q_heads=8, num_kv_heads=2, head_dim=128, page_size=128, merge_block_d=bad)
+
+
 @pytest.mark.parametrize("batch,hkv,d,keys,dtype,expect", [
     (128, 2, 128, 32768, torch.float8_e4m3fn, dict(kernel="blocks", block_n=32, num_warps=1, num_stages=3,
                                                     resident=12)),

@@ -421,9 +421,10 @@ def _decode_merge_kernel(
     part_o_ptr, part_lse_ptr, kv_indptr_ptr, sinks_ptr, out_ptr,
     stride_ob, stride_oh, window, split_len, max_splits,
     HQ: tl.constexpr, D: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr,
-    SPLIT_BLOCK: tl.constexpr, ALIGN: tl.constexpr,
+    SPLIT_BLOCK: tl.constexpr, ALIGN: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    # ALIGN: stage 1's splits start at a multiple of ALIGN keys before the window (block_n for page-aligned tiles)
+    # ALIGN: stage 1's splits start at a multiple of ALIGN keys before the window (block_n for page-aligned tiles).
+    # One program per (request, query head, BLOCK_D channels): small batches spread the merge over more programs.
     b = tl.program_id(0)
     hq = tl.program_id(1)
     seq_len = (tl.load(kv_indptr_ptr + b + 1) - tl.load(kv_indptr_ptr + b)).to(tl.int32)
@@ -431,12 +432,12 @@ def _decode_merge_kernel(
     if HAS_WINDOW:
         n_keys = seq_len - (tl.maximum(seq_len - window, 0) // ALIGN) * ALIGN
     n_splits = (n_keys + split_len - 1) // split_len
-    offs_d = tl.arange(0, D)
+    offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
     offs_s = tl.arange(0, SPLIT_BLOCK)
     row0 = (b * HQ + hq).to(tl.int64) * max_splits
     m = tl.load(part_lse_ptr + row0)  # split 0 always exists: a finite start, so no -inf - -inf below
     l = tl.zeros_like(m)
-    acc = tl.zeros([D], tl.float32)
+    acc = tl.zeros([BLOCK_D], tl.float32)
     # SPLIT_BLOCK splits at a time: their loads are independent, so their latencies overlap
     for s0 in range(0, n_splits, SPLIT_BLOCK):
         mask_s = s0 + offs_s < n_splits
@@ -509,6 +510,8 @@ class DecodePlan:
     compiled: object = None  # the last launched stage-1 kernel (Triton's CompiledKernel), for reports
     # Extra Triton launch options for the stage-1 kernel (e.g. {"maxnreg": 128}); for variant sweeps, not planned
     launch_options: dict = field(default_factory=dict)
+    # Stage 2 runs one program per (request, query head, merge_block_d channels) (choose_merge_block_d)
+    merge_block_d: Optional[int] = None
 
     @property
     def paged(self) -> bool:
@@ -531,6 +534,16 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_keys: int, num_sms: int
         want = max(1, math.ceil(waves * num_sms / programs))
     cap = max(1, math.ceil(max_keys / max(min_split, block_n)))
     return min(want, cap)
+
+
+def choose_merge_block_d(batch: int, num_q_heads: int, head_dim: int, num_sms: int) -> int:
+    """Channels per merge program: the whole head while (request, query head) pairs give a program per SM, else
+    halved (down to 32 channels) until they do, so a single request's merge (16 heads: 16 programs, each reading
+    its splits 32 at a time) is spread over up to 4x as many programs, each reading its splits at once."""
+    block_d = head_dim
+    while block_d > 32 and batch * num_q_heads * (head_dim // block_d) < num_sms:
+        block_d //= 2
+    return block_d
 
 
 def choose_config(batch: int, num_kv_heads: int, head_dim: int, max_keys: int, page_size: Optional[int],
@@ -576,7 +589,7 @@ def plan_decode(kv_indptr: torch.Tensor, *, num_q_heads: int, num_kv_heads: int,
                 prefetch: bool = False, fp16_tiles: bool = True, page_size: Optional[int] = None,
                 kernel: Optional[str] = None, waves: Optional[int] = None, min_split: Optional[int] = None,
                 kv_dtype: Optional[torch.dtype] = None, load_v_transposed: Optional[bool] = None,
-                permute_v_rows: bool = False) -> DecodePlan:
+                permute_v_rows: bool = False, merge_block_d: Optional[int] = None) -> DecodePlan:
     """Pick the kernel configuration and split count for a batch, and allocate the partial buffers.
 
     ``max_seq_len`` (a host int) avoids reading ``kv_indptr`` back from the device; without it the plan syncs once.
@@ -588,6 +601,8 @@ def plan_decode(kv_indptr: torch.Tensor, *, num_q_heads: int, num_kv_heads: int,
     ``decode_paged``); False keeps the untransposed layout, the slower baseline.
     ``permute_v_rows`` (with ``load_v_transposed``): the experimental V row permutation of ``decode_paged``; its
     splits go by ``waves`` (its residency is not measured yet).
+    ``merge_block_d``: channels per merge program (a power of two from 32 to head_dim; None:
+    ``choose_merge_block_d``).
     Configuration arguments left at None come from ``choose_config``.
     """
     if not isinstance(kv_indptr, torch.Tensor) or kv_indptr.dim() != 1 or kv_indptr.dtype not in (torch.int32,
@@ -653,6 +668,12 @@ def plan_decode(kv_indptr: torch.Tensor, *, num_q_heads: int, num_kv_heads: int,
         raise ValueError(f"num_splits must be a positive int, got {num_splits!r}")
     split_len = triton.cdiv(triton.cdiv(max_keys, num_splits), block_n) * block_n
     num_splits = triton.cdiv(max_keys, split_len)
+    if merge_block_d is None:
+        merge_block_d = choose_merge_block_d(batch, num_q_heads, head_dim, _num_sms(kv_indptr.device))
+    if (not isinstance(merge_block_d, int) or merge_block_d < 32 or merge_block_d > head_dim
+            or merge_block_d & (merge_block_d - 1) or head_dim % merge_block_d):
+        raise ValueError(f"merge_block_d must be a power of two in [32, head_dim={head_dim}] dividing head_dim, "
+                         f"got {merge_block_d!r}")
     part_o = part_lse = None
     if num_splits > 1:
         dev = kv_indptr.device
@@ -660,7 +681,7 @@ def plan_decode(kv_indptr: torch.Tensor, *, num_q_heads: int, num_kv_heads: int,
         part_lse = torch.empty((batch, num_q_heads, num_splits), dtype=torch.float32, device=dev)
     return DecodePlan(batch, num_q_heads, num_kv_heads, head_dim, window, num_splits, split_len, block_n,
                       num_warps, num_stages, part_o, part_lse, prefetch, fp16_tiles, page_size, kernel,
-                      load_v_transposed, permute_v_rows)
+                      load_v_transposed, permute_v_rows, merge_block_d=merge_block_d)
 
 
 def interpreting() -> bool:
@@ -832,13 +853,17 @@ def run_decode(plan: DecodePlan, q: torch.Tensor, kv: PagedKV, kv_indptr: torch.
         num_warps=plan.num_warps, num_stages=plan.num_stages, **plan.launch_options,
     )
     if not direct:
-        _decode_merge_kernel[(batch, hq)](
+        block_d = plan.merge_block_d or d
+        _decode_merge_kernel[(batch, hq, d // block_d)](
             plan.part_o, plan.part_lse, kv_indptr, params.sinks if params.sinks is not None else dummy, out,
             out.stride(0), out.stride(1), params.window if params.window is not None else 0,
             plan.split_len, plan.num_splits,
             HQ=hq, D=d, HAS_WINDOW=params.window is not None, HAS_SINKS=params.sinks is not None,
-            SPLIT_BLOCK=min(32, triton.next_power_of_2(plan.num_splits)), ALIGN=plan.block_n if plan.paged else 1,
-            num_warps=4 if d >= 128 else 2,
+            # up to 4096 partial values per load round (32 per thread on 4 warps): all splits at once when the
+            # merge is spread over channel blocks
+            SPLIT_BLOCK=min(max(32, 4096 // block_d), triton.next_power_of_2(plan.num_splits)),
+            ALIGN=plan.block_n if plan.paged else 1, BLOCK_D=block_d,
+            num_warps=4 if d >= 128 or block_d < d else 2,
         )
     return out
 
