@@ -35,7 +35,12 @@ POINTS = [("inkling-tp4", 16, 2, 128, 128, 32768), ("gqa8-tp1", 64, 8, 128, 32, 
           ("gemma3-270m", 4, 1, 256, 1, 16384), ("gemma3-270m", 4, 1, 256, 8, 16384),
           # 17..19: more of the small and middle points
           ("inkling-tp4", 16, 2, 128, 8, 1024), ("gemma3-270m", 4, 1, 256, 8, 4096),
-          ("gemma3-270m", 4, 1, 256, 32, 1024)]
+          ("gemma3-270m", 4, 1, 256, 32, 1024),
+          # 20..27: the other single requests
+          ("inkling-tp4", 16, 2, 128, 1, 1024), ("inkling-tp4", 16, 2, 128, 1, 4096),
+          ("gqa8-tp1", 64, 8, 128, 1, 1024), ("gqa8-tp1", 64, 8, 128, 1, 4096),
+          ("gqa8-tp1", 64, 8, 128, 1, 16384), ("gqa8-tp1", 64, 8, 128, 1, 32768),
+          ("gemma3-270m", 4, 1, 256, 1, 1024), ("gemma3-270m", 4, 1, 256, 1, 32768)]
 
 P = dict(page_size=PAGE)
 PB = dict(P, kernel="blocks", load_v_transposed=False)
@@ -87,7 +92,7 @@ for _st in (2, 3, 4, 5):
         VARIANTS[f"v32/1/{_st}r{_r}"] = dict(V, num_stages=_st, rounds=_r)
 for _m in (64, 128, 256):  # one round, splits of at least _m keys
     VARIANTS[f"v32/1/3r1m{_m}"] = dict(V, num_stages=3, rounds=1, min_split=_m)
-# V rows permuted (permute_v_rows; offline: 119 registers at head_dim 128, 162 at 256; untimed)
+# V rows permuted (permute_v_rows; offline: 119 registers at head_dim 128, 162 at 256; s5-call1: slower)
 for _st in (2, 3, 4):
     for _r in (1, 2):
         VARIANTS[f"p32/1/{_st}r{_r}"] = dict(V, num_stages=_st, rounds=_r, permute_v_rows=True)
@@ -100,7 +105,9 @@ VARIANTS["v64/1/3r1"] = dict(V, block_n=64, num_stages=3, rounds=1)
 VARIANTS["v64/1/3r2"] = dict(V, block_n=64, num_stages=3, rounds=2)
 # (block_n, head_dim, permute_v_rows): programs per SM, from registers (65536 per SM) and shared memory (227 KB)
 RESIDENT = {(32, 128, False): 12, (32, 256, False): 8, (64, 128, False): 8, (64, 256, False): 4,
-            (32, 128, True): 17, (32, 256, True): 10,
+            # permuted V rows: offline 119 / 162 registers, but the GPU machine's build reported 155 / 239 (s5-call1),
+            # the same as without, so the same residency
+            (32, 128, True): 12, (32, 256, True): 8,
             # with whole K rows (offline registers: 205 / 255 without the permutation, 136 / 232 with it)
             (32, 128, False, True): 9, (32, 256, False, True): 8, (32, 128, True, True): 15, (32, 256, True, True): 8}
 SMALL = {  # small batches: shorter splits, more programs
@@ -113,6 +120,7 @@ SMALL = {  # small batches: shorter splits, more programs
     # the merge before choose_merge_block_d) against the planned one over channel blocks
     "planned/mD": dict(P, merge_whole=True),
     "t64/4/3w1m64": dict(P, block_n=64, num_warps=4, num_stages=3, waves=1, min_split=64),
+    "t64/4/3w2m64": dict(P, block_n=64, num_warps=4, num_stages=3, waves=2, min_split=64),
     "t64/4/3w4m64": dict(P, block_n=64, num_warps=4, num_stages=3, waves=4, min_split=64),
     "t64/4/3w4m64/mD": dict(P, block_n=64, num_warps=4, num_stages=3, waves=4, min_split=64, merge_whole=True),
     "t32/2/3w4m32": dict(P, block_n=32, num_warps=2, num_stages=3, waves=4, min_split=32),
