@@ -86,6 +86,7 @@ def _decode_paged_split_kernel(
     HAS_REL_BIAS: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr, HAS_SINKS: tl.constexpr,
     DIRECT: tl.constexpr, LOAD_V_TRANSPOSED: tl.constexpr = False, PERMUTE_V_ROWS: tl.constexpr = False,
     WHOLE_K_ROWS: tl.constexpr = False,  # sweeps only (DecodePlan.launch_options): see the K load below
+    V_WORDS: tl.constexpr = False,
 ):
     NB: tl.constexpr = D // 32
     b = tl.program_id(0)
@@ -146,6 +147,10 @@ def _decode_paged_split_kernel(
         slot0 = tl.load(idx_ptr + start).to(tl.int64)
         k_base = k_ptr + (slot0 * stride_k_slot + h * stride_k_head)
         v_base = v_ptr + (slot0 * stride_v_slot + h * stride_v_head)
+        if V_WORDS:
+            v_words = v_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+            v_base_w = (slot0 * stride_v_slot + h * stride_v_head) // 4 + (
+                tl.arange(0, 8)[:, None] + (offs_t * (stride_v_slot // 4))[None, :])
         if KV_FORMAT == 2:
             sf_off = page_tile_scale_offsets(slot0, offs_t, h, HKV, NB, PAGE, INTERLEAVED)
 
@@ -185,7 +190,16 @@ def _decode_paged_split_kernel(
         new_accs = ()
         new_units = ()
         for j in tl.static_range(NB):
-            if LOAD_V_TRANSPOSED:
+            if V_WORDS:
+                w = tl.load(v_words + (v_base_w + 8 * j), mask=mask_n[None, :], other=0)  # [8 words, keys]
+                b0 = w & 0xFF
+                b1 = (w >> 8) & 0xFF
+                b2 = (w >> 16) & 0xFF
+                b3 = (w >> 24) & 0xFF
+                x4 = tl.join(tl.join(b0, b2), tl.join(b1, b3))  # [8, N, 2, 2]: [.., i, j] = byte 2i + j
+                x4 = tl.reshape(tl.permute(x4, (0, 3, 2, 1)), (32, BLOCK_N))  # row 4w + 2j + i
+                vj = x4.to(tl.uint8).to(tl.float8e4nv, bitcast=True)
+            elif LOAD_V_TRANSPOSED:
                 vj = tl.load(v_base + v_tile + 32 * j, mask=mask_n[None, :], other=0.0)
                 if PERMUTE_V_ROWS:
                     # the dot's row i * 8 + g takes channel 4 * g + i (the output rows follow, undone at the store):
@@ -230,6 +244,8 @@ def _decode_paged_split_kernel(
     part_row = (b * (HKV * G) + heads).to(tl.int64) * max_splits + split
     if PERMUTE_V_ROWS:  # accumulator row r holds channel 4 * (r % 8) + r // 8
         offs_c = 4 * (offs_c % 8) + offs_c // 8
+    if V_WORDS:
+        offs_c = 4 * (offs_c // 4) + 2 * (offs_c % 2) + (offs_c // 2) % 2
     for j in tl.static_range(NB):
         o = accs[j] * o_scale[None, :]
         if KV_FORMAT == 2:
