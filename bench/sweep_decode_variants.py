@@ -92,34 +92,13 @@ for _st in (2, 3, 4, 5):
         VARIANTS[f"v32/1/{_st}r{_r}"] = dict(V, num_stages=_st, rounds=_r)
 for _m in (64, 128, 256):  # one round, splits of at least _m keys
     VARIANTS[f"v32/1/3r1m{_m}"] = dict(V, num_stages=3, rounds=1, min_split=_m)
-# V rows permuted (permute_v_rows; offline: 119 registers at head_dim 128, 162 at 256; s5-call1: slower)
-for _st in (2, 3, 4):
-    for _r in (1, 2):
-        VARIANTS[f"p32/1/{_st}r{_r}"] = dict(V, num_stages=_st, rounds=_r, permute_v_rows=True)
-VARIANTS["p32/1/3w32"] = dict(V, num_stages=3, waves=32, permute_v_rows=True)
-# K loaded as whole rows (the kernel's sweep-only WHOLE_K_ROWS constexpr), alone and with V rows permuted
-VARIANTS["k32/1/3r1"] = dict(V, num_stages=3, rounds=1, whole_k_rows=True)
-VARIANTS["kp32/1/3r1"] = dict(V, num_stages=3, rounds=1, whole_k_rows=True, permute_v_rows=True)
-VARIANTS["kp32/1/3r2"] = dict(V, num_stages=3, rounds=2, whole_k_rows=True, permute_v_rows=True)
-# V loaded as 32-bit words and split into bytes in registers (the kernel's sweep-only V_WORDS constexpr), rows in
-# the order that lets Triton 3.6 convert each word's byte pairs at once (offline: 124 registers and 914 loop
-# instructions at head_dim 128, against 158 and 987; 160 and 1638 at 256, against 240 and 1710)
-VARIANTS["w32/1/3r1"] = dict(V, num_stages=3, rounds=1, v_words=True)
-VARIANTS["w32/1/3r2"] = dict(V, num_stages=3, rounds=2, v_words=True)
-VARIANTS["w32/1/3r1s"] = dict(V, num_stages=3, rounds=1, v_words=True, resident_as_planned=True)
-VARIANTS["w32/1/3w4m64"] = dict(V, num_stages=3, waves=4, min_split=64, v_words=True)
+# Removed after session 5 timed them slower than the planned kernel at equal splits (bench/results/README.md; the
+# code is in git history at 31e060a): p32/* (V rows permuted), k32/*, kp32/* (K loaded as whole rows), w32/* (V
+# loaded as 32-bit words)
 VARIANTS["v64/1/3r1"] = dict(V, block_n=64, num_stages=3, rounds=1)
 VARIANTS["v64/1/3r2"] = dict(V, block_n=64, num_stages=3, rounds=2)
-# (block_n, head_dim, permute_v_rows): programs per SM, from registers (65536 per SM) and shared memory (227 KB)
-RESIDENT = {(32, 128, False): 12, (32, 256, False): 8, (64, 128, False): 8, (64, 256, False): 4,
-            # permuted V rows: offline 119 / 162 registers, but the GPU machine's build reported 155 / 239 (s5-call1),
-            # the same as without, so the same residency
-            (32, 128, True): 12, (32, 256, True): 8,
-            # with whole K rows (offline registers: 205 / 255 without the permutation, 136 / 232 with it)
-            (32, 128, False, True): 9, (32, 256, False, True): 8, (32, 128, True, True): 15, (32, 256, True, True): 8,
-            # V as words: 124 registers (16 per SM) at head_dim 128; at 256, 160 registers but 23.5 KB of shared
-            # memory (9 per SM)
-            (32, 128, "words"): 16, (32, 256, "words"): 9}
+# (block_n, head_dim): programs per SM, from registers (65536 per SM) and shared memory (227 KB)
+RESIDENT = {(32, 128): 12, (32, 256): 8, (64, 128): 8, (64, 256): 4}
 SMALL = {  # small batches: shorter splits, more programs
     "t32/1/3m64": dict(P, block_n=32, num_warps=1, num_stages=3, waves=32, min_split=64),
     "t64/4/3m64": dict(P, block_n=64, num_warps=4, num_stages=3, waves=32, min_split=64),
@@ -141,19 +120,10 @@ NCU_VARIANTS = ["t32/1/3w32", "b32/2/3w32", "b32/1/3w32"]
 def make_plan(case, cfg):
     cfg = dict(cfg)
     launch = {"maxnreg": cfg.pop("maxnreg")} if "maxnreg" in cfg else {}
-    whole_k_rows = cfg.pop("whole_k_rows", False)
     if cfg.pop("merge_whole", False):
         cfg["merge_block_d"] = case.D
-    if whole_k_rows:
-        launch["WHOLE_K_ROWS"] = True  # a constexpr with a default: Triton takes it as a launch keyword
-    v_words = cfg.pop("v_words", False)
-    if v_words:
-        launch["V_WORDS"] = True
     if "rounds" in cfg:
-        key = (cfg["block_n"], case.D, cfg.get("permute_v_rows", False)) + ((True,) if whole_k_rows else ())
-        if v_words and not cfg.pop("resident_as_planned", False):
-            key = (cfg["block_n"], case.D, "words")
-        resident = RESIDENT[key] * torch.cuda.get_device_properties(0).multi_processor_count
+        resident = RESIDENT[(cfg["block_n"], case.D)] * torch.cuda.get_device_properties(0).multi_processor_count
         cap = -(-case.ctx // cfg.pop("min_split", 1))
         cfg["num_splits"] = max(1, min(cap, cfg.pop("rounds") * resident // (case.B * case.Hkv)))
     plan = plan_decode(case.kv_indptr, num_q_heads=case.Hq, num_kv_heads=case.Hkv, head_dim=case.D,

@@ -152,8 +152,6 @@ DECODE_CONFIGS = {
     "pages(tiles)": {"page_size": 128, "kernel": "tiles", "block_n": 64, "num_warps": 4, "num_stages": 3},
     "pages(blocks,untransposed-v)": {"page_size": 128, "kernel": "blocks", "block_n": 32, "num_warps": 1,
                                      "num_stages": 3, "load_v_transposed": False},
-    "pages(blocks,permuted-v-rows)": {"page_size": 128, "kernel": "blocks", "block_n": 32, "num_warps": 1,
-                                      "num_stages": 3, "permute_v_rows": True},
     # the merge over 32-channel blocks (what choose_merge_block_d picks for single requests; these batches of 9
     # have enough (request, head) pairs for whole heads)
     "pages(auto,merge-32)": {"page_size": 128, "merge_block_d": 32},

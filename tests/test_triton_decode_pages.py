@@ -81,8 +81,7 @@ MODES = {
 }
 KERNELS = {"tiles": dict(kernel="tiles", block_n=32, num_warps=2),
            "blocks": dict(kernel="blocks", block_n=32, num_warps=1),  # V loaded transposed (the default)
-           "blocks-untransposed-v": dict(kernel="blocks", block_n=32, num_warps=1, load_v_transposed=False),
-           "blocks-permuted-v-rows": dict(kernel="blocks", block_n=32, num_warps=1, permute_v_rows=True)}
+           "blocks-untransposed-v": dict(kernel="blocks", block_n=32, num_warps=1, load_v_transposed=False)}
 CASES = ([("mxfp8", 128, mode) for mode in sorted(MODES)]  # the production layout, every mode
          + [("mxfp8", 32, "inkling-local"),  # the flat scale layout, pages of 32
             ("bfloat16", 128, "generic"), ("fp8", 128, "inkling")])
@@ -111,7 +110,7 @@ def test_whole_pages_match_reference(kernel, fmt, page, mode):
         assert rel_err(out, ref) < tolerance(fmt, kernel), (num_splits, rel_err(out, ref))
 
 
-@pytest.mark.parametrize("kernel", ["blocks", "blocks-untransposed-v", "blocks-permuted-v-rows"])
+@pytest.mark.parametrize("kernel", ["blocks", "blocks-untransposed-v"])
 def test_block_kernel_head_dim_256_and_group_4(kernel):
     """Gemma-3's geometry (8 channel blocks per head, 4 query heads per KV head) through the block kernels."""
     gen = torch.Generator().manual_seed(11)
@@ -122,25 +121,6 @@ def test_block_kernel_head_dim_256_and_group_4(kernel):
     params = MODES["inkling"](2, hq, d, gen)
     out = paged_decode_attention(q, pool, indptr, indices, params, out=torch.full(q.shape, float("nan")),
                                  plan_options=dict(page_size=128, **dict(KERNELS[kernel], block_n=16)))
-    assert rel_err(out, reference_decode(q, pool, indptr, indices, params)) < 1e-5
-
-
-@pytest.mark.parametrize("d,group", [(64, 4), (128, 8), (256, 4)])
-@pytest.mark.parametrize("permute_v_rows", [False, True])
-def test_block_kernel_whole_k_rows_sweep_option(d, group, permute_v_rows):
-    """WHOLE_K_ROWS (a sweep-only constexpr, passed through DecodePlan.launch_options) loads K as whole rows and
-    splits them into channel blocks in registers (2, 4 and 8 blocks here); the result is the reference's."""
-    gen = torch.Generator().manual_seed(d + permute_v_rows)
-    hkv = 2
-    indptr, indices, slots = whole_pages_batch([150, 33], 128, gen)
-    pool = make_pool("mxfp8", slots, hkv, d, 128, gen)
-    q = torch.randn(2, hkv * group, d, generator=gen).bfloat16().to(DEV)
-    params = MODES["generic"](2, hkv * group, d, gen)
-    plan = plan_decode(indptr, num_q_heads=hkv * group, num_kv_heads=hkv, head_dim=d, window=params.window,
-                       page_size=128, kernel="blocks", block_n=32, num_warps=1, num_splits=2,
-                       permute_v_rows=permute_v_rows)
-    plan.launch_options = {"WHOLE_K_ROWS": True}
-    out = run_decode(plan, q, pool, indptr, indices, params, out=torch.full(q.shape, float("nan")))
     assert rel_err(out, reference_decode(q, pool, indptr, indices, params)) < 1e-5
 
 
@@ -180,12 +160,6 @@ def test_plan_rejects_bad_page_options():
         plan_decode(indptr, block_n=48, **common)
     with pytest.raises(ValueError, match="load_v_transposed=True needs kernel='blocks', got kernel='tiles'"):
         plan_decode(indptr, page_size=128, kernel="tiles", load_v_transposed=True, **common)
-    with pytest.raises(ValueError, match="permute_v_rows=True needs kernel='blocks' with load_v_transposed=True"):
-        plan_decode(indptr, page_size=128, kernel="blocks", load_v_transposed=False, permute_v_rows=True, **common)
-    with pytest.raises(ValueError, match="permute_v_rows=True needs kernel='blocks'"):
-        plan_decode(indptr, page_size=128, kernel="tiles", permute_v_rows=True, **common)
-    with pytest.raises(TypeError, match="permute_v_rows must be a bool, got 1"):
-        plan_decode(indptr, page_size=128, kernel="blocks", permute_v_rows=1, **common)
     with pytest.raises(TypeError, match="load_v_transposed must be a bool, got 1"):
         plan_decode(indptr, page_size=128, kernel="blocks", load_v_transposed=1, **common)
 
@@ -257,7 +231,11 @@ def test_plan_rejects_bad_merge_block_d():
     (8, 2, 128, 4096, torch.float8_e4m3fn, dict(kernel="blocks", waves=4, min_split=64)),
     (8, 1, 256, 4096, torch.float8_e4m3fn, dict(kernel="blocks", waves=4, min_split=64)),
     (8, 8, 128, 1024, torch.float8_e4m3fn, dict(kernel="blocks", waves=4)),  # 8192 keys, but 64 (request, head) pairs
-    (1, 2, 128, 32768, torch.float8_e4m3fn, dict(kernel="tiles", block_n=64, num_warps=4, min_split=64)),
+    (1, 2, 128, 32768, torch.float8_e4m3fn, dict(kernel="blocks", resident=12, min_split=64)),  # one request
+    (1, 2, 128, 4096, torch.float8_e4m3fn, dict(kernel="tiles", block_n=64, num_warps=4, min_split=64)),
+    (1, 1, 256, 32768, torch.float8_e4m3fn, dict(kernel="tiles", block_n=64, num_warps=4, min_split=64)),
+    (1, 8, 128, 4096, torch.float8_e4m3fn, dict(kernel="blocks", waves=4, min_split=64)),  # 32768 pair-keys
+    (1, 8, 128, 1024, torch.float8_e4m3fn, dict(kernel="tiles", waves=2)),
     (8, 2, 128, 1024, torch.float8_e4m3fn, dict(kernel="tiles", block_n=64, num_warps=4, waves=2)),
     (128, 2, 128, 32768, torch.bfloat16, dict(kernel="tiles", block_n=64, num_warps=2)),
 ])

@@ -6,7 +6,6 @@ can be read here at no device time (the numbers are this Triton's, which may dif
     python tools/compile_sm90.py --D 128 --G 8 --fmt mxfp8 --block-n 64 --warps 2 --stages 2 [--paged] [--sass F]
     python tools/compile_sm90.py --blocks --block-n 32 --warps 1 --stages 3 --ttgir k.ttgir   # the planned block kernel
     COMPILE_EXTRA='{"LOAD_V_TRANSPOSED": 0}' python tools/compile_sm90.py --blocks ...        # V untransposed
-    COMPILE_EXTRA='{"PERMUTE_V_ROWS": 1}' python tools/compile_sm90.py --blocks ...           # V rows permuted
     COMPILE_OPTIONS='{"maxnreg": 200}' python tools/compile_sm90.py --blocks ...              # extra compile options
 
 Use the GPU machine's Triton (3.6) for numbers that match it: ``pip install --target /tmp/t36 triton==3.6.0`` (the

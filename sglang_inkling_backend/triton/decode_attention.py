@@ -504,9 +504,6 @@ class DecodePlan:
     # "blocks" only: load V as [channels, keys] so Triton streams it through shared memory like K (155 registers
     # against 248 at head_dim 128; 1.15-1.17x faster at its large points with the same splits, s4-call1)
     load_v_transposed: bool = False
-    # load_v_transposed only: permute the V dot's rows so V leaves shared memory in words (decode_paged; not yet
-    # timed on a GPU)
-    permute_v_rows: bool = False
     compiled: object = None  # the last launched stage-1 kernel (Triton's CompiledKernel), for reports
     # Extra Triton launch options for the stage-1 kernel (e.g. {"maxnreg": 128}); for variant sweeps, not planned
     launch_options: dict = field(default_factory=dict)
@@ -556,11 +553,15 @@ def choose_config(batch: int, num_kv_heads: int, head_dim: int, max_keys: int, p
       K and V streamed by cp.async), split into one round of resident programs (12 per SM at head_dim 128, 8 at
       256). It beat the untransposed-V and session 2's heads-on-M block kernels at every large point of the H200
       sweeps (bench/results/2026-11-29-s4-call1, -call2);
-    - one or two (request, KV head) pairs, or little work (<= 8192 keys in all) over fewer than 64 pairs: 64-key
-      tiles on 4 warps, one or two waves of splits of >= 64 keys (a short batch's time is its serial tiles plus
-      the merge; the block kernel tied or lost there, s4-call5);
+    - little work (under 32768 keys over all (request, KV head) pairs), or one or two pairs at head_dim 256: 64-key
+      tiles on 4 warps, two waves of splits of >= 64 keys (a short batch's time is its serial tiles plus the
+      merge; the block kernel tied or lost there, s4-call5, s5-call2);
+    - one or two pairs over more keys (a single request at head_dim <= 128): the block kernel, one round of
+      resident programs of >= 64 keys (1.21-1.28x FlashInfer bf16 at 16/2/128, 16k and 32k keys, where the tile
+      kernel ran 1.08-1.18x, s5-call2);
     - in between: the same block kernel, splits of >= 64 keys for about 4 programs per SM (1.18-1.22x
-      FlashInfer bf16 where the tile kernel ran 0.97-1.03x, s4-call3 and -call5).
+      FlashInfer bf16 where the tile kernel ran 0.97-1.03x, s4-call3 and -call5; at 64/8/128, one request of 4k
+      keys, 1.26x where the tile kernel ran 1.10x, s5-call2).
     Otherwise (per-token indices, or 16-bit pools) the tile kernel: 64-key tiles, 2 warps (4 at head_dim 256, where
     2 spill), 8 waves of splits of >= 256 keys."""
     eight_bit = kv_dtype is None or kv_dtype.itemsize == 1
@@ -578,8 +579,10 @@ def choose_config(batch: int, num_kv_heads: int, head_dim: int, max_keys: int, p
         # 3.6; smaller heads fit more, so 12 errs toward less than a round). waves: for a caller's other kernel
         return dict(blocks, resident=8 if wide else 12, waves=32, min_split=MIN_SPLIT_TOKENS)
     pairs = batch * num_kv_heads
-    if pairs <= 2 or (batch * max_keys <= 8192 and pairs < 64):
+    if pairs * max_keys < 32768 or (wide and pairs <= 2):
         return dict(kernel="tiles", block_n=64, num_warps=4, num_stages=3, waves=2, min_split=64)
+    if pairs <= 2:
+        return dict(blocks, resident=12, waves=4, min_split=64)
     return dict(blocks, waves=4, min_split=64)  # about 4 x SMs programs: 512-1024 beat 256 and 2048 (s4 calls 3, 5)
 
 
@@ -589,7 +592,7 @@ def plan_decode(kv_indptr: torch.Tensor, *, num_q_heads: int, num_kv_heads: int,
                 prefetch: bool = False, fp16_tiles: bool = True, page_size: Optional[int] = None,
                 kernel: Optional[str] = None, waves: Optional[int] = None, min_split: Optional[int] = None,
                 kv_dtype: Optional[torch.dtype] = None, load_v_transposed: Optional[bool] = None,
-                permute_v_rows: bool = False, merge_block_d: Optional[int] = None) -> DecodePlan:
+                merge_block_d: Optional[int] = None) -> DecodePlan:
     """Pick the kernel configuration and split count for a batch, and allocate the partial buffers.
 
     ``max_seq_len`` (a host int) avoids reading ``kv_indptr`` back from the device; without it the plan syncs once.
@@ -599,8 +602,6 @@ def plan_decode(kv_indptr: torch.Tensor, *, num_q_heads: int, num_kv_heads: int,
     ``kv_dtype``: the pool's element dtype (the configuration differs for 8-bit and 16-bit pools; None: 8-bit).
     ``load_v_transposed`` (kernel "blocks" only; default True there): load V tiles as ``[channels, keys]`` (see
     ``decode_paged``); False keeps the untransposed layout, the slower baseline.
-    ``permute_v_rows`` (with ``load_v_transposed``): the experimental V row permutation of ``decode_paged``; its
-    splits go by ``waves`` (its residency is not measured yet).
     ``merge_block_d``: channels per merge program (a power of two from 32 to head_dim; None:
     ``choose_merge_block_d``).
     Configuration arguments left at None come from ``choose_config``.
@@ -633,9 +634,7 @@ def plan_decode(kv_indptr: torch.Tensor, *, num_q_heads: int, num_kv_heads: int,
     # a caller's waves, or another kernel, tile, warp count or V layout, goes by waves
     same = (kernel, block_n, num_warps, load_v_transposed) == (chosen["kernel"], chosen["block_n"],
                                                                chosen["num_warps"], chosen["kernel"] == "blocks")
-    if not isinstance(permute_v_rows, bool):
-        raise TypeError(f"permute_v_rows must be a bool, got {permute_v_rows!r}")
-    resident = chosen.get("resident") if waves is None and same and not permute_v_rows else None
+    resident = chosen.get("resident") if waves is None and same else None
     waves = chosen["waves"] if waves is None else waves
     if not isinstance(load_v_transposed, bool):
         raise TypeError(f"load_v_transposed must be a bool, got {load_v_transposed!r}")
@@ -649,9 +648,6 @@ def plan_decode(kv_indptr: torch.Tensor, *, num_q_heads: int, num_kv_heads: int,
         raise ValueError(f"kernel must be 'tiles' or 'blocks', got {kernel!r}")
     if load_v_transposed and kernel != "blocks":
         raise ValueError(f"load_v_transposed=True needs kernel='blocks', got kernel={kernel!r}")
-    if permute_v_rows and not (kernel == "blocks" and load_v_transposed):
-        raise ValueError("permute_v_rows=True needs kernel='blocks' with load_v_transposed=True, got "
-                         f"kernel={kernel!r}, load_v_transposed={load_v_transposed}")
     if page_size is not None:
         if not isinstance(page_size, int) or page_size <= 0 or page_size % block_n:
             raise ValueError(f"page_size must be a positive multiple of block_n={block_n}, got {page_size!r}")
@@ -681,7 +677,7 @@ def plan_decode(kv_indptr: torch.Tensor, *, num_q_heads: int, num_kv_heads: int,
         part_lse = torch.empty((batch, num_q_heads, num_splits), dtype=torch.float32, device=dev)
     return DecodePlan(batch, num_q_heads, num_kv_heads, head_dim, window, num_splits, split_len, block_n,
                       num_warps, num_stages, part_o, part_lse, prefetch, fp16_tiles, page_size, kernel,
-                      load_v_transposed, permute_v_rows, merge_block_d=merge_block_d)
+                      load_v_transposed, merge_block_d=merge_block_d)
 
 
 def interpreting() -> bool:
@@ -826,8 +822,7 @@ def run_decode(plan: DecodePlan, q: torch.Tensor, kv: PagedKV, kv_indptr: torch.
     if plan.kernel == "blocks":
         pv_dtype = tl.float32 if interpreting() else (_dot_dtype(kv) if fmt == KV_FLOAT else tl.float16)
         kernel = _decode_paged_split_kernel
-        variant = dict(PV_DTYPE=pv_dtype, LOAD_V_TRANSPOSED=plan.load_v_transposed,
-                       PERMUTE_V_ROWS=plan.permute_v_rows)
+        variant = dict(PV_DTYPE=pv_dtype, LOAD_V_TRANSPOSED=plan.load_v_transposed)
         g_pad = max(8, triton.next_power_of_2(group))  # the heads are its dots' N side: 8 wide at least
     else:
         g_pad = max(16, triton.next_power_of_2(group))  # the heads are the dots' M side: 16 rows at least

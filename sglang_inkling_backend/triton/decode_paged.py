@@ -58,18 +58,6 @@ def scale_columns(sf, NB: tl.constexpr):
 
 
 @triton.jit
-def channel_blocks(x, NB: tl.constexpr):
-    """A ``[N, 32 * NB]`` tile as a tuple of NB ``[N, 32]`` channel blocks: the block index moved last and split off
-    by ``scale_columns`` (no loads)."""
-    N: tl.constexpr = x.shape[0]
-    cols = scale_columns(tl.reshape(tl.permute(tl.reshape(x, (N, NB, 32)), (0, 2, 1)), (N * 32, NB)), NB)
-    blocks = ()
-    for j in tl.static_range(NB):
-        blocks = blocks + (tl.reshape(cols[j], (N, 32)),)
-    return blocks
-
-
-@triton.jit
 def _decode_paged_split_kernel(
     q_ptr, k_ptr, v_ptr, ksf_ptr, vsf_ptr,
     kv_indptr_ptr, kv_indices_ptr,
@@ -84,9 +72,7 @@ def _decode_paged_split_kernel(
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, HKV: tl.constexpr, BLOCK_N: tl.constexpr,
     KV_FORMAT: tl.constexpr, PAGE: tl.constexpr, INTERLEAVED: tl.constexpr, PV_DTYPE: tl.constexpr,
     HAS_REL_BIAS: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr, HAS_SINKS: tl.constexpr,
-    DIRECT: tl.constexpr, LOAD_V_TRANSPOSED: tl.constexpr = False, PERMUTE_V_ROWS: tl.constexpr = False,
-    WHOLE_K_ROWS: tl.constexpr = False,  # sweeps only (DecodePlan.launch_options): see the K load below
-    V_WORDS: tl.constexpr = False,
+    DIRECT: tl.constexpr, LOAD_V_TRANSPOSED: tl.constexpr = False,
 ):
     NB: tl.constexpr = D // 32
     b = tl.program_id(0)
@@ -147,10 +133,6 @@ def _decode_paged_split_kernel(
         slot0 = tl.load(idx_ptr + start).to(tl.int64)
         k_base = k_ptr + (slot0 * stride_k_slot + h * stride_k_head)
         v_base = v_ptr + (slot0 * stride_v_slot + h * stride_v_head)
-        if V_WORDS:
-            v_words = v_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
-            v_base_w = (slot0 * stride_v_slot + h * stride_v_head) // 4 + (
-                tl.arange(0, 8)[:, None] + (offs_t * (stride_v_slot // 4))[None, :])
         if KV_FORMAT == 2:
             sf_off = page_tile_scale_offsets(slot0, offs_t, h, HKV, NB, PAGE, INTERLEAVED)
 
@@ -160,18 +142,8 @@ def _decode_paged_split_kernel(
                                            other=127), NB)
             v_cols = scale_columns(tl.load(vsf_ptr + sf_off[:, None] + offs_j[None, :], mask=mask_n[:, None],
                                            other=0), NB)
-        if WHOLE_K_ROWS:
-            # K as one [keys, D] load split into channel blocks in registers: each key's row is one contiguous
-            # request (a per-block load asks for one 32-byte sector per request; call 2's ncu saw L2 at 85% busy
-            # with DRAM at 65%). Offline (triton 3.6, head_dim 128): 205 registers against 158, 992 loop
-            # instructions against 987; with PERMUTE_V_ROWS 136 and 1074. Not yet timed.
-            k_blocks = channel_blocks(tl.load(k_base + (offs_t * stride_k_slot)[:, None] + tl.arange(0, D)[None, :],
-                                              mask=mask_n[:, None], other=0.0), NB)
         for j in tl.static_range(NB):
-            if WHOLE_K_ROWS:
-                kj = k_blocks[j]
-            else:
-                kj = tl.load(k_base + k_tile + 32 * j, mask=mask_n[:, None], other=0.0)
+            kj = tl.load(k_base + k_tile + 32 * j, mask=mask_n[:, None], other=0.0)
             qkj = tl.dot(kj.to(Q_DTYPE), qts[j])
             if KV_FORMAT == 2:
                 qk += qkj * (k_cols[j].to(tl.int32) << 23).to(tl.float32, bitcast=True)[:, None]
@@ -190,23 +162,8 @@ def _decode_paged_split_kernel(
         new_accs = ()
         new_units = ()
         for j in tl.static_range(NB):
-            if V_WORDS:
-                w = tl.load(v_words + (v_base_w + 8 * j), mask=mask_n[None, :], other=0)  # [8 words, keys]
-                b0 = w & 0xFF
-                b1 = (w >> 8) & 0xFF
-                b2 = (w >> 16) & 0xFF
-                b3 = (w >> 24) & 0xFF
-                x4 = tl.join(tl.join(b0, b2), tl.join(b1, b3))  # [8, N, 2, 2]: [.., i, j] = byte 2i + j
-                x4 = tl.reshape(tl.permute(x4, (0, 3, 2, 1)), (32, BLOCK_N))  # row 4w + 2j + i
-                vj = x4.to(tl.uint8).to(tl.float8e4nv, bitcast=True)
-            elif LOAD_V_TRANSPOSED:
+            if LOAD_V_TRANSPOSED:
                 vj = tl.load(v_base + v_tile + 32 * j, mask=mask_n[None, :], other=0.0)
-                if PERMUTE_V_ROWS:
-                    # the dot's row i * 8 + g takes channel 4 * g + i (the output rows follow, undone at the store):
-                    # Triton then reads V from shared memory in words and transposes its bytes in registers instead
-                    # of one byte load per element. Offline (triton 3.6, head_dim 128): 119 registers against 158,
-                    # 55 shared-memory loads per tile against 143, 1011 loop instructions against 987. Not yet timed.
-                    vj = tl.reshape(tl.permute(tl.reshape(vj, [8, 4, BLOCK_N]), [1, 0, 2]), [32, BLOCK_N])
             else:
                 vj = tl.load(v_base + v_tile + 32 * j, mask=mask_n[:, None], other=0.0)
             acc = accs[j]
@@ -242,10 +199,6 @@ def _decode_paged_split_kernel(
     if KV_FORMAT == 1:
         o_scale = o_scale * v_scale
     part_row = (b * (HKV * G) + heads).to(tl.int64) * max_splits + split
-    if PERMUTE_V_ROWS:  # accumulator row r holds channel 4 * (r % 8) + r // 8
-        offs_c = 4 * (offs_c % 8) + offs_c // 8
-    if V_WORDS:
-        offs_c = 4 * (offs_c // 4) + 2 * (offs_c % 2) + (offs_c // 2) % 2
     for j in tl.static_range(NB):
         o = accs[j] * o_scale[None, :]
         if KV_FORMAT == 2:
