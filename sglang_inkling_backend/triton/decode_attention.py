@@ -545,7 +545,7 @@ def choose_merge_block_d(batch: int, num_q_heads: int, head_dim: int, num_sms: i
 
 def choose_config(batch: int, num_kv_heads: int, head_dim: int, max_keys: int, page_size: Optional[int],
                   kv_dtype: Optional[torch.dtype]) -> dict:
-    """Kernel configuration for a batch, from the H200 runs (bench/results/README.md, "Decode configuration").
+    """Kernel configuration for a batch, from the H200 runs (bench/results/README.md, section "Decode" and the session notes under it).
 
     With whole pages and an 8-bit pool:
     - enough work for 512+ programs of 256-key splits: the block kernel with the heads on the dots' N side and V
