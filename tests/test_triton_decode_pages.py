@@ -208,6 +208,7 @@ def test_merge_over_channel_blocks_matches_reference(merge_block_d):
     (8, 16, 128, 64),  # 128 pairs, fewer than 132 SMs: 2 blocks, 256 programs
     (16, 16, 128, 128),  # 256 pairs: the whole head
     (32, 64, 128, 128),
+    (1, 4, 96, 96),  # not a power of two: the whole head (the kernels refuse it at run time)
 ])
 def test_choose_merge_block_d(batch, hq, d, expect):
     from sglang_inkling_backend.triton.decode_attention import choose_merge_block_d
@@ -240,7 +241,7 @@ def test_plan_rejects_bad_merge_block_d():
     (128, 2, 128, 32768, torch.bfloat16, dict(kernel="tiles", block_n=64, num_warps=2)),
 ])
 def test_choose_config(batch, hkv, d, keys, dtype, expect):
-    """Configurations from the H200 sweeps (bench/results/README.md, section "Decode" and the session notes under it)."""
+    """Configurations from the H200 sweeps (bench/results/README.md: section "Decode" and the session notes)."""
     got = choose_config(batch, hkv, d, keys, 128, dtype)
     assert {k: got[k] for k in expect} == expect
     assert choose_config(batch, hkv, d, keys, None, dtype)["kernel"] == "tiles"  # per-token indices: tiles only

@@ -538,14 +538,15 @@ def choose_merge_block_d(batch: int, num_q_heads: int, head_dim: int, num_sms: i
     halved (down to 32 channels) until they do, so a single request's merge (16 heads: 16 programs, each reading
     its splits 32 at a time) is spread over up to 4x as many programs, each reading its splits at once."""
     block_d = head_dim
-    while block_d > 32 and batch * num_q_heads * (head_dim // block_d) < num_sms:
+    while block_d % 64 == 0 and batch * num_q_heads * (head_dim // block_d) < num_sms:
         block_d //= 2
     return block_d
 
 
 def choose_config(batch: int, num_kv_heads: int, head_dim: int, max_keys: int, page_size: Optional[int],
                   kv_dtype: Optional[torch.dtype]) -> dict:
-    """Kernel configuration for a batch, from the H200 runs (bench/results/README.md, section "Decode" and the session notes under it).
+    """Kernel configuration for a batch, from the H200 runs (bench/results/README.md: section "Decode" and the
+    session notes under it).
 
     With whole pages and an 8-bit pool:
     - enough work for 512+ programs of 256-key splits: the block kernel with the heads on the dots' N side and V
@@ -666,8 +667,8 @@ def plan_decode(kv_indptr: torch.Tensor, *, num_q_heads: int, num_kv_heads: int,
     num_splits = triton.cdiv(max_keys, split_len)
     if merge_block_d is None:
         merge_block_d = choose_merge_block_d(batch, num_q_heads, head_dim, _num_sms(kv_indptr.device))
-    if (not isinstance(merge_block_d, int) or merge_block_d < 32 or merge_block_d > head_dim
-            or merge_block_d & (merge_block_d - 1) or head_dim % merge_block_d):
+    elif (not isinstance(merge_block_d, int) or merge_block_d < 32 or merge_block_d > head_dim
+          or merge_block_d & (merge_block_d - 1) or head_dim % merge_block_d):
         raise ValueError(f"merge_block_d must be a power of two in [32, head_dim={head_dim}] dividing head_dim, "
                          f"got {merge_block_d!r}")
     part_o = part_lse = None
