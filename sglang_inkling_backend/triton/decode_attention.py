@@ -2,7 +2,9 @@
 
 One query token per request. Split-KV (flash-decoding): stage 1 runs one program per (request, KV head, split of
 the request's keys) and processes all ``G = Hq / Hkv`` query heads of that KV head together with ``tl.dot``, so
-every KV byte is read once; stage 2 merges the splits' partial results (skipped when a batch needs one split).
+every KV byte is read once; stage 2 merges the splits' partial results (skipped when a batch needs one split), one
+program per (request, query head, block of channels): small batches spread it over more programs
+(``choose_merge_block_d``: 12-33% off a single request's time on an H200, s5-call1).
 
 Two stage-1 kernels:
 - ``_decode_split_kernel`` (here, "tiles"): any slot per token (one index load per key), or with ``page_size``
