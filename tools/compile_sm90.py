@@ -7,6 +7,11 @@ can be read here at no device time (the numbers are this Triton's, which may dif
     python tools/compile_sm90.py --blocks --block-n 32 --warps 1 --stages 3 --ttgir k.ttgir   # the planned block kernel
     COMPILE_EXTRA='{"LOAD_V_TRANSPOSED": 0}' python tools/compile_sm90.py --blocks ...        # V untransposed
     COMPILE_OPTIONS='{"maxnreg": 200}' python tools/compile_sm90.py --blocks ...              # extra compile options
+    COMPILE_UNMARKED=stride_qh,stride_oh python tools/compile_sm90.py --blocks ...            # as do_not_specialize
+
+The signature is marked as Triton's JIT specializes a real launch (pointers and ints divisible by 16); session 5
+checked the registers, shared memory and loop length against the GPU machine's JIT for four kernels
+(bench/results/2026-11-30-s5-call5).
 
 Use the GPU machine's Triton (3.6) for numbers that match it: ``pip install --target /tmp/t36 triton==3.6.0`` (the
 wheel for this Python) and ``PYTHONPATH=/tmp/t36``.
@@ -62,7 +67,13 @@ def compile_decode(D=128, G=8, HKV=2, fmt="mxfp8", block_n=64, warps=2, stages=2
             sig[name] = "constexpr"
             continue
         sig[name] = types.get(name, "i32")
-        if sig[name].startswith("*") or name.startswith("stride") and name not in ("stride_qh", "stride_oh"):
+        # the launch's specialization (Triton's JIT marks every pointer and int argument divisible by 16): at run
+        # time every stride, split_len (whole tiles), window and rel_extent (0 when unused) are multiples of 16;
+        # max_splits (the split count) need not be. Without the marks on stride_qh / stride_oh, q's load took
+        # another layout and some variants compiled with 30 fewer registers than launched (session 5: 124 against
+        # 154). COMPILE_UNMARKED (comma-separated names) leaves arguments unmarked, as do_not_specialize would.
+        unmarked = ("max_splits",) + tuple(os.environ.get("COMPILE_UNMARKED", "").split(","))
+        if sig[name].startswith("*") or sig[name] == "i32" and name not in unmarked:
             attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn, sig, constexprs=consts, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict({"num_warps": warps, "num_stages": stages}, **json.loads(os.environ.get("COMPILE_OPTIONS", "{}"))))
