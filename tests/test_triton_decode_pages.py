@@ -66,6 +66,13 @@ def make_pool(fmt, slots, hkv, d, page, gen):
     return PagedKV(k.to(getattr(torch, fmt)).to(DEV), v.to(getattr(torch, fmt)).to(DEV))
 
 
+def mxfp8_batch(lens, hq, hkv, d, page, gen):
+    """Requests of ``lens`` keys on whole pages of an MXFP8 pool, with a bf16 query: (indptr, indices, pool, q)."""
+    indptr, indices, slots = whole_pages_batch(lens, page, gen)
+    pool = make_pool("mxfp8", slots, hkv, d, page, gen)
+    return indptr, indices, pool, torch.randn(len(lens), hq, d, generator=gen).bfloat16().to(DEV)
+
+
 def rel_err(out, ref):
     return ((out.float() - ref).norm() / ref.norm()).item()
 
@@ -115,9 +122,7 @@ def test_block_kernel_head_dim_256_and_group_4(kernel):
     """Gemma-3's geometry (8 channel blocks per head, 4 query heads per KV head) through the block kernels."""
     gen = torch.Generator().manual_seed(11)
     hq, hkv, d = 4, 1, 256
-    indptr, indices, slots = whole_pages_batch([200, 5], 128, gen)
-    pool = make_pool("mxfp8", slots, hkv, d, 128, gen)
-    q = torch.randn(2, hq, d, generator=gen).bfloat16().to(DEV)
+    indptr, indices, pool, q = mxfp8_batch([200, 5], hq, hkv, d, 128, gen)
     params = MODES["inkling"](2, hq, d, gen)
     out = paged_decode_attention(q, pool, indptr, indices, params, out=torch.full(q.shape, float("nan")),
                                  plan_options=dict(page_size=128, **dict(KERNELS[kernel], block_n=16)))
@@ -190,11 +195,8 @@ def test_merge_over_channel_blocks_matches_reference(merge_block_d):
     block width. 41 splits of 32 keys: more than the 32 splits one load round took before, so the loop runs."""
     gen = torch.Generator().manual_seed(17)
     hq, hkv, d = 4, 1, 128
-    indptr, indices, slots = whole_pages_batch([1300, 90], 128, gen)
-    pool = make_pool("mxfp8", slots, hkv, d, 128, gen)
-    q = torch.randn(2, hq, d, generator=gen).bfloat16().to(DEV)
-    params = MODES["generic"](2, hq, d, gen)
-    params = AttentionParams(d ** -0.5, window=1250, logit_cap=2.0, sinks=params.sinks)
+    indptr, indices, pool, q = mxfp8_batch([1300, 90], hq, hkv, d, 128, gen)
+    params = AttentionParams(d ** -0.5, window=1250, logit_cap=2.0, sinks=torch.randn(hq, generator=gen).to(DEV))
     plan = plan_decode(indptr, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, window=1250, page_size=128,
                        kernel="blocks", block_n=32, num_warps=1, num_splits=41, merge_block_d=merge_block_d)
     assert plan.num_splits == 41 and plan.merge_block_d == merge_block_d  # 1281 keys (window + a tile)

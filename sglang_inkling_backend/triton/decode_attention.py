@@ -577,15 +577,16 @@ def choose_config(batch: int, num_kv_heads: int, head_dim: int, max_keys: int, p
         return middle
     programs_at_256 = batch * num_kv_heads * -(-max_keys // MIN_SPLIT_TOKENS)
     blocks = dict(kernel="blocks", block_n=32, num_warps=1, num_stages=3)  # V loaded transposed (plan_decode)
+    # the block kernel's programs per SM at 155 (head_dim 128) / 238 (256) registers on one warp, 65536 per SM
+    # (Triton 3.6; smaller heads fit more, so 12 errs toward less than a round)
+    resident = 8 if wide else 12
     if programs_at_256 >= 512:
-        # resident: programs per SM at 155 (head_dim 128) / 238 (256) registers on one warp, 65536 per SM (Triton
-        # 3.6; smaller heads fit more, so 12 errs toward less than a round). waves: for a caller's other kernel
-        return dict(blocks, resident=8 if wide else 12, waves=32, min_split=MIN_SPLIT_TOKENS)
+        return dict(blocks, resident=resident, waves=32, min_split=MIN_SPLIT_TOKENS)  # waves: a caller's kernel
     pairs = batch * num_kv_heads
     if pairs * max_keys < 32768 or (wide and pairs <= 2):
         return dict(kernel="tiles", block_n=64, num_warps=4, num_stages=3, waves=2, min_split=64)
     if pairs <= 2:
-        return dict(blocks, resident=12, waves=4, min_split=64)
+        return dict(blocks, resident=resident, waves=4, min_split=64)
     return dict(blocks, waves=4, min_split=64)  # about 4 x SMs programs: 512-1024 beat 256 and 2048 (s4 calls 3, 5)
 
 
