@@ -3,8 +3,9 @@
 What is asserted is what holds beyond noise:
 
 1. **End to end, teacher-forced** (``test_mxfp8_is_not_worse_than_per_tensor_fp8_beyond_noise``): each server scores
-   the same long real text (``workloads.TEACHER_FORCED_TEXT``, ~1,700 tokens, past Gemma-3's window; prefill reads
-   K/V back from the quantized pool), so the bf16, MXFP8 and fp8 runs give log-probabilities at identical contexts.
+   the same long real text (``workloads.TEACHER_FORCED_TEXT``, 1,100-1,200 tokens, past Gemma-3's window; prefill
+   reads K/V back from the quantized pool), so the bf16, MXFP8 and fp8 runs give log-probabilities at identical
+   contexts.
    Per position, the drift of each format is ``|log p_format - log p_bf16|``; the paired difference
    ``drift_mxfp8 - drift_fp8`` is averaged in blocks of ``BLOCK`` consecutive positions (neighbouring positions
    share context, so single positions are not independent) and its mean is judged by ``z = mean / standard error``

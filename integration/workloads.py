@@ -52,9 +52,9 @@ TIMING_TOKENS = 32
 TIMING_REPEATS = 3
 
 
-# A long real text (public domain, ~1,700 tokens with either tokenizer: past Gemma-3's 512-token window) scored
-# teacher-forced: the server returns every token's log-probability after the ones before it, so all runs of one
-# model are compared at the same contexts, position by position.
+# A long real text (public domain: the first 1,100-1,200 tokens of the US Declaration of Independence, past
+# Gemma-3's 512-token window) scored teacher-forced: the server returns each token's log-probability after the ones
+# before it, so all runs of one model are compared at the same contexts, position by position.
 TEACHER_FORCED_TEXT = (Path(__file__).resolve().parent / "data" / "declaration_of_independence.txt").read_text()
 
 
@@ -76,7 +76,7 @@ class WorkloadRun:
     per_token_ms: float | None = None
     prefill_ms: float | None = None
     text_ids: list[int] = field(default_factory=list)  # TEACHER_FORCED_TEXT as the server tokenizes it
-    text_logprobs: list[float] = field(default_factory=list)  # log p(text_ids[i + 1] | text_ids[:i + 1])
+    text_logprobs: list[float] = field(default_factory=list)  # log p(text_ids[i] | text_ids[:i]) for i >= 1
     text_score_s: float | None = None
 
 
@@ -94,11 +94,11 @@ def _answer(server, prompt: str, max_new_tokens: int = NEW_TOKENS) -> Answer:
 def run_workload(server, config: dict, score_text: bool = False) -> WorkloadRun:
     run = WorkloadRun(config=config, startup_s=server.startup_seconds)
     if score_text:
-        # A full-vocabulary log-softmax at every position: ~1-2 minutes on 2 cores, so only runs that compare it.
+        # Only in the runs that compare it (a prefill with a log-softmax over the vocabulary at every position).
         started = time.perf_counter()
         run.text_ids = server.tokenize(TEACHER_FORCED_TEXT)
         run.text_logprobs = server.generate(input_ids=run.text_ids, max_new_tokens=1,
-                                            input_logprobs=True)["input_logprobs"]
+                                            input_logprobs_from=0)["input_logprobs"]
         run.text_score_s = time.perf_counter() - started
     for name, prompt in SEQUENTIAL_PROMPTS.items():
         run.answers[name] = _answer(server, prompt)

@@ -145,19 +145,21 @@ class SGLangServer:
         return list(self._post("/tokenize", {"prompt": prompt}, timeout_s)["tokens"])
 
     def generate(self, prompt: str | None = None, max_new_tokens: int = 8, input_ids: list[int] | None = None,
-                 return_logprob: bool = False, top_logprobs_num: int = 0, input_logprobs: bool = False,
+                 return_logprob: bool = False, top_logprobs_num: int = 0, input_logprobs_from: int | None = None,
                  timeout_s: float = 300.0) -> dict:
         """Greedy generation through SGLang's native ``/generate``. Returns ``output_ids``, ``text``, ``meta``
         (SGLang's meta_info) and, when asked, the chosen tokens' ``logprobs`` and per position the ``top_logprobs``
-        as ``[(token_id, logprob), ...]``. ``input_logprobs=True`` adds ``input_logprobs``: the log-probability of
-        every prompt token after the ones before it (teacher-forced; the first token has none, so the list is one
-        shorter than the prompt)."""
+        as ``[(token_id, logprob), ...]``. ``input_logprobs_from=k`` adds ``input_logprobs``: the log-probability of
+        each prompt token after index k after the ones before it, teacher-forced (SGLang gives none for token k)."""
         body = {"sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens},
-                "return_logprob": return_logprob or top_logprobs_num > 0 or input_logprobs}
+                "return_logprob": return_logprob or top_logprobs_num > 0 or input_logprobs_from is not None}
         if top_logprobs_num:
             body["top_logprobs_num"] = top_logprobs_num
-        if input_logprobs:
-            body["logprob_start_len"] = 0
+        if input_logprobs_from is not None:
+            if isinstance(input_logprobs_from, bool) or not isinstance(input_logprobs_from, int) \
+                    or input_logprobs_from < 0:
+                raise ValueError(f"input_logprobs_from must be an int >= 0, got {input_logprobs_from!r}")
+            body["logprob_start_len"] = input_logprobs_from
         if input_ids is not None:
             body["input_ids"] = input_ids
         else:
@@ -169,8 +171,8 @@ class SGLangServer:
             result["logprobs"] = [entry[0] for entry in meta["output_token_logprobs"]]
             if result["output_ids"] is None:
                 result["output_ids"] = [entry[1] for entry in meta["output_token_logprobs"]]
-        if input_logprobs:
-            result["input_logprobs"] = [entry[0] for entry in meta["input_token_logprobs"][1:]]
+        if input_logprobs_from is not None:
+            result["input_logprobs"] = [entry[0] for entry in meta["input_token_logprobs"] if entry[0] is not None]
         if top_logprobs_num:
             result["top_logprobs"] = [[(entry[1], entry[0]) for entry in position]
                                       for position in meta["output_top_logprobs"]]
