@@ -33,27 +33,27 @@ def require_positive_int(value, name: str) -> int:
     return require_int(value, name, 1)
 
 
-def require_real(value, name: str) -> float:
+def require_real(value, name: str, expected: str = "a finite number") -> float:
     """A finite Python number (int or float, not bool) or a one-element floating tensor, as a float."""
     if isinstance(value, torch.Tensor) and value.numel() == 1 and value.is_floating_point():
         value = float(value.item())
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a real number, got {_describe(value)}")
+        raise TypeError(f"{name} must be {expected}, got {_describe(value)}")
     value = float(value)
     if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value}")
+        raise ValueError(f"{name} must be {expected}, got {value}")
     return value
 
 
 def require_positive_real(value, name: str) -> float:
-    value = require_real(value, name)
+    value = require_real(value, name, "a finite number > 0")
     if value <= 0:
         raise ValueError(f"{name} must be a finite number > 0, got {value}")
     return value
 
 
 def require_non_negative_real(value, name: str) -> float:
-    value = require_real(value, name)
+    value = require_real(value, name, "a finite number >= 0")
     if value < 0:
         raise ValueError(f"{name} must be a finite number >= 0, got {value}")
     return value
