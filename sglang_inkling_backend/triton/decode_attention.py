@@ -625,9 +625,8 @@ def plan_decode(kv_indptr: torch.Tensor, *, num_q_heads: int, num_kv_heads: int,
     batch = kv_indptr.numel() - 1
     if max_seq_len is None:
         max_seq_len = int(kv_indptr.diff().max())
-    elif isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len <= 0:
-        raise ValueError(f"max_seq_len must be None or a positive int (the longest request's keys), "
-                         f"got {max_seq_len!r}")
+    else:
+        check_max_seq_len(max_seq_len)
     max_keys = max(1, min(max_seq_len, window) if window is not None else max_seq_len)
     chosen = choose_config(batch, num_kv_heads, head_dim, max_keys, page_size, kv_dtype)
     kernel = chosen["kernel"] if kernel is None else kernel
@@ -758,6 +757,12 @@ def check_index_tensor(name: str, t: torch.Tensor, device: torch.device) -> None
         raise ValueError(f"{name} is on {t.device}, q on {device}")
 
 
+def check_max_seq_len(max_seq_len) -> None:
+    if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len <= 0:
+        raise ValueError(f"max_seq_len must be None or a positive int (the longest request's keys), "
+                         f"got {max_seq_len!r}")
+
+
 def check_decode_inputs(q: torch.Tensor, kv: PagedKV, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
                         params: AttentionParams, out: Optional[torch.Tensor]) -> None:
     """Shape, dtype and device checks that need no device sync (slot ranges are checked by ``validate_slots``)."""
@@ -782,6 +787,7 @@ def validate_slots(kv: PagedKV, kv_indptr: torch.Tensor, kv_indices: torch.Tenso
     if bool((kv_indptr[1:] == kv_indptr[:-1]).any()):
         raise ValueError("every decode request needs at least one key (its own), got an empty request")
     if max_seq_len is not None:
+        check_max_seq_len(max_seq_len)
         longest = int(kv_indptr.diff().max())
         if longest > max_seq_len:
             raise ValueError(f"max_seq_len={max_seq_len} is below the longest request's {longest} keys "
