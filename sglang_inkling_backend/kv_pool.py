@@ -144,7 +144,8 @@ class InklingKVPool:
                       k_scale: Optional[float] = None, v_scale: Optional[float] = None, **_: Any) -> None:
         """Store ``cache_k``/``cache_v`` (``[N, Hkv, D]`` or ``[N, Hkv * D]``, float) at slots ``loc``,
         quantizing on the way in for fp8 and MXFP8 pools. ``k_scale``/``v_scale`` (fp8_e4m3 only; None: the
-        pool's) must be finite and > 0."""
+        pool's) must be finite and > 0; reads (``read_kv``, ``paged_kv``) dequantize with the pool's scales, so a
+        per-call scale is for callers whose readers use the same one (SGLang passes the layer's)."""
         layer_id = _layer_id(layer)
         buf = self._layer(layer_id)
         loc = self._check_loc(loc, "loc", layer_id)
