@@ -5,16 +5,17 @@ backend with an MXFP8 KV cache, one server for the module, loopback only, bounde
   same requests sent one by one. Batching may change bf16 rounding (the MLP's matmuls see another batch); a
   request whose tokens differ passes only when its first differing position is a near tie by the model's own
   numbers: the perturbation needed to swap the two candidates (the sum of both runs' top-2 log-probability gaps
-  there) must not exceed the largest change batching made to any chosen token's log-probability at the positions
-  where the runs agreed (measured in this run, over all 16 requests; no fixed threshold). Each excused divergence
-  is printed.
+  there) must not exceed twice the largest change batching made to any chosen token's log-probability at the
+  positions where the runs agreed (measured in this run, over all 16 requests; no fixed threshold; twice because
+  the swap moves the difference of two log-probabilities). Each excused divergence is printed and reported.
 - A streaming request closed by the client after a few chunks, and a long request stopped by ``/abort_request``:
   afterwards the server answers and its KV usage (SGLang's ``/v1/loads``: ``num_used_tokens``, the pool's tokens
   held by requests) is back to its idle level, with no request running or waiting.
 - A request longer than the KV pool holds gets a clear error and the server stays healthy.
 - At the end the server is healthy and answers a request with the tokens it gave the first time.
 
-p50/p95 request latency of the concurrent run is printed, not asserted. The radix cache is off so that a repeated
+p50/p95 request latency of the concurrent run and the KV figures are printed (and reported in the session's
+summary, ``integration/conftest.py``), not asserted. The radix cache is off so that a repeated
 prompt is computed again (the one-by-one run must not read the concurrent run's cache) and idle KV usage is 0.
 """
 import http.client
@@ -28,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from harness import REPORT
 from sglang_inkling_backend.demo.server import SGLangServer
 
 MODEL = "gemma-3-270m"
@@ -47,7 +49,7 @@ def _prompts() -> list[str]:
     """16 distinct prompts (distinct from their first words) of about 10 to 700 tokens; 4 exceed the window."""
     topics = ["astronomy", "bread", "chess", "dolphins", "engines", "forests", "glaciers", "honey", "islands",
               "jazz", "kites", "lighthouses", "maps", "nests", "orchards", "pottery"]
-    repeats = [0, 1, 0, 2, 1, 3, 0, 5, 1, 2, 0, 4, 16, 18, 20, 22]  # the last four: ~560-770 tokens
+    repeats = [0, 1, 0, 2, 1, 3, 0, 5, 1, 2, 0, 4, 15, 16, 17, 18]  # the last four: ~540-640 tokens
     prompts = []
     for topic, n in zip(topics, repeats):
         prompts.append(f"A note about {topic}. " + _SENTENCE * n + f"In one sentence, {topic} are")
@@ -178,10 +180,12 @@ def test_concurrent_requests_match_one_by_one(server, idle):
     lengths = [a["prompt_tokens"] for a in sequential]
     assert len(prompts) >= 16 and sum(n > WINDOW for n in lengths) >= 4, lengths
     q = statistics.quantiles(latencies, n=20)
-    print(f"\n[load] {len(prompts)} concurrent requests, prompt tokens {min(lengths)}-{max(lengths)} "
-          f"({sum(n > WINDOW for n in lengths)} past the {WINDOW}-token window), {NEW_TOKENS} new tokens each: "
-          f"wall {wall:.1f} s, latency p50 {statistics.median(latencies):.2f} s, p95 {q[18]:.2f} s, "
-          f"max {max(latencies):.2f} s")
+    figures = {"requests": len(prompts), "prompt_tokens": [min(lengths), max(lengths)],
+               "past_window": sum(n > WINDOW for n in lengths), "new_tokens": NEW_TOKENS, "wall_s": round(wall, 1),
+               "latency_p50_s": round(statistics.median(latencies), 2), "latency_p95_s": round(q[18], 2),
+               "latency_max_s": round(max(latencies), 2)}
+    REPORT["load_concurrent"] = figures
+    print(f"\n[load] {figures}")
 
     # batching noise: how much the chosen tokens' log-probabilities moved where both runs chose the same token
     noise = 0.0
@@ -203,13 +207,16 @@ def test_concurrent_requests_match_one_by_one(server, idle):
         gap_c = _top2_gap(c, pos, c["ids"][pos], s["ids"][pos])
         detail = dict(request=i, prompt_tokens=lengths[i], position=pos, sequential=s["ids"][pos],
                       concurrent=c["ids"][pos], gap_sequential=gap_s, gap_concurrent=gap_c, noise=noise)
-        if gap_s is not None and gap_c is not None and gap_s + gap_c <= noise:
+        # a and b swap order when lp(a) - lp(b) moves by gap_s + gap_c; each log-probability moved by at most
+        # `noise` where it could be compared, so their difference by at most twice that
+        if gap_s is not None and gap_c is not None and gap_s + gap_c <= 2 * noise:
             excused.append(detail)
         else:
             mismatched.append(detail)
+    figures.update(identical=identical, batching_logprob_noise=noise, near_ties=excused, mismatched=mismatched)
     print(f"[load] greedy tokens: {identical}/{len(prompts)} identical to one by one; batching moved a chosen "
           f"token's logprob by up to {noise:.2e}; near ties: {excused}")
-    assert not mismatched, mismatched
+    assert not mismatched, json.dumps(mismatched)
     assert identical + len(excused) == len(prompts)
 
 
@@ -234,7 +241,7 @@ def _stream_and_close(server, prompt: str, chunks: int) -> int:
 
 def test_a_closed_stream_and_an_abort_free_the_kv(server, idle):
     idle_used = idle["num_used_tokens"]
-    prompt = "A note about rivers. " + _SENTENCE * 20 + "Tell a long story about the river:"
+    prompt = "A note about rivers. " + _SENTENCE * 2 + "Tell a long story about the river:"
 
     assert _stream_and_close(server, prompt, chunks=3) == 3
     after_close = _settled(server, idle_used)
@@ -257,10 +264,12 @@ def test_a_closed_stream_and_an_abort_free_the_kv(server, idle):
     finish = out.get("meta_info", {}).get("finish_reason") or {}
     completion = out.get("meta_info", {}).get("completion_tokens")
     after_abort = _settled(server, idle_used)
-    print(f"\n[faults] KV tokens used: idle {idle_used}, while decoding {busy['num_used_tokens']}, after the closed "
-          f"stream {after_close['num_used_tokens']}, after the abort {after_abort['num_used_tokens']} (token_usage "
-          f"{after_abort['token_usage']}); aborted request: HTTP {status}, finish_reason {finish}, "
-          f"{completion} of 400 tokens")
+    REPORT["faults_abort"] = {"kv_tokens_idle": idle_used, "kv_tokens_decoding": busy["num_used_tokens"],
+                              "kv_tokens_after_closed_stream": after_close["num_used_tokens"],
+                              "kv_tokens_after_abort": after_abort["num_used_tokens"],
+                              "token_usage_after_abort": after_abort["token_usage"], "aborted_http": status,
+                              "aborted_finish": finish.get("type"), "aborted_tokens": completion}
+    print(f"\n[faults] {REPORT['faults_abort']}")
     assert finish.get("type") == "abort" and (completion or 0) < 400, out
     assert _answer(*_generate(server, "After the abort, say hello:"))["ids"]
 
@@ -272,7 +281,8 @@ def test_a_request_larger_than_the_pool_is_refused(server, idle):
     too_long = [2] + [1000] * (limit + 10)  # <bos> and a repeated token: never prefilled
     status, out = _generate(server, input_ids=too_long)
     message = json.dumps(out)
-    print(f"\n[faults] a {len(too_long)}-token request (limit {limit}): HTTP {status}: {message[:300]}")
+    REPORT["faults_too_long"] = {"tokens": len(too_long), "limit": limit, "http": status, "message": message[:300]}
+    print(f"\n[faults] {REPORT['faults_too_long']}")
     assert status == 400 or out.get("meta_info", {}).get("finish_reason", {}).get("type") == "abort", out
     assert "exceeds the maximum allowed length" in message or "longer than" in message, out
     _settled(server, idle["num_used_tokens"])
