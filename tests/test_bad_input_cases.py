@@ -90,10 +90,10 @@ def test_fp8_scales_are_checked(scale, match):
     pool = filled(InklingKVPool(HYBRID, 256, 128, "fp8_e4m3", k_scale=2.0))
     k = torch.randn(2, 1, 64).bfloat16()
     exc = TypeError if isinstance(scale, bool) else ValueError
-    raises_untouched(pool, exc, "k_scale must be a finite number > 0, " + match, pool.set_kv_buffer, 0, torch.tensor([3, 4]), k, k,
-                     k_scale=scale)
-    raises_untouched(pool, exc, "v_scale must be a finite number > 0, " + match, pool.set_kv_buffer, 0, torch.tensor([3, 4]), k, k,
-                     v_scale=scale)
+    raises_untouched(pool, exc, "k_scale must be a finite number > 0, " + match, pool.set_kv_buffer, 0,
+                     torch.tensor([3, 4]), k, k, k_scale=scale)
+    raises_untouched(pool, exc, "v_scale must be a finite number > 0, " + match, pool.set_kv_buffer, 0,
+                     torch.tensor([3, 4]), k, k, v_scale=scale)
     with pytest.raises(exc, match="v_scale must be a finite number > 0, " + match):
         InklingKVPool(HYBRID, 256, 128, "fp8_e4m3", v_scale=scale)
 

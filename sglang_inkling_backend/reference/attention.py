@@ -22,7 +22,8 @@ from typing import Optional
 import torch
 
 from .. import mxfp8
-from ..checks import require_non_negative_real, require_positive_int, require_positive_real, require_slots
+from ..checks import (require_non_negative_real, require_positive_int, require_positive_real,
+                      require_slots)
 from ..scale_layout import ScaleLayout
 
 FLOAT_KV_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
