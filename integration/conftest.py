@@ -14,11 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from sglang_inkling_backend.demo.cpu_host import cpu_env
 from sglang_inkling_backend.demo.models import prepare_model
 from sglang_inkling_backend.demo.server import SGLangServer, ServerStartError
 from workloads import WorkloadRun, run_workload
 
-from harness import HERE, MAX_TOTAL_TOKENS, REPORT, RESULTS_PATH, STARTUP_TIMEOUT_S, run_log_path, run_name
+from harness import (FAULT_PLUGIN_DIR, HERE, MAX_TOTAL_TOKENS, REPORT, RESULTS_PATH, STARTUP_TIMEOUT_S, run_log_path,
+                     run_name)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -62,18 +64,23 @@ def server_logs(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def workload(model_dir, server_logs):
-    """``workload(model, backend, kv_cache_dtype='auto', tp=1) -> WorkloadRun``, each configuration served once."""
+    """``workload(model, backend, kv_cache_dtype='auto', tp=1, fault=False) -> WorkloadRun``, each configuration
+    served once. ``fault=True`` serves it with the test-only fault plugin (``fault_plugin/``) loaded."""
     done: dict[str, WorkloadRun | BaseException] = {}
 
-    def get(model: str, backend: str, kv: str = "auto", tp: int = 1) -> WorkloadRun:
-        name = run_name(model, backend, kv, tp)
+    def get(model: str, backend: str, kv: str = "auto", tp: int = 1, fault: bool = False) -> WorkloadRun:
+        name = run_name(model, backend, kv, tp, fault)
         if name not in done:
+            env = {"PYTHONPATH": os.pathsep.join([str(FAULT_PLUGIN_DIR), cpu_env()["PYTHONPATH"]])} if fault else None
             server = SGLangServer(model_dir(model), backend, kv, tp_size=tp, max_total_tokens=MAX_TOTAL_TOKENS,
-                                  log_path=run_log_path(server_logs, model, backend, kv, tp),
-                                  startup_timeout_s=STARTUP_TIMEOUT_S)
+                                  log_path=run_log_path(server_logs, model, backend, kv, tp, fault),
+                                  env_overrides=env, startup_timeout_s=STARTUP_TIMEOUT_S)
             try:
                 with server:
-                    done[name] = run_workload(server, {"model": model, "backend": backend, "kv": kv, "tp": tp})
+                    # test_kv_quant_drift.py compares the teacher-forced text across the inkling tp 1 runs.
+                    done[name] = run_workload(server, {"model": model, "backend": backend, "kv": kv, "tp": tp,
+                                                       "fault": fault},
+                                              score_text=backend == "inkling" and tp == 1 and not fault)
             except ServerStartError as err:
                 done[name] = err
             except Exception as err:  # a request failed: keep the server's last words with the error
@@ -84,6 +91,7 @@ def workload(model_dir, server_logs):
                 REPORT.setdefault("runs", {})[name] = {
                     "startup_s": round(run.startup_s, 1), "per_token_ms": round(run.per_token_ms, 1),
                     "prefill_ms": round(run.prefill_ms, 1),
+                    "text_score_s": None if run.text_score_s is None else round(run.text_score_s, 1),
                     "answers": {k: dataclasses.asdict(v) for k, v in run.answers.items()}}
         run = done[name]
         if isinstance(run, BaseException):

@@ -1,34 +1,52 @@
-"""Why MXFP8 and per-tensor fp8 (scale 1.0) drift alike on Gemma-3-270M: the real K (after k_norm) and V of every
-layer on the long integration prompt, quantized both ways, with their relative error, how often the two formats
-store the same value, and how much of the data lies outside e4m3's normal range. CPU, HF transformers:
+"""MXFP8 against per-tensor fp8 on the model's own K/V: every layer's K (after k_norm where the model has one) and V
+on the long integration prompt, captured from HF transformers on the CPU, quantized both ways.
 
-    .venv/bin/python integration/kv_format_error.py gemma-3-270m      # or smollm2-135m-instruct
+    .venv/bin/python integration/kv_format_error.py gemma-3-270m [--json FILE]     # or smollm2-135m-instruct
 
-(K is taken before RoPE; a rotation keeps magnitudes, so the range figures hold for the cached K.)"""
+Three data sets, each quantized as MXFP8 and as per-tensor fp8 with scale 1.0 (the scale SGLang uses when the
+checkpoint gives none) and with a calibrated scale (amax / 448):
+- ``model``: the K/V as the checkpoint makes them;
+- ``k_outlier_channels``: K with two rotary channel pairs per head multiplied by 2**8, the K that a
+  function-preserving reparametrization of the same model caches (those rows of k_proj times 2**8, the matching
+  rows of q_proj times 2**-8: q.k and so the output are unchanged; powers of two are exact in bf16, and a rotary
+  pair scaled as one commutes with RoPE). LLM K caches show outlier channels like these;
+- ``v_scaled_down``: V times 2**-8 (v_proj times 2**-8, o_proj times 2**8: the output is unchanged), values
+  that per-tensor fp8 at scale 1.0 stores as subnormals.
+
+Errors are relative, in the model's original units (a rescaled tensor is read back divided by its factor, as the
+reparametrized attention effectively does), so the three data sets measure the same function's error.
+
+(K is taken before RoPE; a rotation keeps magnitudes, so the range figures hold for the cached K.)
+"""
+import argparse
+import json
 import os
 import sys
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from workloads import SEQUENTIAL_PROMPTS  # noqa: E402
 
 from sglang_inkling_backend import mxfp8  # noqa: E402
 from sglang_inkling_backend.demo.cpu_host import cpu_env  # noqa: E402
-from sglang_inkling_backend.demo.models import prepare_model  # noqa: E402
+
+OUTLIER_FACTOR = 2.0 ** 8
+V_FACTOR = 2.0 ** -8
 
 
-def main(name: str) -> None:
-    path = prepare_model(name)
-    tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+def capture_kv(model_dir: Path) -> tuple[list[dict[str, torch.Tensor]], int]:
+    """Per layer {"k": [tokens * heads, d], "v": ...} in float32, and head_dim."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
     caught: dict[int, dict[str, torch.Tensor]] = {}
 
     def hook(layer_idx, which):
         def record(mod, inp, out):
-            caught.setdefault(layer_idx, {})[which] = out.detach()
+            caught.setdefault(layer_idx, {})[which] = out.detach().float()
         return record
 
     for i, layer in enumerate(model.model.layers):
@@ -39,28 +57,76 @@ def main(name: str) -> None:
         model(**tok(SEQUENTIAL_PROMPTS["long"], return_tensors="pt"))
     cfg = model.config
     d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    err2 = {"mxfp8": 0.0, "fp8": 0.0}
-    norm2 = small = big = same = n = 0
-    for i, tensors in caught.items():
-        for which, x in tensors.items():
-            x = x.float().reshape(-1, d)
-            mx = mxfp8.dequantize(*mxfp8.quantize(x.to(torch.bfloat16)), torch.float32)
-            f8 = mxfp8.quantize_per_tensor(x.to(torch.bfloat16), 1.0).float()
-            err2["mxfp8"] += (mx - x).pow(2).sum().item()
-            err2["fp8"] += (f8 - x).pow(2).sum().item()
-            norm2 += x.pow(2).sum().item()
-            small += (x.abs() < 2 ** -6).sum().item()
-            big += (x.abs() > mxfp8.E4M3_MAX).sum().item()
-            same += (mx == f8).sum().item()
-            n += x.numel()
-            if i in (0, 5, len(caught) - 1):
-                print(f"layer {i} {which}: amax {x.abs().max():.3g}, same value stored {(mx == f8).float().mean():.3f}")
-    print(f"{name}: relative error MXFP8 {(err2['mxfp8'] / norm2) ** .5:.4f}, per-tensor fp8 (scale 1) "
-          f"{(err2['fp8'] / norm2) ** .5:.4f}; same value stored {same / n:.3f}; "
-          f"|x| < 2^-6: {small / n:.4f}, |x| > 448: {big / n:.6f}")
+    layers = [{w: x.reshape(-1, d) for w, x in caught[i].items()} for i in sorted(caught)]
+    return layers, d
+
+
+def outlier_channels(d: int) -> list[int]:
+    """Two rotary pairs (i, i + d/2), in different 32-channel blocks: channels 3 and 3 + d/2, 37 and 37 + d/2."""
+    return [c for i in (3, 37) for c in (i % (d // 2), i % (d // 2) + d // 2)]
+
+
+def round_trips(x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """x [rows, d] float32 -> each format's dequantized values."""
+    x16 = x.to(torch.bfloat16)
+    amax = x16.float().abs().max().item()
+    return {"mxfp8": mxfp8.dequantize(*mxfp8.quantize(x16), torch.float32),
+            "fp8_scale_1": mxfp8.quantize_per_tensor(x16, 1.0).float(),
+            "fp8_calibrated": mxfp8.quantize_per_tensor(x16, amax / mxfp8.E4M3_MAX).float() * (amax / mxfp8.E4M3_MAX)}
+
+
+def _errors(tensors: list[torch.Tensor], factor: torch.Tensor | float = 1.0) -> dict[str, float]:
+    """Relative error of each format over all values of all tensors (each tensor quantized on its own), in the
+    model's original units: ``tensors`` are stored as ``x * factor`` and read back divided by ``factor``, which is
+    what a reparametrized model's attention sees (q.k and p.V undo the factor exactly)."""
+    err2: dict[str, float] = {}
+    norm2 = 0.0
+    for x in tensors:
+        for name, y in round_trips(x * factor).items():
+            err2[name] = err2.get(name, 0.0) + (y / factor - x).pow(2).sum().item()
+        norm2 += x.pow(2).sum().item()
+    return {name: (e / norm2) ** 0.5 for name, e in err2.items()}
+
+
+def measure(layers: list[dict[str, torch.Tensor]], d: int) -> dict:
+    tensors = [x for layer in layers for x in layer.values()]
+    same = sum((round_trips(x)["mxfp8"] == round_trips(x)["fp8_scale_1"]).sum().item() for x in tensors)
+    n = sum(x.numel() for x in tensors)
+    channels = outlier_channels(d)
+    k_factor = torch.ones(d)
+    k_factor[channels] = OUTLIER_FACTOR
+    keys, values = [layer["k"] for layer in layers], [layer["v"] for layer in layers]
+    return {
+        "model": _errors(tensors) | {
+            "same_value_fraction": same / n, "values": n,
+            "below_2^-6_fraction": sum((x.abs() < 2 ** -6).sum().item() for x in tensors) / n,
+            "above_448_fraction": sum((x.abs() > mxfp8.E4M3_MAX).sum().item() for x in tensors) / n},
+        "model_k": _errors(keys),
+        "model_v": _errors(values),
+        "k_outlier_channels": _errors(keys, k_factor) | {"factor": OUTLIER_FACTOR, "channels": channels},
+        "v_scaled_down": _errors(values, V_FACTOR) | {"factor": V_FACTOR},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("model", nargs="?", default="gemma-3-270m")
+    parser.add_argument("--json", type=Path, help="write the numbers here")
+    args = parser.parse_args()
+    from sglang_inkling_backend.demo.models import prepare_model
+
+    layers, d = capture_kv(prepare_model(args.model))
+    result = {"model": args.model, "head_dim": d, "layers": len(layers)} | measure(layers, d)
+    for data in ("model", "model_k", "k_outlier_channels", "model_v", "v_scaled_down"):
+        numbers = result[data]
+        print(f"{args.model} {data}: relative error MXFP8 {numbers['mxfp8']:.4f}, per-tensor fp8 scale 1 "
+              f"{numbers['fp8_scale_1']:.4f}, calibrated {numbers['fp8_calibrated']:.4f}")
+    print(json.dumps(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":
     if os.environ.get("SGLANG_USE_CPU_ENGINE") != "1":  # the torchvision work-around must load at start-up
         os.execve(sys.executable, [sys.executable, *sys.argv], cpu_env())
-    main(sys.argv[1] if len(sys.argv) > 1 else "gemma-3-270m")
+    main()

@@ -145,29 +145,44 @@ class SGLangServer:
         self.stop()
 
     # --- requests -------------------------------------------------------------------------------------------
+    def _post(self, path: str, body: dict, timeout_s: float) -> dict:
+        request = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return json.loads(response.read())
+
+    def tokenize(self, prompt: str, timeout_s: float = 60.0) -> list[int]:
+        """The token ids the server's own tokenizer gives ``prompt`` (special tokens such as ``<bos>`` included, as
+        for a text prompt to ``/generate``)."""
+        return list(self._post("/tokenize", {"prompt": prompt}, timeout_s)["tokens"])
+
     def generate(self, prompt: str | None = None, max_new_tokens: int = 8, input_ids: list[int] | None = None,
-                 return_logprob: bool = False, top_logprobs_num: int = 0, timeout_s: float = 300.0) -> dict:
+                 return_logprob: bool = False, top_logprobs_num: int = 0, input_logprobs: bool = False,
+                 timeout_s: float = 300.0) -> dict:
         """Greedy generation through SGLang's native ``/generate``. Returns ``output_ids``, ``text``, ``meta``
         (SGLang's meta_info) and, when asked, the chosen tokens' ``logprobs`` and per position the ``top_logprobs``
-        as ``[(token_id, logprob), ...]``."""
+        as ``[(token_id, logprob), ...]``. ``input_logprobs=True`` adds ``input_logprobs``: the log-probability of
+        every prompt token after the ones before it (teacher-forced; the first token has none, so the list is one
+        shorter than the prompt)."""
         body = {"sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens},
-                "return_logprob": return_logprob or top_logprobs_num > 0}
+                "return_logprob": return_logprob or top_logprobs_num > 0 or input_logprobs}
         if top_logprobs_num:
             body["top_logprobs_num"] = top_logprobs_num
+        if input_logprobs:
+            body["logprob_start_len"] = 0
         if input_ids is not None:
             body["input_ids"] = input_ids
         else:
             body["text"] = prompt
-        request = urllib.request.Request(self.url + "/generate", data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            out = json.loads(response.read())
+        out = self._post("/generate", body, timeout_s)
         meta = out.get("meta_info", {})
         result = {"text": out["text"], "output_ids": out.get("output_ids"), "meta": meta}
         if body["return_logprob"]:
             result["logprobs"] = [entry[0] for entry in meta["output_token_logprobs"]]
             if result["output_ids"] is None:
                 result["output_ids"] = [entry[1] for entry in meta["output_token_logprobs"]]
+        if input_logprobs:
+            result["input_logprobs"] = [entry[0] for entry in meta["input_token_logprobs"][1:]]
         if top_logprobs_num:
             result["top_logprobs"] = [[(entry[1], entry[0]) for entry in position]
                                       for position in meta["output_top_logprobs"]]
