@@ -2,12 +2,11 @@
 backend with an MXFP8 KV cache, one server for the module, loopback only, bounded everywhere.
 
 - 16 concurrent greedy requests of mixed lengths, 4 of them past the 512-token window, give the same tokens as the
-  same requests sent one by one. Batching may change bf16 rounding (the MLP's matmuls see another batch); a
-  request whose tokens differ passes only when its first differing position is a near tie by the model's own
-  numbers: the perturbation needed to swap the two candidates (the sum of both runs' top-2 log-probability gaps
-  there) must not exceed twice the largest change batching made to any chosen token's log-probability at the
-  positions where the runs agreed (measured in this run, over all 16 requests; no fixed threshold; twice because
-  the swap moves the difference of two log-probabilities). Each excused divergence is printed and reported.
+  same requests sent one by one. Batching may change bf16 rounding (the MLP's matmuls see another batch), so the
+  two runs are compared as the bf16 parity tests compare backends (``margins.py``): the one-by-one run is the
+  reference, and a divergence passes only where the float32 oracle's margin at that position is within the
+  noise the reference itself shows against the oracle; the concurrent run's error level must not exceed the
+  one-by-one run's beyond noise. Each excused divergence is reported.
 - A streaming request closed by the client after a few chunks, and a long request stopped by ``/abort_request``:
   afterwards the server answers and its KV usage (SGLang's ``/v1/loads``: ``num_used_tokens``, the pool's tokens
   held by requests) is back to its idle level, with no request running or waiting.
@@ -30,7 +29,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from harness import REPORT
+from margins import compare_on_margins
 from sglang_inkling_backend.demo.server import SGLangServer
+from workloads import Answer, WorkloadRun
 
 MODEL = "gemma-3-270m"
 WINDOW = 512
@@ -148,25 +149,22 @@ def idle(server) -> dict:
 
 # --- the tests ----------------------------------------------------------------------------------------------
 
-def _first_divergence(a: list[int], b: list[int]):
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+def _as_run(answers: list[dict], prompt_ids: list[list[int]]) -> WorkloadRun:
+    run = WorkloadRun(config={}, startup_s=0.0)
+    for i, (a, ids) in enumerate(zip(answers, prompt_ids)):
+        run.answers[f"request{i}"] = Answer(output_ids=a["ids"], logprobs=a["logprobs"], top2=a["top2"],
+                                            cached_tokens=0, prompt_tokens=a["prompt_tokens"], prompt_ids=ids)
+    return run
 
 
-def _top2_gap(answer: dict, pos: int, first: int, second: int):
-    """logprob(first) - logprob(second) at ``pos`` from the answer's top-2 (None if either is not in it)."""
-    table = dict(answer["top2"][pos])
-    if first not in table or second not in table:
-        return None
-    return table[first] - table[second]
-
-
-def test_concurrent_requests_match_one_by_one(server, idle):
+def test_concurrent_requests_match_one_by_one(server, idle, model_dir):
     prompts = _prompts()
+    prompt_ids = [server.tokenize(p) for p in prompts]  # the oracle is fed exactly what the server saw
     latencies = [0.0] * len(prompts)
 
     def timed(i):
         start = time.monotonic()
-        result = _generate(server, prompts[i])
+        result = _generate(server, input_ids=prompt_ids[i])
         latencies[i] = time.monotonic() - start
         return result
 
@@ -174,7 +172,7 @@ def test_concurrent_requests_match_one_by_one(server, idle):
     with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
         concurrent = [_answer(*r) for r in pool.map(timed, range(len(prompts)))]
     wall = time.monotonic() - wall
-    sequential = [_answer(*_generate(server, p)) for p in prompts]
+    sequential = [_answer(*_generate(server, input_ids=ids)) for ids in prompt_ids]
     FIRST_ANSWERS[prompts[0]] = sequential[0]["ids"]
 
     lengths = [a["prompt_tokens"] for a in sequential]
@@ -187,37 +185,15 @@ def test_concurrent_requests_match_one_by_one(server, idle):
     REPORT["load_concurrent"] = figures
     print(f"\n[load] {figures}")
 
-    # batching noise: how much the chosen tokens' log-probabilities moved where both runs chose the same token
-    noise = 0.0
-    for c, s in zip(concurrent, sequential):
-        agree = _first_divergence(c["ids"], s["ids"])
-        upto = len(c["ids"]) if agree is None else agree
-        for pos in range(upto):
-            noise = max(noise, abs(c["logprobs"][pos] - s["logprobs"][pos]))
-    identical, excused, mismatched = 0, [], []
-    for i, (c, s) in enumerate(zip(concurrent, sequential)):
-        pos = _first_divergence(c["ids"], s["ids"])
-        if pos is None and len(c["ids"]) == len(s["ids"]):
-            identical += 1
-            continue
-        if pos is None:
-            mismatched.append((i, "different lengths", len(c["ids"]), len(s["ids"])))
-            continue
-        gap_s = _top2_gap(s, pos, s["ids"][pos], c["ids"][pos])
-        gap_c = _top2_gap(c, pos, c["ids"][pos], s["ids"][pos])
-        detail = dict(request=i, prompt_tokens=lengths[i], position=pos, sequential=s["ids"][pos],
-                      concurrent=c["ids"][pos], gap_sequential=gap_s, gap_concurrent=gap_c, noise=noise)
-        # a and b swap order when lp(a) - lp(b) moves by gap_s + gap_c; each log-probability moved by at most
-        # `noise` where it could be compared, so their difference by at most twice that
-        if gap_s is not None and gap_c is not None and gap_s + gap_c <= 2 * noise:
-            excused.append(detail)
-        else:
-            mismatched.append(detail)
-    figures.update(identical=identical, batching_logprob_noise=noise, near_ties=excused, mismatched=mismatched)
-    print(f"[load] greedy tokens: {identical}/{len(prompts)} identical to one by one; batching moved a chosen "
-          f"token's logprob by up to {noise:.2e}; near ties: {excused}")
-    assert not mismatched, json.dumps(mismatched)
-    assert identical + len(excused) == len(prompts)
+    result = compare_on_margins(model_dir(MODEL), _as_run(sequential, prompt_ids),
+                                {"concurrent": _as_run(concurrent, prompt_ids)})
+    judged = result["candidates"]["concurrent"]
+    figures.update(identical=judged["identical"], near_ties=judged["excused_near_ties"],
+                   mismatched=judged["mismatches"], error_level=judged["error_level"],
+                   noise_bound=result["noise_bound"])
+    print(f"[load] greedy tokens: {judged['identical']}/{len(prompts)} identical to one by one; near ties "
+          f"(float32 margin <= {result['noise_bound']} nats): {judged['excused_near_ties']}")
+    assert judged["passed"], json.dumps(judged)
 
 
 def _stream_and_close(server, prompt: str, chunks: int) -> int:
