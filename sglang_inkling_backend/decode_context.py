@@ -12,6 +12,7 @@ MLX path passes an ``mx.array`` factory), so the core stays free of MLX.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
@@ -27,6 +28,15 @@ def torch_keep_mask(rows: list[list[bool]]) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.bool)[:, None, None, :]
 
 
+def _seq_len(n: Any, i: int) -> int:
+    """An int (or an integer tensor element): a float is refused, never truncated."""
+    if isinstance(n, torch.Tensor) and n.numel() == 1 and not n.is_floating_point() and n.dtype != torch.bool:
+        n = int(n)
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+        raise TypeError(f"seq_lens[{i}] must be an int, got {n!r} ({type(n).__name__})")
+    return int(n)
+
+
 @dataclass
 class BatchedDecodeContext:
     seq_lens: list[int]
@@ -37,7 +47,7 @@ class BatchedDecodeContext:
     mask_factory: Callable[[list[list[bool]]], Any] = torch_keep_mask
 
     def __post_init__(self):
-        self.seq_lens = [int(n) for n in self.seq_lens]
+        self.seq_lens = [_seq_len(n, i) for i, n in enumerate(self.seq_lens)]
         if not self.seq_lens:
             raise ValueError("seq_lens must hold one entry per request, got an empty batch")
         if min(self.seq_lens) < 0:

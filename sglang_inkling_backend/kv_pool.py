@@ -15,6 +15,7 @@ from typing import Any, Optional, Sequence, Union
 import torch
 
 from . import mxfp8
+from .checks import require_positive_int, require_positive_real, require_slots
 from .layer_plan import LayerPlan
 from .reference.attention import PagedKV
 from .scale_layout import ScaleLayout
@@ -53,11 +54,11 @@ class InklingKVPool:
             raise TypeError(f"plan must be a LayerPlan, got {type(plan).__name__}")
         if kv_dtype not in mxfp8.KV_DTYPES:
             raise ValueError(f"kv_dtype must be one of {mxfp8.KV_DTYPES}, got {kv_dtype!r}")
-        for name, value in (("size", size), ("page_size", page_size)):
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if swa_size is not None and (not isinstance(swa_size, int) or swa_size <= 0):
-            raise ValueError(f"swa_size must be None or a positive int, got {swa_size!r}")
+        require_positive_int(size, "size")
+        require_positive_int(page_size, "page_size")
+        if swa_size is not None:
+            require_positive_int(swa_size, "swa_size")
+        k_scale, v_scale = require_positive_real(k_scale, "k_scale"), require_positive_real(v_scale, "v_scale")
         if kv_dtype == "mxfp8":
             if size % page_size or (swa_size or page_size) % page_size:
                 raise ValueError(f"size and swa_size must be multiples of page_size={page_size} for mxfp8, "
@@ -66,8 +67,6 @@ class InklingKVPool:
                 d = plan.spec(layer_id).head_dim
                 if d % mxfp8.BLOCK:
                     raise ValueError(f"mxfp8 needs head_dim % {mxfp8.BLOCK} == 0, layer {layer_id} has head_dim {d}")
-        if kv_dtype == "fp8_e4m3" and (k_scale <= 0 or v_scale <= 0):
-            raise ValueError(f"k_scale and v_scale must be positive, got {k_scale}, {v_scale}")
         self.plan, self.size, self.page_size, self.kv_dtype = plan, size, page_size, kv_dtype
         self.swa_size = swa_size if swa_size is not None else size
         self.device = torch.device(device)
@@ -121,81 +120,114 @@ class InklingKVPool:
         return PagedKV(layer.k, layer.v, layer.sfk, layer.sfv, layer.layout, self.k_scale, self.v_scale)
 
     # --- writes -------------------------------------------------------------------------------------------------
-    def _check_write(self, layer: LayerKV, layer_id: int, loc: torch.Tensor, **values: torch.Tensor) -> torch.Tensor:
-        if not isinstance(loc, torch.Tensor) or loc.dtype not in (torch.int32, torch.int64) or loc.dim() != 1:
-            raise TypeError("loc must be a 1-D int32/int64 tensor of slot ids")
-        if loc.numel() and (int(loc.min()) < 0 or int(loc.max()) >= layer.num_slots):
-            raise ValueError(f"loc must be slots in [0, {layer.num_slots}) for layer {layer_id}, got "
-                             f"[{int(loc.min())}, {int(loc.max())}]")
-        expected = (loc.numel(), *layer.k.shape[1:])
+    # Every write checks all its arguments (slots, shapes, dtypes, scales; for moves: every layer) before its first
+    # store, so a refused call leaves every buffer byte-identical. Duplicate slots in one write are refused (slot 0,
+    # the padding sink, excepted): which of two values lands in one slot would depend on the device.
+    def _check_loc(self, loc, name: str, layer_id: Optional[int] = None, distinct: bool = True) -> torch.Tensor:
+        if layer_id is None:  # a move touches every layer: the smallest sub-pool bounds the slots
+            layer_id = min(self.layers, key=lambda i: self.layers[i].num_slots)
+            where = f" (the smallest sub-pool: layer {layer_id})"
+        else:
+            where = f" for layer {layer_id}"
+        return require_slots(loc, name, self.layers[layer_id].num_slots, distinct, where).to(self.device)
+
+    def _check_values(self, layer: LayerKV, n: int, **values) -> None:
+        hkv, d = layer.k.shape[1:]
         for name, t in values.items():
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-            n, hkv, d = expected
             if tuple(t.shape) not in ((n, hkv, d), (n, hkv * d)):
-                raise ValueError(f"{name} must hold [{loc.numel()}, Hkv={expected[1]}, D={expected[2]}] values, "
+                raise ValueError(f"{name} must hold [{n}, Hkv={hkv}, D={d}] values (or [{n}, {hkv * d}]), "
                                  f"got shape {tuple(t.shape)}")
-        return loc.to(self.device).long()
 
     def set_kv_buffer(self, layer: Union[int, Any], loc: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
                       k_scale: Optional[float] = None, v_scale: Optional[float] = None, **_: Any) -> None:
         """Store ``cache_k``/``cache_v`` (``[N, Hkv, D]`` or ``[N, Hkv * D]``, float) at slots ``loc``,
-        quantizing on the way in for fp8 and MXFP8 pools."""
+        quantizing on the way in for fp8 and MXFP8 pools. ``k_scale``/``v_scale`` (fp8_e4m3 only; None: the
+        pool's) must be finite and > 0; reads (``read_kv``, ``paged_kv``) dequantize with the pool's scales, so a
+        per-call scale is for callers whose readers use the same one (SGLang passes the layer's)."""
         layer_id = _layer_id(layer)
         buf = self._layer(layer_id)
-        loc = self._check_write(buf, layer_id, loc, cache_k=cache_k, cache_v=cache_v)
+        loc = self._check_loc(loc, "loc", layer_id)
+        self._check_values(buf, loc.numel(), cache_k=cache_k, cache_v=cache_v)
         for name, t in (("cache_k", cache_k), ("cache_v", cache_v)):
-            if not t.is_floating_point() or t.dtype == mxfp8.DATA_DTYPE:
+            if not t.is_floating_point() or t.element_size() == 1:
                 raise TypeError(f"{name} must be a bf16/fp16/fp32 tensor, got {t.dtype}")
+        scales = {}
+        for name, value, default in (("k_scale", k_scale, self.k_scale), ("v_scale", v_scale, self.v_scale)):
+            scales[name] = default if value is None else require_positive_real(value, name)
+        if self.kv_dtype != "fp8_e4m3" and any(value is not None and scales[name] != 1.0
+                                               for name, value in (("k_scale", k_scale), ("v_scale", v_scale))):
+            raise ValueError(f"k_scale/v_scale ({k_scale}, {v_scale}) apply to fp8_e4m3 pools only; this pool is "
+                             f"{self.kv_dtype!r} (None or 1.0 expected)")
         shape = (loc.numel(), *buf.k.shape[1:])
         k, v = cache_k.reshape(shape).to(self.device), cache_v.reshape(shape).to(self.device)
         if self.kv_dtype == "mxfp8":
             kd, ks = mxfp8.quantize(k)
             vd, vs = mxfp8.quantize(v)
             buf.k[loc], buf.v[loc] = kd, vd
-            buf.layout.scatter(buf.sfk, loc, ks)
-            buf.layout.scatter(buf.sfv, loc, vs)
+            buf.layout.scatter(buf.sfk, loc, ks, check=False)
+            buf.layout.scatter(buf.sfv, loc, vs, check=False)
         elif self.kv_dtype == "fp8_e4m3":
-            buf.k[loc] = mxfp8.quantize_per_tensor(k, k_scale or self.k_scale)
-            buf.v[loc] = mxfp8.quantize_per_tensor(v, v_scale or self.v_scale)
+            buf.k[loc] = mxfp8.quantize_per_tensor(k, scales["k_scale"])
+            buf.v[loc] = mxfp8.quantize_per_tensor(v, scales["v_scale"])
         else:
             buf.k[loc], buf.v[loc] = k.to(self.store_dtype), v.to(self.store_dtype)
 
     def set_mxfp8_kv_buffer(self, layer: Union[int, Any], loc: torch.Tensor, k_data: torch.Tensor,
                             k_scales: torch.Tensor, v_data: torch.Tensor, v_scales: torch.Tensor) -> None:
-        """Store already-quantized MXFP8 K/V (what a fused prologue produces)."""
+        """Store already-quantized MXFP8 K/V (what a fused prologue produces): data float8_e4m3fn (or its uint8
+        bytes) ``[N, Hkv, D]`` or ``[N, Hkv * D]``, scales uint8 / float8_e8m0fnu ``[N, Hkv, D // 32]`` or
+        ``[N, Hkv * D // 32]``."""
         layer_id = _layer_id(layer)
         buf = self._layer(layer_id)
         if self.kv_dtype != "mxfp8":
             raise ValueError(f"set_mxfp8_kv_buffer needs kv_dtype='mxfp8', this pool is {self.kv_dtype!r}")
-        loc = self._check_write(buf, layer_id, loc, k_data=k_data, v_data=v_data)
+        loc = self._check_loc(loc, "loc", layer_id)
+        n, hkv = loc.numel(), buf.k.shape[1]
         nb = buf.layout.blocks_per_head
+        self._check_values(buf, n, k_data=k_data, v_data=v_data)
+        for name, t in (("k_data", k_data), ("v_data", v_data)):
+            if t.dtype not in (mxfp8.DATA_DTYPE, torch.uint8):
+                raise TypeError(f"{name} must be float8_e4m3fn (or its uint8 bytes), got {t.dtype}")
         for name, t in (("k_scales", k_scales), ("v_scales", v_scales)):
-            if t.view(torch.uint8).numel() != loc.numel() * buf.k.shape[1] * nb:
-                raise ValueError(f"{name} must hold [{loc.numel()}, {buf.k.shape[1]}, {nb}] bytes, got {tuple(t.shape)}")
-        shape = (loc.numel(), *buf.k.shape[1:])
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a uint8 / float8_e8m0fnu tensor of UE8M0 bytes, got "
+                                f"{type(t).__name__}")
+            if t.dtype not in mxfp8.SCALE_DTYPES:
+                raise TypeError(f"{name} must be uint8 or float8_e8m0fnu (UE8M0 bytes), got {t.dtype}")
+            if tuple(t.shape) not in ((n, hkv, nb), (n, hkv * nb)):
+                raise ValueError(f"{name} must have shape [{n}, {hkv}, {nb}] (or [{n}, {hkv * nb}]), "
+                                 f"got {tuple(t.shape)}")
+        shape = (n, hkv, buf.k.shape[2])
         buf.k[loc] = k_data.view(mxfp8.DATA_DTYPE).reshape(shape).to(self.device)
         buf.v[loc] = v_data.view(mxfp8.DATA_DTYPE).reshape(shape).to(self.device)
-        buf.layout.scatter(buf.sfk, loc, k_scales.view(torch.uint8).reshape(shape[0], shape[1], nb))
-        buf.layout.scatter(buf.sfv, loc, v_scales.view(torch.uint8).reshape(shape[0], shape[1], nb))
+        buf.layout.scatter(buf.sfk, loc, k_scales.view(torch.uint8).reshape(n, hkv, nb), check=False)
+        buf.layout.scatter(buf.sfv, loc, v_scales.view(torch.uint8).reshape(n, hkv, nb), check=False)
 
     def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
-        """Copy every layer's K/V (and scale bytes) from ``src_loc`` to ``tgt_loc``."""
-        if tgt_loc.shape != src_loc.shape:
+        """Copy every layer's K/V (and scale bytes) from ``src_loc`` to ``tgt_loc`` (distinct targets; a source
+        may be copied to several). Both are checked against every layer before the first layer is written."""
+        tgt = self._check_loc(tgt_loc, "tgt_loc")
+        src = self._check_loc(src_loc, "src_loc", distinct=False)
+        if tgt.shape != src.shape:
             raise ValueError(f"tgt_loc and src_loc must have one shape, got {tuple(tgt_loc.shape)} and "
                              f"{tuple(src_loc.shape)}")
-        for layer_id, buf in self.layers.items():
-            tgt = self._check_write(buf, layer_id, tgt_loc)
-            src = self._check_write(buf, layer_id, src_loc)
+        for buf in self.layers.values():
             buf.k[tgt], buf.v[tgt] = buf.k[src], buf.v[src]
             if buf.layout is not None:
-                buf.layout.scatter(buf.sfk, tgt, buf.layout.gather(buf.sfk, src))
-                buf.layout.scatter(buf.sfv, tgt, buf.layout.gather(buf.sfv, src))
+                buf.layout.scatter(buf.sfk, tgt, buf.layout.gather(buf.sfk, src, check=False), check=False)
+                buf.layout.scatter(buf.sfv, tgt, buf.layout.gather(buf.sfv, src, check=False), check=False)
 
     # --- reads and sizes ----------------------------------------------------------------------------------------
     def read_kv(self, layer_id: int, slots: torch.Tensor, dtype: torch.dtype = torch.float32):
-        """Dequantized ``(k, v)`` ``[N, Hkv, D]`` of ``slots``."""
-        k, v = self.paged_kv(layer_id).read(slots.to(self.device))
+        """Dequantized ``(k, v)`` ``[N, Hkv, D]`` of ``slots`` (1-D int32/int64 in the layer's range), as ``dtype``
+        (a floating dtype)."""
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point or dtype.itemsize == 1:
+            raise TypeError(f"dtype must be a bf16/fp16/fp32/fp64 torch.dtype, got {dtype!r}")
+        kv = self.paged_kv(layer_id)
+        slots = require_slots(slots, "slots", kv.num_slots, where=f" for layer {_layer_id(layer_id)}")
+        k, v = kv.read(slots.to(self.device))
         return k.to(dtype), v.to(dtype)
 
     def bytes_per_token(self) -> int:
@@ -244,11 +276,14 @@ class HostKVTier:
                 sshape = (num_pages, P, buf.k.shape[1], buf.layout.blocks_per_head)
                 self.scales[layer_id] = (make(sshape, torch.uint8), make(sshape, torch.uint8))
 
-    def _pages(self, pages: torch.Tensor, limit: int, name: str) -> torch.Tensor:
+    def _pages(self, pages: torch.Tensor, limit: int, name: str, distinct: bool) -> torch.Tensor:
         if not isinstance(pages, torch.Tensor) or pages.dtype not in (torch.int32, torch.int64) or pages.dim() != 1:
-            raise TypeError(f"{name} must be a 1-D int tensor of page ids")
+            raise TypeError(f"{name} must be a 1-D int32/int64 tensor of page ids, got "
+                            f"{pages.dtype if isinstance(pages, torch.Tensor) else type(pages).__name__}")
         if pages.numel() and (int(pages.min()) < 0 or int(pages.max()) >= limit):
             raise ValueError(f"{name} must be pages in [0, {limit}), got [{int(pages.min())}, {int(pages.max())}]")
+        if distinct and torch.unique(pages).numel() != pages.numel():
+            raise ValueError(f"{name} must not name a page twice (they are the copy's targets), got {pages.tolist()}")
         return pages.long()
 
     def _slots(self, device_pages: torch.Tensor) -> torch.Tensor:
@@ -267,10 +302,10 @@ class HostKVTier:
         if device_pages.shape != host_pages.shape:
             raise ValueError(f"device_pages and host_pages must have one shape, got {tuple(device_pages.shape)} "
                              f"and {tuple(host_pages.shape)}")
-        host_pages = self._pages(host_pages, self.num_pages, "host_pages")
+        host_pages = self._pages(host_pages, self.num_pages, "host_pages", distinct=to_host)
         for layer_id in self.layer_ids:  # validate every layer before touching any buffer
             buf = self.pool._layer(layer_id)
-            self._pages(device_pages, buf.num_slots // self.page_size, "device_pages")
+            self._pages(device_pages, buf.num_slots // self.page_size, "device_pages", distinct=not to_host)
         device_pages = device_pages.long()
         slots = self._slots(device_pages).to(self.pool.device)
         for layer_id in self.layer_ids:
@@ -287,8 +322,10 @@ class HostKVTier:
                 hsk, hsv = self.scales[layer_id]
                 nb = buf.layout.blocks_per_head
                 if to_host:
-                    hsk[host_pages] = buf.layout.gather(buf.sfk, slots).reshape(*shape[:3], nb).cpu()
-                    hsv[host_pages] = buf.layout.gather(buf.sfv, slots).reshape(*shape[:3], nb).cpu()
+                    hsk[host_pages] = buf.layout.gather(buf.sfk, slots, check=False).reshape(*shape[:3], nb).cpu()
+                    hsv[host_pages] = buf.layout.gather(buf.sfv, slots, check=False).reshape(*shape[:3], nb).cpu()
                 else:
-                    buf.layout.scatter(buf.sfk, slots, hsk[host_pages].reshape(-1, shape[2], nb).to(self.pool.device))
-                    buf.layout.scatter(buf.sfv, slots, hsv[host_pages].reshape(-1, shape[2], nb).to(self.pool.device))
+                    buf.layout.scatter(buf.sfk, slots, hsk[host_pages].reshape(-1, shape[2], nb).to(self.pool.device),
+                                       check=False)
+                    buf.layout.scatter(buf.sfv, slots, hsv[host_pages].reshape(-1, shape[2], nb).to(self.pool.device),
+                                       check=False)

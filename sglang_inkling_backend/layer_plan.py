@@ -47,12 +47,13 @@ class LayerSpec:
             return
         for name in ("num_q_heads", "num_kv_heads", "head_dim"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"LayerSpec.{name} must be a positive int for an attention layer, got {value!r}")
         if self.num_q_heads % self.num_kv_heads:
             raise ValueError(f"LayerSpec.num_q_heads ({self.num_q_heads}) must be a multiple of "
                              f"num_kv_heads ({self.num_kv_heads}) for GQA")
-        if self.window is not None and (not isinstance(self.window, int) or self.window <= 0):
+        if self.window is not None and (isinstance(self.window, bool) or not isinstance(self.window, int)
+                                        or self.window <= 0):
             raise ValueError(f"LayerSpec.window must be None (full attention) or a positive int, got {self.window!r}")
         if self.rel_extent is not None and self.rel_extent <= 0:
             raise ValueError(f"LayerSpec.rel_extent must be positive or None, got {self.rel_extent!r}")

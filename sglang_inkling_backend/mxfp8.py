@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from .checks import require_positive_int, require_positive_real
+
 BLOCK = 32
 E4M3_MAX = 448.0
 SCALE_BIAS = 127
@@ -30,6 +32,8 @@ AMAX_FLOOR = 1e-30
 
 DATA_DTYPE = torch.float8_e4m3fn
 SCALE_DTYPE = torch.uint8  # a uint8 view of float8_e8m0fnu: every library can index and copy it
+# the dtypes a scale tensor may come in (its bytes are the same)
+SCALE_DTYPES = (torch.uint8,) + ((torch.float8_e8m0fnu,) if hasattr(torch, "float8_e8m0fnu") else ())
 
 KV_DTYPES = ("bf16", "fp16", "fp32", "fp8_e4m3", "mxfp8")
 
@@ -83,12 +87,18 @@ def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def dequantize(data: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """``data [..., D]`` (float8_e4m3fn, or its uint8 bytes) times ``2**(scales - 127)`` per 32-block."""
+    """``data [..., D]`` (float8_e4m3fn, or its uint8 bytes) times ``2**(scales - 127)`` per 32-block, as
+    ``dtype`` (a floating dtype)."""
+    for name, t in (("data", data), ("scales", scales)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point or dtype.itemsize == 1:
+        raise TypeError(f"dtype must be a bf16/fp16/fp32/fp64 torch.dtype, got {dtype!r}")
     if data.dtype == torch.uint8:
         data = data.view(DATA_DTYPE)
     if data.dtype != DATA_DTYPE:
         raise TypeError(f"data must be float8_e4m3fn (or its uint8 bytes), got {data.dtype}")
-    if scales.dtype not in (torch.uint8, getattr(torch, "float8_e8m0fnu", torch.uint8)):
+    if scales.dtype not in SCALE_DTYPES:
         raise TypeError(f"scales must be uint8 (UE8M0 bytes) or float8_e8m0fnu, got {scales.dtype}")
     scales = scales.view(torch.uint8)
     d = _check_last_dim(data, "data")
@@ -102,7 +112,12 @@ def dequantize(data: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = to
 
 def quantize_per_tensor(x: torch.Tensor, scale: float) -> torch.Tensor:
     """Per-tensor fp8 e4m3 (the format FlashInfer and SGLang's fp8 KV use): ``e4m3_rne(x / scale)``, saturating at
-    +-448 rather than overflowing to NaN (a per-tensor scale is a calibration, not a guarantee)."""
+    +-448 rather than overflowing to NaN (a per-tensor scale is a calibration, not a guarantee). ``scale`` must be
+    finite and > 0 (0 would divide by zero, a negative scale flip every sign)."""
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(f"x must be a floating-point torch.Tensor, got "
+                        f"{x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}")
+    scale = require_positive_real(scale, "scale")
     return (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(DATA_DTYPE)
 
 
@@ -110,6 +125,8 @@ def bytes_per_token_per_layer(num_kv_heads: int, head_dim: int, kv_dtype: str) -
     """KV bytes one token costs in one attention layer: K and V, data plus (MXFP8) one scale byte per block."""
     if kv_dtype not in KV_DTYPES:
         raise ValueError(f"kv_dtype must be one of {KV_DTYPES}, got {kv_dtype!r}")
+    require_positive_int(num_kv_heads, "num_kv_heads")
+    require_positive_int(head_dim, "head_dim")
     if kv_dtype == "mxfp8" and head_dim % BLOCK:
         raise ValueError(f"head_dim must be a multiple of {BLOCK} for mxfp8, got {head_dim}")
     per_value = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8_e4m3": 1, "mxfp8": 1}[kv_dtype]

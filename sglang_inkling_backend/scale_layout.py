@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .mxfp8 import BLOCK, SCALE_DTYPE
+from .checks import require_positive_int, require_slots
+from .mxfp8 import BLOCK, SCALE_DTYPE, SCALE_DTYPES
 
 INTERLEAVED_PAGE_SIZE = 128
 ROWS_PER_ATOM = 32  # the interleaved atom stores 32 tokens x (page // 32) columns
@@ -30,8 +31,7 @@ class ScaleLayout:
     def for_pool(cls, num_slots: int, num_kv_heads: int, head_dim: int, page_size: int) -> "ScaleLayout":
         for name, value in (("num_slots", num_slots), ("num_kv_heads", num_kv_heads),
                             ("head_dim", head_dim), ("page_size", page_size)):
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            require_positive_int(value, name)
         if head_dim % BLOCK:
             raise ValueError(f"head_dim must be a multiple of {BLOCK} for MXFP8 scales, got {head_dim}")
         if page_size == INTERLEAVED_PAGE_SIZE and num_slots % page_size:
@@ -69,17 +69,8 @@ class ScaleLayout:
         """A zeroed scale buffer (0xFF would be UE8M0 NaN, so never uninitialised memory)."""
         return torch.zeros(self.shape, dtype=SCALE_DTYPE, device=device)
 
-    def check_slots(self, slots: torch.Tensor, name: str = "slots") -> torch.Tensor:
-        if not isinstance(slots, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor of slot ids, got {type(slots).__name__}")
-        if slots.dtype not in (torch.int32, torch.int64):
-            raise TypeError(f"{name} must be int32 or int64, got {slots.dtype}")
-        if slots.dim() != 1:
-            raise ValueError(f"{name} must be 1-D, got shape {tuple(slots.shape)}")
-        if slots.numel() and (int(slots.min()) < 0 or int(slots.max()) >= self.num_slots):
-            raise ValueError(f"{name} must lie in [0, {self.num_slots}), got values in "
-                             f"[{int(slots.min())}, {int(slots.max())}]")
-        return slots.long()
+    def check_slots(self, slots: torch.Tensor, name: str = "slots", distinct: bool = False) -> torch.Tensor:
+        return require_slots(slots, name, self.num_slots, distinct)
 
     def flat_index(self, slots: torch.Tensor, check: bool = True) -> torch.Tensor:
         """Offsets into ``sf.view(-1)`` of every scale byte of ``slots``: ``LongTensor [N, Hkv, D // 32]``.
@@ -99,7 +90,7 @@ class ScaleLayout:
     def check_buffer(self, sf: torch.Tensor, name: str = "sf") -> None:
         if not isinstance(sf, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor scale buffer, got {type(sf).__name__}")
-        if sf.dtype not in (torch.uint8, getattr(torch, "float8_e8m0fnu", torch.uint8)):
+        if sf.dtype not in SCALE_DTYPES:
             raise TypeError(f"{name} must be uint8 or float8_e8m0fnu, got {sf.dtype}")
         if tuple(sf.shape) != self.shape:
             raise ValueError(f"{name} must have shape {self.shape} "
@@ -113,9 +104,15 @@ class ScaleLayout:
         return sf.view(torch.uint8).reshape(-1)[self.flat_index(slots, check)]
 
     def scatter(self, sf: torch.Tensor, slots: torch.Tensor, scales: torch.Tensor, check: bool = True) -> None:
-        """Write ``scales [N, Hkv, D // 32]`` (uint8) at ``slots``, in place."""
+        """Write ``scales [N, Hkv, D // 32]`` (uint8 or float8_e8m0fnu) at distinct ``slots`` (slot 0, the padding
+        sink, may repeat), in place. ``check=False`` skips the slot checks (range, distinct), as in ``flat_index``."""
         self.check_buffer(sf)
-        index = self.flat_index(slots, check)
+        if not isinstance(scales, torch.Tensor) or scales.dtype not in SCALE_DTYPES:
+            raise TypeError(f"scales must be a uint8 / float8_e8m0fnu tensor of UE8M0 bytes, got "
+                            f"{scales.dtype if isinstance(scales, torch.Tensor) else type(scales).__name__}")
+        if check:
+            slots = self.check_slots(slots, distinct=True)
+        index = self.flat_index(slots, check=False)
         if tuple(scales.shape) != tuple(index.shape):
             raise ValueError(f"scales must have shape {tuple(index.shape)}, got {tuple(scales.shape)}")
         sf.view(torch.uint8).view(-1)[index.reshape(-1)] = scales.view(torch.uint8).reshape(-1).to(sf.device)

@@ -84,7 +84,7 @@ def test_set_kv_buffer_errors_leave_buffers_untouched():
         pool.set_kv_buffer(1, torch.tensor([5, 384]), k, k)
     with pytest.raises(ValueError, match=r"cache_v must hold \[2, Hkv=2, D=128\] values"):
         pool.set_kv_buffer(1, torch.tensor([5, 6]), k, torch.randn(2, 2, 64))
-    with pytest.raises(TypeError, match="loc must be a 1-D int32/int64 tensor"):
+    with pytest.raises(TypeError, match="loc must be int32 or int64 slot ids, got torch.float32"):
         pool.set_kv_buffer(1, torch.tensor([5.0, 6.0]), k, k)
     with pytest.raises(TypeError, match="cache_k must be a bf16/fp16/fp32 tensor"):
         pool.set_kv_buffer(1, torch.tensor([5, 6]), k.to(torch.int32), k)

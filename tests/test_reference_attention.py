@@ -119,5 +119,5 @@ def test_errors_name_the_argument():
                                AttentionParams(0.1, rel_bias=torch.zeros(2, 4, 3)))
     with pytest.raises(ValueError, match="each request needs at least as many keys as queries"):
         paged_extend_attention(torch.randn(5, 4, 64), kv, indptr, slots, torch.tensor([0, 5]), p)
-    with pytest.raises(ValueError, match="window must be None or a positive int"):
+    with pytest.raises(ValueError, match="window must be an int >= 1, got 0"):
         AttentionParams(0.1, window=0)

@@ -391,7 +391,9 @@ def test_errors_leave_buffers_untouched(name, mx, edit, exc, message):
 def test_sglang_messages_exact():
     args, _ = make_case(T=2, mxfp8_mode=True)
     args["sfk"] = None
-    with pytest.raises(ValueError, match=r"^MXFP8 fused decode prologue requires K/V scale buffers\.$"):
+    # SGLang's sentence first, then what was passed
+    with pytest.raises(ValueError, match=r"^MXFP8 fused decode prologue requires K/V scale buffers\. sfk and sfv "
+                                         r"must be uint8 / float8_e8m0fnu tensors, got sfk=None, sfv=torch.uint8"):
         inkling_attn_prologue_decode(**args)
 
 

@@ -52,7 +52,7 @@ def test_errors_name_the_argument():
     with pytest.raises(ValueError, match="num_slots must be a multiple of page_size=128"):
         ScaleLayout.for_pool(130, 1, 128, 128)
     layout = ScaleLayout.for_pool(128, 1, 128, 128)
-    with pytest.raises(ValueError, match=r"slots must lie in \[0, 128\)"):
+    with pytest.raises(ValueError, match=r"slots must be slots in \[0, 128\), got \[128, 128\]"):
         layout.flat_index(torch.tensor([128]))
     with pytest.raises(TypeError, match="slots must be int32 or int64"):
         layout.flat_index(torch.tensor([1.0]))

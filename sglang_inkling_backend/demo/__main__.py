@@ -57,7 +57,7 @@ def main(argv=None) -> int:
                           max_total_tokens=args.max_total_tokens, startup_timeout_s=args.startup_timeout)
     progress(f"starting SGLang server: --attention-backend {args.attention_backend} --kv-cache-dtype "
              f"{args.kv_cache_dtype} --tp-size {args.tp_size} on 127.0.0.1:{server.port} "
-             f"(about 30 s; log {server.log_path})")
+             f"(about 30 s; log {server.log_path}, removed at the end unless start-up fails)")
     try:
         server.start(on_wait=_waiting_printer("starting"))
     except ServerStartError as err:

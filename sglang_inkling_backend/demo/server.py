@@ -2,7 +2,8 @@
 
 The server runs in its own process group with its output in a log file; start-up is bounded by a timeout and a
 server that dies during start-up raises with the tail of its log (SGLang SIGKILLs its own tree when a child fails,
-so the exit code alone says little).
+so the exit code alone says little). A log file the server made itself (no ``log_path`` given) is removed by
+``stop()``, except after a failed start-up, whose error names it.
 """
 import json
 import os
@@ -55,6 +56,7 @@ class SGLangServer:
         bind = "|".join(str(rank) for rank in range(tp_size)) if tp_size > 1 else None
         self.env = cpu_env(omp_threads_bind=bind)
         self.env.update(env_overrides or {})
+        self.owns_log = log_path is None  # a temporary log: removed by stop() unless start-up failed
         if log_path is None:
             fd, name = tempfile.mkstemp(prefix=f"sglang-{attention_backend}-{kv_cache_dtype}-tp{tp_size}-",
                                         suffix=".log")
@@ -83,6 +85,7 @@ class SGLangServer:
         while True:
             if self.process.poll() is not None:
                 log = self.log_text()
+                self.owns_log = False  # the error names the log: keep it
                 self.stop()
                 raise ServerStartError(f"SGLang server exited with rc {self.process.returncode} during start-up "
                                        f"(log {self.log_path}):\n{log[-6000:]}", log)
@@ -91,6 +94,7 @@ class SGLangServer:
                 return self
             if time.monotonic() > deadline:
                 log = self.log_text()
+                self.owns_log = False  # the error names the log: keep it
                 self.stop()
                 raise ServerStartError(f"SGLang server not healthy after {self.startup_timeout_s:.0f} s "
                                        f"(log {self.log_path}):\n{log[-6000:]}", log)
@@ -106,7 +110,15 @@ class SGLangServer:
             return False
 
     def stop(self, grace_s: float = 20.0) -> None:
-        """SIGTERM the server's process group, then SIGKILL whatever is left after ``grace_s``."""
+        """SIGTERM the server's process group, then SIGKILL whatever is left after ``grace_s``; remove a temporary
+        log (see ``owns_log``)."""
+        try:
+            self._stop_process(grace_s)
+        finally:
+            if self.owns_log:
+                self.log_path.unlink(missing_ok=True)
+
+    def _stop_process(self, grace_s: float) -> None:
         if self.process is None:
             return
         pgid = self.process.pid  # start_new_session: the server leads its own group

@@ -22,6 +22,8 @@ from typing import Optional
 import torch
 
 from .. import mxfp8
+from ..checks import (require_non_negative_real, require_positive_int, require_positive_real,
+                      require_slots)
 from ..scale_layout import ScaleLayout
 
 FLOAT_KV_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -83,9 +85,10 @@ class PagedKV:
     def head_dim(self) -> int:
         return self.k_buffer.shape[2]
 
-    def read(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Dequantized float32 ``(k, v)`` of ``slots``: ``[N, Hkv, D]`` each."""
-        slots = slots.long()
+    def read(self, slots: torch.Tensor, check: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """Dequantized float32 ``(k, v)`` of ``slots`` (1-D int32/int64 in ``[0, num_slots)``): ``[N, Hkv, D]``
+        each. ``check=False`` skips the slot checks (the caller has made them)."""
+        slots = require_slots(slots, "slots", self.num_slots) if check else slots.long()
         k, v = self.k_buffer[slots], self.v_buffer[slots]
         if self.is_mxfp8:
             return (mxfp8.dequantize(k, self.layout.gather(self.k_scales, slots), torch.float32),
@@ -104,10 +107,15 @@ class AttentionParams:
     sinks: Optional[torch.Tensor] = None  # [Hq], one extra logit per head in the softmax denominator
 
     def __post_init__(self):
-        if self.window is not None and (not isinstance(self.window, int) or self.window <= 0):
-            raise ValueError(f"window must be None or a positive int, got {self.window!r}")
-        if self.logit_cap < 0:
-            raise ValueError(f"logit_cap must be >= 0 (0 disables it), got {self.logit_cap}")
+        self.softmax_scale = require_positive_real(self.softmax_scale, "softmax_scale")
+        if self.window is not None:
+            require_positive_int(self.window, "window")
+        self.logit_cap = require_non_negative_real(self.logit_cap, "logit_cap")  # 0 disables it
+        for name in ("rel_bias", "sinks"):
+            t = getattr(self, name)
+            if t is not None and (not isinstance(t, torch.Tensor) or not t.is_floating_point()):
+                raise TypeError(f"{name} must be None or a floating-point tensor, got "
+                                f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}")
 
 
 def inkling_params(head_dim: int, rel_bias: Optional[torch.Tensor], window: Optional[int] = None) -> AttentionParams:
@@ -133,6 +141,10 @@ def _check_indices(kv: PagedKV, kv_indptr: torch.Tensor, kv_indices: torch.Tenso
 
 
 def _check_query(q: torch.Tensor, kv: PagedKV, params: AttentionParams) -> None:
+    if not isinstance(kv, PagedKV):
+        raise TypeError(f"kv must be a PagedKV, got {type(kv).__name__}")
+    if not isinstance(params, AttentionParams):
+        raise TypeError(f"params must be an AttentionParams, got {type(params).__name__}")
     if not isinstance(q, torch.Tensor) or not q.is_floating_point() or q.dim() != 3:
         raise ValueError(f"q must be a floating-point [rows, Hq, D] tensor, got "
                          f"{tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__}")
@@ -183,6 +195,9 @@ def paged_decode_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: torch.Tensor
     _check_query(q, kv, params)
     batch = q.shape[0]
     _check_indices(kv, kv_indptr, kv_indices, batch)
+    if bool((kv_indptr[1:] == kv_indptr[:-1]).any()):  # the Triton kernels' rule too (validate_slots)
+        raise ValueError(f"every decode request needs at least one key (its own), got kv lens "
+                         f"{kv_indptr.diff().tolist()}")
     qo_indptr = torch.arange(batch + 1, device=q.device)
     return _paged_attention(q, kv, kv_indptr, kv_indices, qo_indptr, params)
 
@@ -192,8 +207,9 @@ def paged_extend_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: torch.Tensor
     """Several new queries per request (prefill with a cached prefix, chunked prefill): ``q [T, Hq, D]``, request
     b's rows ``qo_indptr[b]:qo_indptr[b+1]`` are its last positions; causal."""
     _check_query(q, kv, params)
-    if not isinstance(qo_indptr, torch.Tensor) or qo_indptr.dim() != 1:
-        raise TypeError("qo_indptr must be a 1-D int tensor")
+    if not isinstance(qo_indptr, torch.Tensor) or qo_indptr.dim() != 1 or qo_indptr.dtype not in (torch.int32,
+                                                                                                   torch.int64):
+        raise TypeError("qo_indptr must be a 1-D int32/int64 tensor")
     batch = qo_indptr.numel() - 1
     _check_indices(kv, kv_indptr, kv_indices, batch)
     if int(qo_indptr[-1]) != q.shape[0]:
@@ -212,7 +228,7 @@ def _paged_attention(q, kv, kv_indptr, kv_indices, qo_indptr, params) -> torch.T
         k0, k1 = int(kv_indptr[b]), int(kv_indptr[b + 1])
         if q1 == q0:
             continue
-        k, v = kv.read(kv_indices[k0:k1])
+        k, v = kv.read(kv_indices[k0:k1], check=False)  # _check_indices checked every slot
         length = k1 - k0
         q_pos = torch.arange(length - (q1 - q0), length, device=q.device)
         bias = params.rel_bias[q0:q1] if params.rel_bias is not None else None

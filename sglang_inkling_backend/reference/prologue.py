@@ -36,6 +36,11 @@ offsets can reach past ``qkvr.shape[1]``):
    bf16 mode: ``k_n`` / ``v`` are stored as bf16 when ``do_store``.
    No store for padding rows, nor where ``loc[t] < 0``.
 
+Non-finite input: every NaN the prologue writes in bf16 (outputs, conv caches, the bf16 store) is the canonical
+quiet NaN ``0x7FC0`` (``BF16_NAN``; a conversion's own NaN bits differ between torch code paths and devices), and an
+MXFP8 block holding a NaN or an infinity is stored as ``mxfp8`` states (scale 0xFF, elements 0x7F). So the bytes,
+NaNs included, are one function of the input.
+
 Outputs ``(q_out, k_out, v_out, q_scale)``: ``q_out [T, dq]`` bf16 (e4m3 in MXFP8 mode), fresh contiguous
 ``k_out`` / ``v_out [T, dkv]`` bf16, ``q_scale`` or None.
 
@@ -54,6 +59,7 @@ from ..scale_layout import INTERLEAVED_PAGE_SIZE, ScaleLayout
 
 HEAD_DIM = 128  # the fused prologue's only head size (SGLang's kHeadDim)
 PAD_SLOT = -1  # cache_indices value of a padding row
+BF16_NAN = 0x7FC0  # the one bf16 NaN the prologue writes (sign clear, quiet): see canonical_bf16
 _INDEX_DTYPES = (torch.int32, torch.int64)
 _E8M0 = getattr(torch, "float8_e8m0fnu", None)
 _SCALE_DTYPES = tuple(d for d in (torch.uint8, _E8M0) if d is not None)
@@ -104,6 +110,11 @@ def _require_shape(t: torch.Tensor, name: str, shape: tuple) -> None:
         raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
 
 
+def _kind(value) -> str:
+    return "None" if value is None else (f"{value.dtype} {tuple(value.shape)}" if isinstance(value, torch.Tensor)
+                                         else type(value).__name__)
+
+
 def _storage_elements(t: torch.Tensor) -> int:
     return t.untyped_storage().nbytes() // t.element_size()
 
@@ -111,9 +122,11 @@ def _storage_elements(t: torch.Tensor) -> int:
 def _check_mxfp8_scale_buffers(k_buf, dq, dkv, sfk, sfv, page_size) -> ScaleLayout:
     """SGLang's MXFP8 guards, with SGLang's messages, then ours (dtype, page size)."""
     if dq % HEAD_DIM != 0 or dkv % HEAD_DIM != 0:
-        raise ValueError("MXFP8 fused decode prologue requires head_dim-aligned Q/K/V.")
+        raise ValueError(f"MXFP8 fused decode prologue requires head_dim-aligned Q/K/V. dq and dkv must be "
+                         f"multiples of head_dim {HEAD_DIM}, got dq={dq}, dkv={dkv}")
     if sfk is None or sfv is None:
-        raise ValueError("MXFP8 fused decode prologue requires K/V scale buffers.")
+        raise ValueError(f"MXFP8 fused decode prologue requires K/V scale buffers. sfk and sfv must be uint8 / "
+                         f"float8_e8m0fnu tensors, got sfk={_kind(sfk)}, sfv={_kind(sfv)}")
     _require_tensor(sfk, "sfk")
     _require_tensor(sfv, "sfv")
     _require_tensor(k_buf, "k_buf")
@@ -124,10 +137,11 @@ def _check_mxfp8_scale_buffers(k_buf, dq, dkv, sfk, sfv, page_size) -> ScaleLayo
     if tuple(sfk.shape) != sf_shape or tuple(sfv.shape) != sf_shape:
         raise ValueError(
             "MXFP8 fused decode prologue requires interleaved K/V scale buffers "
-            f"with shape {sf_shape}, got {tuple(sfk.shape)} and {tuple(sfv.shape)}."
+            f"with shape {sf_shape}, got {tuple(sfk.shape)} and {tuple(sfv.shape)}. (sfk and sfv)"
         )
     if not sfk.is_contiguous() or not sfv.is_contiguous():
-        raise ValueError("MXFP8 fused decode prologue requires contiguous interleaved SFK/SFV.")
+        raise ValueError(f"MXFP8 fused decode prologue requires contiguous interleaved SFK/SFV. Got sfk strides "
+                         f"{tuple(sfk.stride())}, sfv strides {tuple(sfv.stride())}")
     _require_dtype(sfk, "sfk", _SCALE_DTYPES)
     _require_dtype(sfv, "sfv", _SCALE_DTYPES)
     if sf_shape[0] == 0:
@@ -342,6 +356,13 @@ def ieee_sqrt_f32(x: torch.Tensor) -> torch.Tensor:
     return torch.sqrt(x.double()).float()
 
 
+def canonical_bf16(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as bf16 with every NaN the canonical quiet NaN ``BF16_NAN`` (0x7FC0): torch's own conversion gives
+    0x7FC0 or 0xFFFF depending on the code path, so the prologue fixes the bits of every NaN it writes."""
+    x = x.to(torch.bfloat16)
+    return torch.where(torch.isnan(x), torch.tensor(BF16_NAN, dtype=torch.int16).view(torch.bfloat16), x)
+
+
 def head_rmsnorm(x: torch.Tensor, gamma: torch.Tensor, eps: float) -> torch.Tensor:
     """``bf16((x * inv) * gamma)`` per 128-channel head, ``x [..., 128]`` float32 holding bf16 values, with
     ``inv = 1 / sqrt(sum_sq / 128 + eps)`` in IEEE float32 (sqrt and division correctly rounded, as CUDA's
@@ -349,7 +370,7 @@ def head_rmsnorm(x: torch.Tensor, gamma: torch.Tensor, eps: float) -> torch.Tens
     sum_sq = (x.double() * x.double()).sum(dim=-1, keepdim=True).float()
     mean_sq = sum_sq / HEAD_DIM + eps  # float32; / 128 is exact
     inv = (1.0 / ieee_sqrt_f32(mean_sq).double()).float()  # correctly rounded float32 division
-    return ((x * inv) * gamma.float()).to(torch.bfloat16)
+    return canonical_bf16((x * inv) * gamma.float())
 
 
 def inkling_attn_prologue_decode(
@@ -409,8 +430,8 @@ def inkling_attn_prologue_decode(
     v_conv = short_conv(v_x, v_hist, cm, v_weight.float(), geo.use_silu, use_residual)
 
     # Conv-cache shift update (+ track copy), real rows only.
-    k_new = shifted_window(k_x, k_hist, has_history).to(k_cache.dtype)
-    v_new = shifted_window(v_x, v_hist, has_history).to(v_cache.dtype)
+    k_new = canonical_bf16(shifted_window(k_x, k_hist, has_history))
+    v_new = canonical_bf16(shifted_window(v_x, v_hist, has_history))
     k_cache[ci[real]] = k_new[real]
     v_cache[ci[real]] = v_new[real]
     if geo.do_track:
@@ -422,11 +443,11 @@ def inkling_attn_prologue_decode(
     # RMSNorm with SGLang's rounding points; v only rounds.
     k_rounded = k_conv.to(torch.bfloat16).float().reshape(T, hkv, HEAD_DIM)
     k_n = head_rmsnorm(k_rounded, k_gamma, eps)  # [T, Hkv, 128] bf16
-    v_n = v_conv.to(torch.bfloat16).reshape(T, hkv, HEAD_DIM)
+    v_n = canonical_bf16(v_conv).reshape(T, hkv, HEAD_DIM)
     q_n = head_rmsnorm(q, q_gamma, eps)  # [T, Hq, 128] bf16
     if log_scaling_tau is not None:
         tau = log_scaling_tau.reshape(-1)[:T].float().view(T, 1, 1)
-        q_n = (q_n.float() * tau).to(torch.bfloat16)
+        q_n = canonical_bf16(q_n.float() * tau)
 
     stored = real & (loc.long() >= 0) if do_store else torch.zeros_like(real)
     dst_slots = loc.long()[stored]

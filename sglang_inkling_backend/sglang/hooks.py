@@ -167,7 +167,7 @@ def decode_graph_capturable(device: str | None, head_dim: int | None = None) -> 
         return False
     from sglang_inkling_backend.sglang.routes import triton_decode_kernel, triton_head_dim_ok
 
-    return triton_decode_kernel() is not None and (head_dim is None or triton_head_dim_ok(head_dim))
+    return triton_decode_kernel()[0] is not None and (head_dim is None or triton_head_dim_ok(head_dim))
 
 
 def validate_server_args(cfg: Any, model_config: Any, *, prefill: bool, decode: bool) -> None:

@@ -25,6 +25,7 @@ import logging
 import sys
 
 from sglang_inkling_backend.sglang import BACKEND_NAME
+from sglang_inkling_backend.sglang.routes import triton_unavailable
 
 logger = logging.getLogger(__name__)
 
@@ -42,12 +43,14 @@ def serving_backend_after(result, *args, **kwargs):
 
 
 def decode_backend_is_inkling() -> bool:
-    from sglang.srt.model_executor.forward_context import get_attn_backend
+    """Whether the forward in progress decodes with this backend. Outside a forward (no forward context) SGLang's
+    own prologue serves, with a WARNING: the model calls the prologue from inside its forward only."""
+    from sglang.srt.model_executor.forward_context import get_attn_backend, has_forward_context
 
-    try:
-        backend = get_attn_backend()
-    except Exception:  # no forward context: not inside a model forward
+    if not has_forward_context():
+        logger.warning("inkling: decode prologue called outside a forward context; SGLang's own kernel serves it")
         return False
+    backend = get_attn_backend()
     return getattr(backend, "decode_attention_backend_str", None) == BACKEND_NAME
 
 
@@ -59,7 +62,10 @@ def our_prologue_decode(qkvr):
 
             return inkling_attn_prologue_decode
         except Exception as err:
-            logger.warning("inkling: Triton decode prologue unavailable (%s); using the torch reference", err)
+            if not triton_unavailable(err):  # a bug in the kernel module: never a quiet slow path
+                raise
+            logger.warning("inkling: Triton decode prologue unavailable (%s: %s); using the torch reference",
+                           type(err).__name__, err)
     from sglang_inkling_backend.reference.prologue import inkling_attn_prologue_decode
 
     return inkling_attn_prologue_decode

@@ -88,17 +88,32 @@ class TritonRoute:
                                                    validate=False)
 
 
+KERNEL_NAMES = ("paged_decode_attention", "check_decode_inputs", "plan_decode", "run_decode", "paged_extend_attention")
+
+
+def triton_unavailable(err: BaseException) -> bool:
+    """True when ``err`` (raised importing our Triton kernels) says Triton itself is missing or too old: an
+    ImportError of a module outside this package. Anything else (a SyntaxError, a NameError, an ImportError of our
+    own modules) is a bug, which must raise rather than quietly become the slower torch route."""
+    if not isinstance(err, ImportError):
+        return False
+    name = err.name or ""
+    return bool(name) and name.split(".")[0] != "sglang_inkling_backend"
+
+
 def triton_decode_kernel():
-    """``sglang_inkling_backend.triton`` if it imports and provides the decode and extend kernels, else None."""
+    """``(kernels, None)``: ``sglang_inkling_backend.triton`` with the decode and extend kernels; or ``(None, why)``
+    when Triton is not installed or too old. A broken kernel module raises (see ``triton_unavailable``)."""
     try:
         from sglang_inkling_backend import triton as kernels
-    except Exception as err:  # no triton, or a broken build: the torch route serves, with a log line
-        logger.debug("sglang_inkling_backend.triton unavailable: %s", err)
-        return None
-    if not all(hasattr(kernels, name) for name in ("paged_decode_attention", "check_decode_inputs", "plan_decode",
-                                                   "run_decode", "paged_extend_attention")):
-        return None
-    return kernels
+    except Exception as err:
+        if not triton_unavailable(err):
+            raise
+        return None, f"{type(err).__name__}: {err}"
+    missing = [name for name in KERNEL_NAMES if not hasattr(kernels, name)]
+    if missing:
+        raise ImportError(f"sglang_inkling_backend.triton lacks {missing}: the package is broken or mixed versions")
+    return kernels, None
 
 
 def triton_head_dim_ok(head_dim: int) -> bool:
@@ -111,10 +126,10 @@ def choose_route(device: torch.device, head_dims=()):
     if device.type == "cpu":
         logger.info("inkling: attention route: torch reference (device %s)", device)
         return TorchRoute()
-    kernels = triton_decode_kernel()
+    kernels, why = triton_decode_kernel()
     if kernels is None:
         logger.warning("inkling: attention route: torch reference on %s (sglang_inkling_backend.triton kernels are "
-                       "not available); slower than the Triton route", device)
+                       "not available: %s); slower than the Triton route", device, why)
         return TorchRoute()
     unsupported = sorted(d for d in set(head_dims) if not triton_head_dim_ok(d))
     if unsupported:

@@ -625,6 +625,8 @@ def plan_decode(kv_indptr: torch.Tensor, *, num_q_heads: int, num_kv_heads: int,
     batch = kv_indptr.numel() - 1
     if max_seq_len is None:
         max_seq_len = int(kv_indptr.diff().max())
+    else:
+        check_max_seq_len(max_seq_len)
     max_keys = max(1, min(max_seq_len, window) if window is not None else max_seq_len)
     chosen = choose_config(batch, num_kv_heads, head_dim, max_keys, page_size, kv_dtype)
     kernel = chosen["kernel"] if kernel is None else kernel
@@ -755,6 +757,12 @@ def check_index_tensor(name: str, t: torch.Tensor, device: torch.device) -> None
         raise ValueError(f"{name} is on {t.device}, q on {device}")
 
 
+def check_max_seq_len(max_seq_len) -> None:
+    if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len <= 0:
+        raise ValueError(f"max_seq_len must be None or a positive int (the longest request's keys), "
+                         f"got {max_seq_len!r}")
+
+
 def check_decode_inputs(q: torch.Tensor, kv: PagedKV, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
                         params: AttentionParams, out: Optional[torch.Tensor]) -> None:
     """Shape, dtype and device checks that need no device sync (slot ranges are checked by ``validate_slots``)."""
@@ -766,9 +774,11 @@ def check_decode_inputs(q: torch.Tensor, kv: PagedKV, kv_indptr: torch.Tensor, k
 
 
 def validate_slots(kv: PagedKV, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
-                   page_size: Optional[int] = None) -> None:
+                   page_size: Optional[int] = None, max_seq_len: Optional[int] = None) -> None:
     """Range checks that read the indices back (one device sync): call once per batch, e.g. at plan time.
-    With ``page_size``, also that every request owns whole pages (its token t in slot ``page * P + t % P``)."""
+    With ``page_size``, also that every request owns whole pages (its token t in slot ``page * P + t % P``); with
+    ``max_seq_len``, that no request is longer (the plan covers ``max_seq_len`` keys per request and a longer
+    request would lose its last keys)."""
     if int(kv_indptr[0]) != 0 or bool((kv_indptr[1:] < kv_indptr[:-1]).any()):
         raise ValueError("kv_indptr must start at 0 and be non-decreasing")
     total = int(kv_indptr[-1])
@@ -776,6 +786,12 @@ def validate_slots(kv: PagedKV, kv_indptr: torch.Tensor, kv_indices: torch.Tenso
         raise ValueError(f"kv_indptr[-1]={total} exceeds kv_indices' length {kv_indices.numel()}")
     if bool((kv_indptr[1:] == kv_indptr[:-1]).any()):
         raise ValueError("every decode request needs at least one key (its own), got an empty request")
+    if max_seq_len is not None:
+        check_max_seq_len(max_seq_len)
+        longest = int(kv_indptr.diff().max())
+        if longest > max_seq_len:
+            raise ValueError(f"max_seq_len={max_seq_len} is below the longest request's {longest} keys "
+                             f"(kv_indptr); pass the batch's maximum or None")
     used = kv_indices[:total]
     if used.numel() and (int(used.min()) < 0 or int(used.max()) >= kv.num_slots):
         raise ValueError(f"kv_indices must be slots in [0, {kv.num_slots}), got "
@@ -871,11 +887,14 @@ def paged_decode_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: torch.Tensor
                            params: AttentionParams, *, num_splits: Optional[int] = None,
                            out: Optional[torch.Tensor] = None, max_seq_len: Optional[int] = None,
                            validate: bool = True, plan_options: Optional[dict] = None) -> torch.Tensor:
-    """Plan and run in one call (the reference's signature). ``validate`` range-checks the slots (one sync);
+    """Plan and run in one call (the reference's signature). ``validate`` range-checks the slots and checks that
+    ``max_seq_len`` (when given) covers the longest request (one sync); with ``validate=False`` the caller
+    guarantees both (a ``max_seq_len`` below a request's length drops that request's last keys).
     ``plan_options`` are passed to ``plan_decode`` (kernel configuration: block_n, num_warps, ...)."""
     check_decode_inputs(q, kv, kv_indptr, kv_indices, params, out)
     if validate:
-        validate_slots(kv, kv_indptr, kv_indices, page_size=(plan_options or {}).get("page_size"))
+        validate_slots(kv, kv_indptr, kv_indices, page_size=(plan_options or {}).get("page_size"),
+                       max_seq_len=max_seq_len)
     options = {"kv_dtype": kv.k_buffer.dtype, **(plan_options or {})}
     plan = plan_decode(kv_indptr, num_q_heads=q.shape[1], num_kv_heads=kv.num_kv_heads, head_dim=q.shape[2],
                        window=params.window, max_seq_len=max_seq_len, num_splits=num_splits, **options)

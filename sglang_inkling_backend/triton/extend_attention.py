@@ -121,6 +121,9 @@ def paged_extend_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: torch.Tensor
     """``q [T, Hq, D]`` -> ``[T, Hq, D]`` (q's dtype unless ``out`` is given). Reads ``qo_indptr``/``kv_indptr`` on
     the host to lay out the grid (extend is not graph-captured); ``validate`` also range-checks the slots."""
     check_query_and_pool(q, kv, params, out)
+    for name, value in (("block_rows", block_rows), ("block_n", block_n)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 16 or value & (value - 1):
+            raise ValueError(f"{name} must be a power of two >= 16, got {value!r}")
     check_index_tensor("qo_indptr", qo_indptr, q.device)
     check_index_tensor("kv_indptr", kv_indptr, q.device)
     check_index_tensor("kv_indices", kv_indices, q.device)

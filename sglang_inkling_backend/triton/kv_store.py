@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from .. import mxfp8
+from ..checks import require_slots
 from ..reference.attention import PagedKV
 from .decode_attention import scale_offsets
 
@@ -88,8 +89,8 @@ def _quantize_store_kernel(
 def store_kv_mxfp8(kv: PagedKV, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    validate: bool = True) -> None:
     """Quantize ``k``, ``v`` (``[N, Hkv, D]`` or ``[N, Hkv * D]``, bf16/fp16/fp32) and store them at slots ``loc``
-    of the MXFP8 pool ``kv`` (data and scale bytes), in one kernel. ``validate`` range-checks ``loc`` (one sync);
-    every check runs before anything is written."""
+    of the MXFP8 pool ``kv`` (data and scale bytes), in one kernel. ``validate`` range-checks ``loc`` and refuses a
+    slot named twice (one sync); every check runs before anything is written."""
     if not isinstance(kv, PagedKV):
         raise TypeError(f"kv must be a PagedKV, got {type(kv).__name__}")
     if not kv.is_mxfp8:
@@ -119,8 +120,8 @@ def store_kv_mxfp8(kv: PagedKV, loc: torch.Tensor, k: torch.Tensor, v: torch.Ten
     for name, t in (("k_buffer", kv.k_buffer), ("v_buffer", kv.v_buffer)):
         if t.stride() != kv.k_buffer.stride() or t.stride(2) != 1:
             raise ValueError(f"kv.{name} must be contiguous in head_dim with the same strides as k_buffer")
-    if validate and n and (int(loc.min()) < 0 or int(loc.max()) >= kv.num_slots):
-        raise ValueError(f"loc must be slots in [0, {kv.num_slots}), got [{int(loc.min())}, {int(loc.max())}]")
+    if validate:  # range and distinct slots (slot 0, the padding sink, may repeat), as the core's writes
+        require_slots(loc, "loc", kv.num_slots, distinct=True)
     if n == 0:
         return
     k3, v3 = views

@@ -12,7 +12,8 @@ for the checks). The result is bit-identical to the reference, because every rou
   scaling multiplies by an exact power of two;
 - the RMSNorm sum of squares is accumulated in float64 (exact for bf16 inputs, so the reduction order does not
   matter), ``1 / sqrt`` uses IEEE ``sqrt_rn`` / ``div_rn``, and the conv's products of bf16 values are exact
-  in float32 and summed in the reference's order.
+  in float32 and summed in the reference's order;
+- every bf16 store goes through its bits (``_bf16_bits``), a NaN as the canonical ``0x7FC0`` like the reference.
 The one exception is ``activation="silu"`` (``exp`` differs between libraries): within float32 rounding there.
 
 Grid: ``(T, ceil(Hq / Q_HEADS) + Hkv)``: per token, some programs norm (and quantize) groups of q heads, and one
@@ -72,6 +73,15 @@ def _round_to_bf16(x):
     r = u + 0x7FFF + ((u >> 16) & 1)
     y = ((r >> 16) << 16).to(tl.float32, bitcast=True)
     return tl.where(x != x, x, y)
+
+
+@triton.jit
+def _bf16_bits(x):
+    """float32 holding a bf16 value -> that bf16, from its top 16 bits; any NaN becomes the canonical quiet NaN
+    0x7FC0 (``reference.prologue.BF16_NAN``: a conversion's NaN bits differ between devices and libraries)."""
+    u = x.to(tl.uint32, bitcast=True)
+    u = tl.where(x != x, 0x7FC00000, u)
+    return (u >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
 
 @triton.jit
@@ -152,10 +162,10 @@ def _conv_and_shift(row_ptr, cache_ptr, weight_ptr, c, slot, cache_stride_slot, 
     # Shift update: new[w] = cm ? old[w + 1] : 0 (w < W - 2), new[W - 2] = x; real rows only (+ track slot).
     for w in tl.static_range(W - 1):
         if w < W - 2:
-            newer = tl.load(base + (w + 1) * cache_stride_w)
-            new = tl.where(has_history, newer, 0.0).to(tl.bfloat16)
+            newer = tl.load(base + (w + 1) * cache_stride_w).to(tl.float32)
+            new = _bf16_bits(tl.where(has_history, newer, 0.0))
         else:
-            new = x.to(tl.bfloat16)  # exact: x came from bf16
+            new = _bf16_bits(x)  # exact: x came from bf16
         tl.store(base + w * cache_stride_w, new, mask=write)
         if DO_TRACK:
             tl.store(cache_ptr + track_slot * cache_stride_slot + c + w * cache_stride_w, new, mask=write_track)
@@ -198,7 +208,7 @@ def _inkling_prologue_decode_kernel(
             blocks = role * Q_HEADS * 4 + tl.arange(0, Q_HEADS * 4)
             tl.store(sfq_ptr + t * (HQ * 4) + blocks, scales, mask=blocks < HQ * 4)
         else:
-            tl.store(q_out_ptr + t * (HQ * 128) + offs, q.to(tl.bfloat16), mask=head_ok[:, None])
+            tl.store(q_out_ptr + t * (HQ * 128) + offs, _bf16_bits(q), mask=head_ok[:, None])
     else:
         # ---- one KV head: k and v conv + cache shift (+ track), k RMSNorm, store ----
         kv_head = role - NUM_Q_PROGRAMS
@@ -224,8 +234,8 @@ def _inkling_prologue_decode_kernel(
         k = _head_rmsnorm(tl.reshape(_round_to_bf16(k_acc), (1, 128)), k_gamma, eps)  # [1, 128]
         v = tl.reshape(_round_to_bf16(v_acc), (1, 128))
         out_offs = t * (HKV * 128) + kv_head * 128 + d[None, :]
-        tl.store(k_out_ptr + out_offs, k.to(tl.bfloat16))
-        tl.store(v_out_ptr + out_offs, v.to(tl.bfloat16))
+        tl.store(k_out_ptr + out_offs, _bf16_bits(k))
+        tl.store(v_out_ptr + out_offs, _bf16_bits(v))
         if DO_STORE:
             kv_slot = tl.load(loc_ptr + t).to(tl.int64)
             store_row = is_real & (kv_slot >= 0) & (kv_slot < num_kv_slots)
@@ -245,8 +255,8 @@ def _inkling_prologue_decode_kernel(
                 tl.store(sfk_ptr + sf, k_scales, mask=_lane_mask(store_row, block))
                 tl.store(sfv_ptr + sf, v_scales, mask=_lane_mask(store_row, block))
             else:
-                tl.store(k_buf_ptr + dst, k.to(tl.bfloat16), mask=store_mask)
-                tl.store(v_buf_ptr + dst, v.to(tl.bfloat16), mask=store_mask)
+                tl.store(k_buf_ptr + dst, _bf16_bits(k), mask=store_mask)
+                tl.store(v_buf_ptr + dst, _bf16_bits(v), mask=store_mask)
 
 
 def _capturing(device: torch.device) -> bool:

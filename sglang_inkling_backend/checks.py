@@ -1,0 +1,84 @@
+"""Argument checks shared by the core: each raises a ValueError or TypeError naming the argument, the value and
+what was expected, and none writes anything (callers run every check before their first write).
+
+``bool`` is refused wherever an int or a float is expected (``True`` is an ``int`` to Python, never a head count).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+INDEX_DTYPES = (torch.int32, torch.int64)
+PADDING_SLOT = 0  # the pool's padding sink (as in SGLang): written by padded batches, never read
+
+
+def _describe(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
+    return f"{value!r} ({type(value).__name__})"
+
+
+def require_int(value, name: str, minimum: Optional[int] = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {_describe(value)}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
+    return value
+
+
+def require_positive_int(value, name: str) -> int:
+    return require_int(value, name, 1)
+
+
+def require_real(value, name: str, expected: str = "a finite number") -> float:
+    """A finite Python number (int or float, not bool) or a one-element floating tensor, as a float."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and value.is_floating_point():
+        value = float(value.item())
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be {expected}, got {_describe(value)}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be {expected}, got {value}")
+    return value
+
+
+def require_positive_real(value, name: str) -> float:
+    value = require_real(value, name, "a finite number > 0")
+    if value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value}")
+    return value
+
+
+def require_non_negative_real(value, name: str) -> float:
+    value = require_real(value, name, "a finite number >= 0")
+    if value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+    return value
+
+
+def require_slots(slots, name: str, num_slots: int, distinct: bool = False, where: str = "") -> torch.Tensor:
+    """A 1-D int32/int64 tensor of slot ids in ``[0, num_slots)``, as int64. ``distinct``: no slot twice, except
+    the padding slot 0 (one write must not store two values in one slot: which one lands would depend on the
+    device)."""
+    if not isinstance(slots, torch.Tensor):
+        raise TypeError(f"{name} must be a 1-D int32/int64 tensor of slot ids, got {_describe(slots)}")
+    if slots.dtype not in INDEX_DTYPES:
+        raise TypeError(f"{name} must be int32 or int64 slot ids, got {slots.dtype}")
+    if slots.dim() != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(slots.shape)}")
+    if slots.numel():
+        lo, hi = int(slots.min()), int(slots.max())
+        if lo < 0 or hi >= num_slots:
+            raise ValueError(f"{name} must be slots in [0, {num_slots}){where}, got [{lo}, {hi}]")
+        if distinct:
+            real = slots[slots != PADDING_SLOT]
+            unique = torch.unique(real)
+            if unique.numel() != real.numel():
+                values, counts = torch.unique(real, return_counts=True)
+                raise ValueError(f"{name} must not name a slot twice in one write (slot 0, the padding sink, "
+                                 f"excepted), got slot {int(values[counts > 1][0])} "
+                                 f"{int(counts.max())} times")
+    return slots.long()
