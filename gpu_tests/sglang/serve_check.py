@@ -1,0 +1,177 @@
+"""Start the real SGLang server on the GPU machine (``python -m sglang.launch_server``), send the parity workload,
+save every request's tokens and top-2 logprobs as JSON, stop the server. Test-only.
+
+Workload (seeded, the same for every backend): ``len(PROMPT_LENS)`` prompts of random token ids, all sent at once
+(concurrent requests of mixed lengths; the longest cross the 256-token window of gemma3-swa and, with
+``--chunked-prefill-size 512``, are prefilled in chunks); then a text prompt through the real tokenizer; then a
+prompt sharing a cached prefix with an earlier one (SGLang reports ``cached_tokens`` > 0: a prefix-cache hit).
+
+    python gpu_tests/sglang/serve_check.py --model DIR --backend inkling --kv-cache-dtype mxfp8 --out run.json \
+        [--log server.log] [-- extra server args]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+PROMPT_LENS = [40, 130, 300, 600, 900, 1300, 2000, 257, 513, 1025]
+NEW_TOKENS = 48
+SEED = 1234
+VOCAB_LOW, VOCAB_HIGH = 100, 49000
+TEXT_PROMPT = "The capital of France is"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def prompts() -> list[list[int]]:
+    rng = random.Random(SEED)
+    return [[rng.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(n)] for n in PROMPT_LENS]
+
+
+def post(url: str, body: dict, timeout: float = 600.0) -> dict:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.loads(response.read())
+
+
+def generate(url: str, input_ids=None, text=None, new_tokens=NEW_TOKENS) -> dict:
+    body = {"sampling_params": {"temperature": 0.0, "max_new_tokens": new_tokens, "ignore_eos": True},
+            "return_logprob": True, "top_logprobs_num": 2}
+    body.update({"input_ids": input_ids} if input_ids is not None else {"text": text})
+    out = post(url + "/generate", body)
+    meta = out["meta_info"]
+    return {"output_ids": [e[1] for e in meta["output_token_logprobs"]],
+            "logprobs": [e[0] for e in meta["output_token_logprobs"]],
+            "top2": [[[t[1], t[0]] for t in pos] for pos in meta["output_top_logprobs"]],
+            "cached_tokens": meta.get("cached_tokens"), "prompt_tokens": meta.get("prompt_tokens"),
+            "text": out.get("text")}
+
+
+class Server:
+    def __init__(self, args_list: list[str], log_path: Path, env: dict, timeout_s: float):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.cmd = [sys.executable, "-m", "sglang.launch_server", *args_list, "--host", "127.0.0.1",
+                    "--port", str(self.port)]
+        self.log_path, self.env, self.timeout_s = log_path, env, timeout_s
+        self.proc = None
+
+    def start(self) -> float:
+        started = time.monotonic()
+        with open(self.log_path, "ab") as log:
+            log.write(("$ " + " ".join(self.cmd) + "\n").encode())
+            log.flush()
+            self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True,
+                                         cwd="/tmp")  # not the checkout: its source tree would shadow the wheel
+        while time.monotonic() - started < self.timeout_s:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with rc {self.proc.returncode} during start-up")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return time.monotonic() - started
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            time.sleep(1.0)
+        raise RuntimeError(f"server not healthy after {self.timeout_s:.0f} s")
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.proc.wait(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def run_workload(url: str) -> dict:
+    ps = prompts()
+    results: list = [None] * len(ps)
+    errors: list = []
+
+    def one(i):
+        try:
+            results[i] = generate(url, input_ids=ps[i])
+        except Exception as exc:  # recorded, not swallowed: the JSON says which request failed and why
+            errors.append(f"request {i}: {exc!r}")
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(ps))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    concurrent_s = time.monotonic() - started
+    text = generate(url, text=TEXT_PROMPT, new_tokens=16)
+    # prefix hit: prompt 5's first 1024 tokens then a new tail; SGLang reuses the cached pages of the prefix
+    prefix = ps[5][:1024] + [101, 202, 303, 404, 505]
+    prefix_hit = generate(url, input_ids=prefix)
+    return {"concurrent": results, "errors": errors, "concurrent_s": concurrent_s, "text": text,
+            "prefix_hit": prefix_hit, "prompt_lens": PROMPT_LENS}
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    extra = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, extra = argv[:cut], argv[cut + 1:]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--backend", required=True)
+    parser.add_argument("--kv-cache-dtype", default="auto")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--log", type=Path)
+    parser.add_argument("--label", default=None)
+    parser.add_argument("--startup-timeout", type=float, default=420.0)
+    args = parser.parse_args(argv)
+    log = args.log or args.out.with_suffix(".log")
+    server_args = ["--model-path", args.model, "--attention-backend", args.backend, "--kv-cache-dtype",
+                   args.kv_cache_dtype, "--dtype", "bfloat16", "--mem-fraction-static", "0.15",
+                   "--chunked-prefill-size", "512", "--cuda-graph-max-bs-decode", "16", "--skip-server-warmup", *extra]
+    server = Server(server_args, log, dict(os.environ), args.startup_timeout)
+    record = {"label": args.label or f"{Path(args.model).name}/{args.backend}/{args.kv_cache_dtype}",
+              "server_args": server_args}
+    try:
+        record["startup_s"] = server.start()
+        record.update(run_workload(server.url))
+        rc = 0 if not record["errors"] else 1
+    except Exception as exc:
+        record["error"] = repr(exc)
+        rc = 1
+    finally:
+        server.stop()
+    args.out.write_text(json.dumps(record))
+    print(f"{record['label']}: rc={rc} startup={record.get('startup_s')} error={record.get('error')} "
+          f"request_errors={record.get('errors')}", flush=True)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
