@@ -67,10 +67,10 @@ def main(argv=None) -> int:
           f"identical, {result['tokens_agreeing']}/{result['tokens']} tokens before divergence, "
           f"{result['divergences_not_near_tie']} divergences not at a near-tie, near-ties in ref "
           f"{result['near_ties_ref']}, mean |dlogprob| {result['mean_abs_dlogprob']}")
-    for r in result["rows"]:
-        print("  ", r)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
+    for r in result["rows"]:
+        print("  ", r)
     return 0
 
 

@@ -5,7 +5,7 @@ H16=$(pwd)
 if [ ! -d /tmp/site/sglang ]; then
   tar -xJf ../.gpu/sglang_site.tar.xz -C /tmp || { echo "unpacking ../.gpu/sglang_site.tar.xz failed"; return 1; }
 fi
-export PYTHONPATH=$H16/gpu_tests/sglang/pythonpath:/tmp/site
+export PYTHONPATH=$H16/gpu_tests/sglang/patches:$H16/gpu_tests/sglang/pythonpath:/tmp/site
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 # The stand-in is no sglang-kernel distribution: skip SGLang's package-version assert for it.
 export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1

@@ -12,7 +12,12 @@ that remain are counted from the returned top-2 logprobs, never hidden. Measured
 (bench/results/2026-12-01-sglang-h200/): enough for gemma3-swa (6 near-ties in 544 tokens), not for llama-gqa4
 (53 in 544: SGLang's logits are bf16, llama-gqa4's top logits lie in [8, 16) where a bf16 step is 0.0625, and many
 top-2 pairs are exact ties), where a 1% softmax-scale bug went unseen; fewer strong tokens (--strong-tokens 16)
-widen the gaps for a next run. Untied output embedding: tied ones would make "repeat the input token" the answer
+widen the gaps for a next run. More to the point, with the init's q/k scale the attention of these random models is
+nearly uniform, so attention bugs barely move the argmax; ``--qk-scale`` sharpens it (q_proj/k_proj for Llama,
+q_norm/k_norm for Gemma-3). Teacher-forced on the CPU in HF transformers (4 x 384 random tokens, bf16), the share
+of positions whose argmax a softmax scale x1.01 flips away from a near-tie (top-2 within two bf16 steps):
+llama-gqa4 0.13% as run, 9.1% with ``--strong-tokens 64 --qk-scale 3``; gemma3-swa 0.26% as run, 26% with
+``--strong-tokens 64 --qk-scale 3``. Untied output embedding: tied ones would make "repeat the input token" the answer
 whatever attention does.
 
     python gpu_tests/sglang/make_models.py --tokenizer DIR --out DIR [--models llama-gqa4,gemma3-swa] [--tiny]
@@ -56,7 +61,7 @@ CONFIGS = {"llama-gqa4": llama_config, "gemma3-swa": gemma3_config}
 
 
 def make(name: str, out: Path, tokenizer: Path, tiny: bool, device: str, strong_tokens: int = STRONG_TOKENS,
-         strong_scale: float = STRONG_SCALE) -> Path:
+         strong_scale: float = STRONG_SCALE, qk_scale: float = 1.0) -> Path:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -71,7 +76,13 @@ def make(name: str, out: Path, tokenizer: Path, tiny: bool, device: str, strong_
     with torch.no_grad():
         for param_name, param in model.named_parameters():  # seeded on the CPU: the same weights on any machine
             if param.dim() >= 2:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
+                scale = 0.02 * (qk_scale if param_name.endswith(("q_proj.weight", "k_proj.weight")) else 1.0)
+                param.copy_(torch.randn(param.shape, generator=generator) * scale)
+        for param_name, param in model.named_parameters():
+            # Gemma-3 normalizes q and k per head (q_norm/k_norm, weight w acts as 1 + w), which would undo a
+            # larger q_proj/k_proj: scale the normalized q and k instead (qk_scale 1: the init's zeros).
+            if param_name.endswith(("q_norm.weight", "k_norm.weight")):
+                param.fill_(qk_scale - 1.0)
         strong = torch.randperm(VOCAB, generator=generator)[:strong_tokens]
         model.lm_head.weight[strong.to(model.lm_head.weight.device)] *= strong_scale
     model.save_pretrained(target)
@@ -92,6 +103,8 @@ def main(argv=None) -> int:
     parser.add_argument("--strong-tokens", type=int, default=STRONG_TOKENS,
                         help="output rows scaled up (fewer: larger top-2 gaps, fewer distinct answers)")
     parser.add_argument("--strong-scale", type=float, default=STRONG_SCALE)
+    parser.add_argument("--qk-scale", type=float, default=1.0,
+                        help="q_proj/k_proj init x this: sharper attention, so attention bugs move the argmax")
     args = parser.parse_args(argv)
     if not (args.tokenizer / "tokenizer.json").is_file():
         parser.error(f"--tokenizer {args.tokenizer}: no tokenizer.json")
@@ -103,7 +116,7 @@ def main(argv=None) -> int:
         parser.error(f"--strong-tokens must be in 1..{VOCAB}, got {args.strong_tokens}")
     for name in names:
         print("made", make(name, args.out, args.tokenizer, args.tiny, args.device, args.strong_tokens,
-                                  args.strong_scale), flush=True)
+                                  args.strong_scale, args.qk_scale), flush=True)
     return 0
 
 

@@ -38,9 +38,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def prompts() -> list[list[int]]:
+def prompts(lens=PROMPT_LENS) -> list[list[int]]:
     rng = random.Random(SEED)
-    return [[rng.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(n)] for n in PROMPT_LENS]
+    return [[rng.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(n)] for n in lens]
 
 
 def post(url: str, body: dict, timeout: float = 600.0) -> dict:
@@ -110,14 +110,14 @@ class Server:
             pass
 
 
-def run_workload(url: str) -> dict:
-    ps = prompts()
+def run_workload(url: str, lens=PROMPT_LENS, new_tokens=NEW_TOKENS) -> dict:
+    ps = prompts(lens)
     results: list = [None] * len(ps)
     errors: list = []
 
     def one(i):
         try:
-            results[i] = generate(url, input_ids=ps[i])
+            results[i] = generate(url, input_ids=ps[i], new_tokens=new_tokens)
         except Exception as exc:  # recorded, not swallowed: the JSON says which request failed and why
             errors.append(f"request {i}: {exc!r}")
 
@@ -129,11 +129,12 @@ def run_workload(url: str) -> dict:
         t.join()
     concurrent_s = time.monotonic() - started
     text = generate(url, text=TEXT_PROMPT, new_tokens=16)
-    # prefix hit: prompt 5's first 1024 tokens then a new tail; SGLang reuses the cached pages of the prefix
-    prefix = ps[5][:1024] + [101, 202, 303, 404, 505]
-    prefix_hit = generate(url, input_ids=prefix)
+    # prefix hit: a cached prompt's head then a new tail; SGLang reuses the cached pages of the prefix (default
+    # workload: prompt 5's first 1024 tokens, as run on the H200; otherwise the longest prompt's first half)
+    head = ps[5][:1024] if list(lens) == PROMPT_LENS else max(ps, key=len)[:max(lens) // 2]
+    prefix_hit = generate(url, input_ids=head + [101, 202, 303, 404, 505], new_tokens=new_tokens)
     return {"concurrent": results, "errors": errors, "concurrent_s": concurrent_s, "text": text,
-            "prefix_hit": prefix_hit, "prompt_lens": PROMPT_LENS}
+            "prefix_hit": prefix_hit, "prompt_lens": list(lens)}
 
 
 def main(argv=None) -> int:
@@ -150,17 +151,33 @@ def main(argv=None) -> int:
     parser.add_argument("--log", type=Path)
     parser.add_argument("--label", default=None)
     parser.add_argument("--startup-timeout", type=float, default=420.0)
+    parser.add_argument("--cpu", action="store_true",
+                        help="the real server on this CPU (the project's CPU shims, --device cpu, no CUDA graphs)")
+    parser.add_argument("--lens", default=",".join(map(str, PROMPT_LENS)), help="prompt lengths, comma-separated")
+    parser.add_argument("--new-tokens", type=int, default=NEW_TOKENS)
     args = parser.parse_args(argv)
+    lens = [int(x) for x in args.lens.split(",")]
+    if not lens or min(lens) < 1 or args.new_tokens < 1:
+        parser.error(f"--lens and --new-tokens must be positive, got {args.lens!r} and {args.new_tokens}")
     log = args.log or args.out.with_suffix(".log")
     server_args = ["--model-path", args.model, "--attention-backend", args.backend, "--kv-cache-dtype",
-                   args.kv_cache_dtype, "--dtype", "bfloat16", "--mem-fraction-static", "0.15",
-                   "--chunked-prefill-size", "512", "--cuda-graph-max-bs-decode", "16", "--skip-server-warmup", *extra]
-    server = Server(server_args, log, dict(os.environ), args.startup_timeout)
+                   args.kv_cache_dtype, "--dtype", "bfloat16", "--chunked-prefill-size", "512", "--skip-server-warmup"]
+    env = dict(os.environ)
+    if args.cpu:
+        from sglang_inkling_backend.demo.cpu_host import cpu_env
+
+        server_args += ["--device", "cpu", "--max-total-tokens", str(4 * (sum(lens) + len(lens) * args.new_tokens))]
+        env = cpu_env()
+        env["PYTHONPATH"] = str(Path(__file__).resolve().parent / "patches") + os.pathsep + env["PYTHONPATH"]
+    else:
+        server_args += ["--mem-fraction-static", "0.15", "--cuda-graph-max-bs-decode", "16"]
+    server_args += extra
+    server = Server(server_args, log, env, args.startup_timeout)
     record = {"label": args.label or f"{Path(args.model).name}/{args.backend}/{args.kv_cache_dtype}",
               "server_args": server_args}
     try:
         record["startup_s"] = server.start()
-        record.update(run_workload(server.url))
+        record.update(run_workload(server.url, lens, args.new_tokens))
         rc = 0 if not record["errors"] else 1
     except Exception as exc:
         record["error"] = repr(exc)

@@ -1,4 +1,6 @@
-"""Test-only import-time patches for the GPU server runs (gpu_tests/sglang/gpu_env.sh sets the variables).
+"""Test-only import-time patches for the server runs (gpu_tests/sglang/gpu_env.sh sets the variables on the GPU
+machine; serve_check.py --cpu on a CPU). This folder holds only this file, first on PYTHONPATH; the next
+``sitecustomize`` on the path (the CPU shims' one, third_party/sglang_cpu/pythonpath) still runs, at the end.
 
 ``INKLING_TEST_NO_DUAL_GEMM=1``: SGLang's Llama MLP asks ``sglang.kernels.ops.gemm.cutedsl_dual_gemm`` (CuTe DSL,
 the nvidia-cutlass-dsl wheel, not carried) whether its fused gate/up + down GEMM applies; the patch answers "no"
@@ -64,3 +66,18 @@ if _EPS:
         print(f"[sitecustomize] inkling backend deliberately broken: softmax scale x{factor}", file=sys.stderr)
 
     sys.meta_path.insert(0, _PatchOnImport("sglang_inkling_backend.sglang.backend", _patch))
+
+
+def _run_next_sitecustomize():
+    """Python imports only the first sitecustomize on sys.path; run the next one too (the CPU shims' hook)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for entry in sys.path:
+        candidate = os.path.join(entry, "sitecustomize.py")
+        if entry and os.path.abspath(entry) != here and os.path.isfile(candidate):
+            spec = importlib.util.spec_from_file_location("_next_sitecustomize", candidate)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return
+
+
+_run_next_sitecustomize()
