@@ -76,3 +76,19 @@ def test_compare_tells_near_ties_from_real_divergences():
     assert real["mean_abs_dlogprob"] == pytest.approx(0.125)  # over the 2 agreeing tokens: |0.25| and 0
     assert compare.compare(ref, {"concurrent": [None], "text": None, "prefix_hit": None})["missing"] == 3
     json.dumps(real)  # the result is what summarize.py writes
+
+
+def test_compare_counts_teacher_forced_flips():
+    compare = _compare_module()
+    big, small = 1.0, compare.NEAR_TIE_NATS / 2
+
+    def record(top_ids, gaps, logprobs):
+        return {"prompt_logprobs": [{"logprobs": [None] + logprobs,
+                                     "top2": [[]] + [[[t, -0.1], [t + 1, -0.1 - g]] for t, g in zip(top_ids, gaps)]}]}
+
+    ref = record([5, 6, 7], [big, small, big], [-1.0, -2.0, -3.0])
+    other = record([5, 9, 9], [big, big, big], [-1.5, -2.0, -3.0])
+    result = compare.compare_prompt_logprobs(ref, other)
+    assert result == {"positions": 3, "top1_flips": 2, "top1_flips_not_near_tie": 1,
+                      "mean_abs_dlogprob": pytest.approx(0.5 / 3)}
+    assert compare.compare_prompt_logprobs(ref, {"prompt_logprobs": None}) is None

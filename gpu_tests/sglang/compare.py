@@ -56,17 +56,40 @@ def compare(ref: dict, other: dict) -> dict:
             "mean_abs_dlogprob": (sum(all_dlp) / agreed) if agreed else None, "rows": rows}
 
 
+def compare_prompt_logprobs(ref: dict, other: dict) -> dict | None:
+    """Teacher-forced over every prompt position (serve_check.py --prompt-logprobs): top-1 flips, those not at a
+    near-tie of the reference, and mean |delta logprob| of the prompt's own next tokens."""
+    if not ref.get("prompt_logprobs") or not other.get("prompt_logprobs"):
+        return None
+    positions = flips = real_flips = 0
+    deltas = []
+    for a, b in zip(ref["prompt_logprobs"], other["prompt_logprobs"]):
+        deltas += [abs(x - y) for x, y in zip(a["logprobs"], b["logprobs"]) if x is not None and y is not None]
+        for ta, tb in zip(a["top2"], b["top2"]):
+            if len(ta) < 2 or not tb:
+                continue
+            positions += 1
+            if ta[0][0] != tb[0][0]:
+                flips += 1
+                real_flips += (ta[0][1] - ta[1][1]) > NEAR_TIE_NATS
+    return {"positions": positions, "top1_flips": flips, "top1_flips_not_near_tie": real_flips,
+            "mean_abs_dlogprob": sum(deltas) / len(deltas) if deltas else None}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("ref", type=Path)
     parser.add_argument("other", type=Path)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    result = compare(json.loads(args.ref.read_text()), json.loads(args.other.read_text()))
+    ref, other = json.loads(args.ref.read_text()), json.loads(args.other.read_text())
+    result = compare(ref, other)
+    result["prompt_logprobs"] = compare_prompt_logprobs(ref, other)
     print(f"{result['ref']} vs {result['other']}: {result['requests_identical']}/{result['requests']} requests "
           f"identical, {result['tokens_agreeing']}/{result['tokens']} tokens before divergence, "
           f"{result['divergences_not_near_tie']} divergences not at a near-tie, near-ties in ref "
-          f"{result['near_ties_ref']}, mean |dlogprob| {result['mean_abs_dlogprob']}")
+          f"{result['near_ties_ref']}, mean |dlogprob| {result['mean_abs_dlogprob']}; teacher-forced prompt "
+          f"logprobs: {result['prompt_logprobs']}")
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     for r in result["rows"]:

@@ -62,6 +62,15 @@ def generate(url: str, input_ids=None, text=None, new_tokens=NEW_TOKENS) -> dict
             "text": out.get("text")}
 
 
+def prompt_logprobs(url: str, input_ids: list[int]) -> dict:
+    """Teacher-forced: the logprob SGLang gives each prompt token (and the top-2 there), from one extend pass."""
+    body = {"input_ids": input_ids, "sampling_params": {"temperature": 0.0, "max_new_tokens": 1},
+            "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 2}
+    meta = post(url + "/generate", body)["meta_info"]
+    return {"logprobs": [e[0] for e in meta["input_token_logprobs"]],
+            "top2": [[[t[1], t[0]] for t in (pos or [])] for pos in meta["input_top_logprobs"]]}
+
+
 class Server:
     def __init__(self, args_list: list[str], log_path: Path, env: dict, timeout_s: float):
         self.port = free_port()
@@ -110,7 +119,7 @@ class Server:
             pass
 
 
-def run_workload(url: str, lens=PROMPT_LENS, new_tokens=NEW_TOKENS) -> dict:
+def run_workload(url: str, lens=PROMPT_LENS, new_tokens=NEW_TOKENS, with_prompt_logprobs=False) -> dict:
     ps = prompts(lens)
     results: list = [None] * len(ps)
     errors: list = []
@@ -133,8 +142,11 @@ def run_workload(url: str, lens=PROMPT_LENS, new_tokens=NEW_TOKENS) -> dict:
     # workload: prompt 5's first 1024 tokens, as run on the H200; otherwise the longest prompt's first half)
     head = ps[5][:1024] if list(lens) == PROMPT_LENS else max(ps, key=len)[:max(lens) // 2]
     prefix_hit = generate(url, input_ids=head + [101, 202, 303, 404, 505], new_tokens=new_tokens)
-    return {"concurrent": results, "errors": errors, "concurrent_s": concurrent_s, "text": text,
-            "prefix_hit": prefix_hit, "prompt_lens": list(lens)}
+    record = {"concurrent": results, "errors": errors, "concurrent_s": concurrent_s, "text": text,
+              "prefix_hit": prefix_hit, "prompt_lens": list(lens)}
+    if with_prompt_logprobs:  # after the rest, so the greedy requests above see the same cache states as before
+        record["prompt_logprobs"] = [prompt_logprobs(url, p) for p in ps]
+    return record
 
 
 def main(argv=None) -> int:
@@ -155,6 +167,8 @@ def main(argv=None) -> int:
                         help="the real server on this CPU (the project's CPU shims, --device cpu, no CUDA graphs)")
     parser.add_argument("--lens", default=",".join(map(str, PROMPT_LENS)), help="prompt lengths, comma-separated")
     parser.add_argument("--new-tokens", type=int, default=NEW_TOKENS)
+    parser.add_argument("--prompt-logprobs", action="store_true",
+                        help="also every prompt token's logprob and top-2, teacher-forced (compare.py uses them)")
     args = parser.parse_args(argv)
     lens = [int(x) for x in args.lens.split(",")]
     if not lens or min(lens) < 1 or args.new_tokens < 1:
@@ -177,7 +191,7 @@ def main(argv=None) -> int:
               "server_args": server_args}
     try:
         record["startup_s"] = server.start()
-        record.update(run_workload(server.url, lens, args.new_tokens))
+        record.update(run_workload(server.url, lens, args.new_tokens, args.prompt_logprobs))
         rc = 0 if not record["errors"] else 1
     except Exception as exc:
         record["error"] = repr(exc)
