@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Device call: one server per entry MODEL:BACKEND:KV[:TAG], each serving serve_check.py's workload, in order, while
+# the call's budget lasts (PARITY_BUDGET_S, default 520 s). Entry TAGs: nograph (--disable-cuda-graph),
+# broken (INKLING_TEST_BREAK_SCALE=0.01, see pythonpath/sitecustomize.py).
+#   cd .h16 && bash gpu_tests/sglang/run_parity.sh llama-gqa4:triton:auto llama-gqa4:inkling:auto ...
+. gpu_tests/sglang/gpu_env.sh
+START=$SECONDS
+python3 gpu_tests/sglang/make_models.py --tokenizer tok --out /tmp/models --device cuda 2>&1 | grep -v Writing
+mkdir -p /tmp/logs /tmp/runs
+for entry in "$@"; do
+  IFS=: read -r m b kv tag <<< "$entry"
+  name=${m}_${b}_${kv}${tag:+_$tag}
+  left=$(( ${PARITY_BUDGET_S:-520} - (SECONDS - START) ))
+  if [ $left -lt 60 ]; then echo "skip $name: ${left}s left"; continue; fi
+  extra=(); envs=()
+  [ "$tag" = nograph ] && extra+=(--disable-cuda-graph)
+  [ "$tag" = broken ] && envs+=(INKLING_TEST_BREAK_SCALE=0.01)
+  t0=$SECONDS
+  env "${envs[@]}" timeout $(( left < 240 ? left : 240 )) python3 gpu_tests/sglang/serve_check.py \
+      --model /tmp/models/$m --backend $b --kv-cache-dtype $kv --label $name --out /tmp/runs/$name.json \
+      --log /tmp/logs/$name.log --startup-timeout 200 -- "${extra[@]}"
+  echo "  ($name took $((SECONDS - t0)) s)"
+  grep -v "^\s*\[" /tmp/logs/$name.log | grep -B3 -A3 "Error\b\|Error:\|WARNING.*inkling" | grep -v "^\s*\^" | tail -25 | cut -c1-400
+done
+cd /tmp && tar -czf $OUT/runs.tgz runs logs

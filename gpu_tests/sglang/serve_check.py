@@ -1,0 +1,208 @@
+"""Start the real SGLang server on the GPU machine (``python -m sglang.launch_server``), send the parity workload,
+save every request's tokens and top-2 logprobs as JSON, stop the server. Test-only.
+
+Workload (seeded, the same for every backend): ``len(PROMPT_LENS)`` prompts of random token ids, all sent at once
+(concurrent requests of mixed lengths; the longest cross the 256-token window of gemma3-swa and, with
+``--chunked-prefill-size 512``, are prefilled in chunks); then a text prompt through the real tokenizer; then a
+prompt sharing a cached prefix with an earlier one (SGLang reports ``cached_tokens`` > 0: a prefix-cache hit).
+
+    python gpu_tests/sglang/serve_check.py --model DIR --backend inkling --kv-cache-dtype mxfp8 --out run.json \
+        [--log server.log] [-- extra server args]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+PROMPT_LENS = [40, 130, 300, 600, 900, 1300, 2000, 257, 513, 1025]
+NEW_TOKENS = 48
+SEED = 1234
+VOCAB_LOW, VOCAB_HIGH = 100, 49000
+TEXT_PROMPT = "The capital of France is"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def prompts(lens=PROMPT_LENS) -> list[list[int]]:
+    rng = random.Random(SEED)
+    return [[rng.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(n)] for n in lens]
+
+
+def post(url: str, body: dict, timeout: float = 600.0) -> dict:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.loads(response.read())
+
+
+def generate(url: str, input_ids=None, text=None, new_tokens=NEW_TOKENS) -> dict:
+    body = {"sampling_params": {"temperature": 0.0, "max_new_tokens": new_tokens, "ignore_eos": True},
+            "return_logprob": True, "top_logprobs_num": 2}
+    body.update({"input_ids": input_ids} if input_ids is not None else {"text": text})
+    out = post(url + "/generate", body)
+    meta = out["meta_info"]
+    return {"output_ids": [e[1] for e in meta["output_token_logprobs"]],
+            "logprobs": [e[0] for e in meta["output_token_logprobs"]],
+            "top2": [[[t[1], t[0]] for t in pos] for pos in meta["output_top_logprobs"]],
+            "cached_tokens": meta.get("cached_tokens"), "prompt_tokens": meta.get("prompt_tokens"),
+            "text": out.get("text")}
+
+
+def prompt_logprobs(url: str, input_ids: list[int]) -> dict:
+    """Teacher-forced: the logprob SGLang gives each prompt token (and the top-2 there), from one extend pass."""
+    body = {"input_ids": input_ids, "sampling_params": {"temperature": 0.0, "max_new_tokens": 1},
+            "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 2}
+    meta = post(url + "/generate", body)["meta_info"]
+    return {"logprobs": [e[0] for e in meta["input_token_logprobs"]],
+            "top2": [[[t[1], t[0]] for t in (pos or [])] for pos in meta["input_top_logprobs"]]}
+
+
+class Server:
+    def __init__(self, args_list: list[str], log_path: Path, env: dict, timeout_s: float):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.cmd = [sys.executable, "-m", "sglang.launch_server", *args_list, "--host", "127.0.0.1",
+                    "--port", str(self.port)]
+        self.log_path, self.env, self.timeout_s = log_path, env, timeout_s
+        self.proc = None
+
+    def start(self) -> float:
+        started = time.monotonic()
+        with open(self.log_path, "ab") as log:
+            log.write(("$ " + " ".join(self.cmd) + "\n").encode())
+            log.flush()
+            self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True,
+                                         cwd="/tmp")  # not the checkout: its source tree would shadow the wheel
+        while time.monotonic() - started < self.timeout_s:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with rc {self.proc.returncode} during start-up")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return time.monotonic() - started
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            time.sleep(1.0)
+        raise RuntimeError(f"server not healthy after {self.timeout_s:.0f} s")
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.proc.wait(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def run_workload(url: str, lens=PROMPT_LENS, new_tokens=NEW_TOKENS, with_prompt_logprobs=False) -> dict:
+    ps = prompts(lens)
+    results: list = [None] * len(ps)
+    errors: list = []
+
+    def one(i):
+        try:
+            results[i] = generate(url, input_ids=ps[i], new_tokens=new_tokens)
+        except Exception as exc:  # recorded, not swallowed: the JSON says which request failed and why
+            errors.append(f"request {i}: {exc!r}")
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(ps))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    concurrent_s = time.monotonic() - started
+    text = generate(url, text=TEXT_PROMPT, new_tokens=16)
+    # prefix hit: a cached prompt's head then a new tail; SGLang reuses the cached pages of the prefix (default
+    # workload: prompt 5's first 1024 tokens, as run on the H200; otherwise the longest prompt's first half)
+    head = ps[5][:1024] if list(lens) == PROMPT_LENS else max(ps, key=len)[:max(lens) // 2]
+    prefix_hit = generate(url, input_ids=head + [101, 202, 303, 404, 505], new_tokens=new_tokens)
+    record = {"concurrent": results, "errors": errors, "concurrent_s": concurrent_s, "text": text,
+              "prefix_hit": prefix_hit, "prompt_lens": list(lens)}
+    if with_prompt_logprobs:  # after the rest, so the greedy requests above see the same cache states as before
+        record["prompt_logprobs"] = [prompt_logprobs(url, p) for p in ps]
+    return record
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    extra = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, extra = argv[:cut], argv[cut + 1:]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--backend", required=True)
+    parser.add_argument("--kv-cache-dtype", default="auto")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--log", type=Path)
+    parser.add_argument("--label", default=None)
+    parser.add_argument("--startup-timeout", type=float, default=420.0)
+    parser.add_argument("--cpu", action="store_true",
+                        help="the real server on this CPU (the project's CPU shims, --device cpu, no CUDA graphs)")
+    parser.add_argument("--lens", default=",".join(map(str, PROMPT_LENS)), help="prompt lengths, comma-separated")
+    parser.add_argument("--new-tokens", type=int, default=NEW_TOKENS)
+    parser.add_argument("--prompt-logprobs", action="store_true",
+                        help="also every prompt token's logprob and top-2, teacher-forced (compare.py uses them)")
+    args = parser.parse_args(argv)
+    lens = [int(x) for x in args.lens.split(",")]
+    if not lens or min(lens) < 1 or args.new_tokens < 1:
+        parser.error(f"--lens and --new-tokens must be positive, got {args.lens!r} and {args.new_tokens}")
+    log = args.log or args.out.with_suffix(".log")
+    server_args = ["--model-path", args.model, "--attention-backend", args.backend, "--kv-cache-dtype",
+                   args.kv_cache_dtype, "--dtype", "bfloat16", "--chunked-prefill-size", "512", "--skip-server-warmup"]
+    env = dict(os.environ)
+    if args.cpu:
+        from sglang_inkling_backend.demo.cpu_host import cpu_env
+
+        server_args += ["--device", "cpu", "--max-total-tokens", str(4 * (sum(lens) + len(lens) * args.new_tokens))]
+        env = cpu_env()
+        env["PYTHONPATH"] = str(Path(__file__).resolve().parent / "patches") + os.pathsep + env["PYTHONPATH"]
+    else:
+        server_args += ["--mem-fraction-static", "0.15", "--cuda-graph-max-bs-decode", "16"]
+    server_args += extra
+    server = Server(server_args, log, env, args.startup_timeout)
+    record = {"label": args.label or f"{Path(args.model).name}/{args.backend}/{args.kv_cache_dtype}",
+              "server_args": server_args}
+    try:
+        record["startup_s"] = server.start()
+        record.update(run_workload(server.url, lens, args.new_tokens, args.prompt_logprobs))
+        rc = 0 if not record["errors"] else 1
+    except Exception as exc:
+        record["error"] = repr(exc)
+        rc = 1
+    finally:
+        server.stop()
+    args.out.write_text(json.dumps(record))
+    print(f"{record['label']}: rc={rc} startup={record.get('startup_s')} error={record.get('error')} "
+          f"request_errors={record.get('errors')}", flush=True)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""CPU checks of the test-only GPU server harness (gpu_tests/sglang/): the CUDA sgl_kernel stand-in's numbers and
+its refusal of what it does not implement, and the parity comparison's divergence / near-tie bookkeeping."""
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HARNESS = Path(__file__).resolve().parents[1] / "gpu_tests" / "sglang"
+
+STAND_IN_CHECK = r"""
+import torch, sgl_kernel
+from sgl_kernel import rmsnorm, fused_add_rmsnorm, gemma_rmsnorm, gemma_fused_add_rmsnorm, silu_and_mul, gelu_and_mul
+from sgl_kernel.utils import is_arch_support_pdl
+from sgl_kernel.scalar_type import scalar_types
+g = torch.Generator().manual_seed(0)
+x = torch.randn(5, 64, generator=g).bfloat16(); w = torch.randn(64, generator=g).bfloat16(); r = torch.randn(5, 64, generator=g).bfloat16()
+def ref(v, w, eps, gemma):
+    v = v.float(); y = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps)
+    return (y * (w.float() + (1.0 if gemma else 0.0))).bfloat16()
+assert torch.equal(rmsnorm(x, w, 1e-6), ref(x, w, 1e-6, False))
+assert torch.equal(gemma_rmsnorm(x, w, 1e-6), ref(x, w, 1e-6, True))
+xi, ri = x.clone(), r.clone(); fused_add_rmsnorm(xi, ri, w, 1e-6)
+s = x.float() + r.float()
+assert torch.equal(ri, s.bfloat16()) and torch.equal(xi, ref(s, w, 1e-6, False))
+xi, ri = x.clone(), r.clone(); gemma_fused_add_rmsnorm(xi, ri, w, 1e-6)
+assert torch.equal(ri, s.bfloat16()) and torch.equal(xi, ref(s, w, 1e-6, True))
+gu = torch.randn(3, 16, generator=g).bfloat16()
+assert torch.equal(silu_and_mul(gu), (torch.nn.functional.silu(gu[:, :8].float()) * gu[:, 8:].float()).bfloat16())
+out = torch.empty(3, 8, dtype=torch.bfloat16); assert gelu_and_mul(gu, out) is out
+assert is_arch_support_pdl() is False  # no CUDA here
+repr(scalar_types.uint4b8)  # import-time constants resolve
+for call in (lambda: sgl_kernel.fast_topk_v(1), lambda: scalar_types.uint4b8(), lambda: __import__("sgl_kernel.kvcacheio", fromlist=["x"]).transfer_kv_direct()):
+    try:
+        call()
+    except NotImplementedError as e:
+        assert "not implemented by the test-only sgl_kernel stand-in" in str(e), e
+    else:
+        raise AssertionError("placeholder did not raise")
+print("ok")
+"""
+
+
+def test_sgl_kernel_stand_in_numbers_and_refusals():
+    pytest.importorskip("torch")
+    result = subprocess.run([sys.executable, "-c", STAND_IN_CHECK], capture_output=True, text=True, timeout=120,
+                            env={"PYTHONPATH": str(HARNESS / "pythonpath"), "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
+
+
+def _compare_module():
+    spec = importlib.util.spec_from_file_location("harness_compare", HARNESS / "compare.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _record(ids, gaps, logprobs=None):
+    request = {"output_ids": ids, "logprobs": logprobs or [-0.5] * len(ids),
+               "top2": [[[t, -0.5], [t + 1, -0.5 - gap]] for t, gap in zip(ids, gaps)], "cached_tokens": 0}
+    return {"label": "x", "concurrent": [request], "text": None, "prefix_hit": None}
+
+
+def test_compare_tells_near_ties_from_real_divergences():
+    compare = _compare_module()
+    step = compare.NEAR_TIE_NATS
+    ref = _record([1, 2, 3, 4], [1.0, step / 2, 1.0, 1.0])
+    same = compare.compare(ref, _record([1, 2, 3, 4], [1.0] * 4))
+    assert same["requests_identical"] == 1 and same["tokens_agreeing"] == 4 and same["near_ties_ref"] == 1
+    at_tie = compare.compare(ref, _record([1, 9, 9, 9], [1.0] * 4))
+    assert at_tie["tokens_agreeing"] == 1 and at_tie["divergences_not_near_tie"] == 0
+    real = compare.compare(ref, _record([1, 2, 9, 9], [1.0] * 4, logprobs=[-0.25, -0.5, -0.5, -0.5]))
+    assert real["tokens_agreeing"] == 2 and real["divergences_not_near_tie"] == 1
+    assert real["mean_abs_dlogprob"] == pytest.approx(0.125)  # over the 2 agreeing tokens: |0.25| and 0
+    assert compare.compare(ref, {"concurrent": [None], "text": None, "prefix_hit": None})["missing"] == 3
+    json.dumps(real)  # the result is what summarize.py writes
+
+
+def test_compare_counts_teacher_forced_flips():
+    compare = _compare_module()
+    big, small = 1.0, compare.NEAR_TIE_NATS / 2
+
+    def record(top_ids, gaps, logprobs):
+        return {"prompt_logprobs": [{"logprobs": [None] + logprobs,
+                                     "top2": [[]] + [[[t, -0.1], [t + 1, -0.1 - g]] for t, g in zip(top_ids, gaps)]}]}
+
+    ref = record([5, 6, 7], [big, small, big], [-1.0, -2.0, -3.0])
+    other = record([5, 9, 9], [big, big, big], [-1.5, -2.0, -3.0])
+    result = compare.compare_prompt_logprobs(ref, other)
+    assert result == {"positions": 3, "top1_flips": 2, "top1_flips_not_near_tie": 1,
+                      "mean_abs_dlogprob": pytest.approx(0.5 / 3)}
+    assert compare.compare_prompt_logprobs(ref, {"prompt_logprobs": None}) is None
