@@ -99,37 +99,37 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool) -> torc
     return (y * w).to(x.dtype)
 
 
-def rmsnorm(input, weight, eps=1e-6, out=None, enable_pdl=None):
-    _record("rmsnorm")
-    result = _rms(input, weight, eps, gemma=False)
+def _norm_into(name, input, weight, eps, out, gemma):
+    _record(name)
+    result = _rms(input, weight, eps, gemma)
     if out is None:
         return result
     out.copy_(result)
     return out
+
+
+def _fused_add_norm(name, input, residual, weight, eps, gemma):
+    """In place: residual += input; input = rmsnorm(residual) * weight (Gemma: * (1 + weight))."""
+    _record(name)
+    summed = input.float() + residual.float()
+    residual.copy_(summed.to(residual.dtype))
+    input.copy_(_rms(summed, weight, eps, gemma).to(input.dtype))
+
+
+def rmsnorm(input, weight, eps=1e-6, out=None, enable_pdl=None):
+    return _norm_into("rmsnorm", input, weight, eps, out, gemma=False)
 
 
 def fused_add_rmsnorm(input, residual, weight, eps=1e-6, enable_pdl=None):
-    """In place: residual += input; input = rmsnorm(residual) * weight."""
-    _record("fused_add_rmsnorm")
-    summed = input.float() + residual.float()
-    residual.copy_(summed.to(residual.dtype))
-    input.copy_(_rms(summed, weight, eps, gemma=False).to(input.dtype))
+    _fused_add_norm("fused_add_rmsnorm", input, residual, weight, eps, gemma=False)
 
 
 def gemma_rmsnorm(input, weight, eps=1e-6, out=None, enable_pdl=None):
-    _record("gemma_rmsnorm")
-    result = _rms(input, weight, eps, gemma=True)
-    if out is None:
-        return result
-    out.copy_(result)
-    return out
+    return _norm_into("gemma_rmsnorm", input, weight, eps, out, gemma=True)
 
 
 def gemma_fused_add_rmsnorm(input, residual, weight, eps=1e-6, enable_pdl=None):
-    _record("gemma_fused_add_rmsnorm")
-    summed = input.float() + residual.float()
-    residual.copy_(summed.to(residual.dtype))
-    input.copy_(_rms(summed, weight, eps, gemma=True).to(input.dtype))
+    _fused_add_norm("gemma_fused_add_rmsnorm", input, residual, weight, eps, gemma=True)
 
 
 # ---------------------------------------------------------------------------------------------------------------
