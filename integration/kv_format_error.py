@@ -90,7 +90,10 @@ def _errors(tensors: list[torch.Tensor], factor: torch.Tensor | float = 1.0) -> 
 
 def measure(layers: list[dict[str, torch.Tensor]], d: int) -> dict:
     tensors = [x for layer in layers for x in layer.values()]
-    same = sum((round_trips(x)["mxfp8"] == round_trips(x)["fp8_scale_1"]).sum().item() for x in tensors)
+    same = 0
+    for x in tensors:
+        trips = round_trips(x)
+        same += (trips["mxfp8"] == trips["fp8_scale_1"]).sum().item()
     n = sum(x.numel() for x in tensors)
     channels = outlier_channels(d)
     k_factor = torch.ones(d)
