@@ -5,12 +5,12 @@ SGLang calls ``register()`` once per process (launcher, scheduler, detokenizer, 
 registration here is logged on this package's own logger at ERROR level, with the cause, before it is re-raised.
 
 Registration, each step skipped when already done (so a second call is a no-op):
-1. the SGLang version check (``sglang_inkling_backend.sglang.version``);
+1. the SGLang version check (``sglang_inkling_backend.hosts.sglang.version``);
 2. ``inkling`` in SGLang's CLI choices: ``--attention-backend`` / ``--prefill-attention-backend`` /
    ``--decode-attention-backend`` share one list; the speculative draft list is separate;
 3. ``inkling`` in SGLang's attention registry (factory ``InklingAttnBackend(runner)``, imported lazily);
-4. the resolution and KV-pool hooks (``sglang_inkling_backend.sglang.hooks``);
-5. on Apple silicon, the hook into SGLang's MLX runner (``sglang_inkling_backend.mlx.host``).
+4. the resolution and KV-pool hooks (``sglang_inkling_backend.hosts.sglang.hooks``);
+5. on Apple silicon, the hook into SGLang's MLX runner (``sglang_inkling_backend.hosts.sglang.mlx_runner``).
 """
 from __future__ import annotations
 
@@ -18,26 +18,26 @@ import logging
 import platform
 import sys
 
-logger = logging.getLogger("sglang_inkling_backend.sglang")
+logger = logging.getLogger("sglang_inkling_backend.hosts.sglang")
 
-BACKEND_NAME = "inkling"
+from sglang_inkling_backend.hosts.sglang import BACKEND_NAME
 
 
 def create_inkling_backend(runner):
     """Factory SGLang calls in the scheduler process to build the backend for one model runner."""
-    from sglang_inkling_backend.sglang.backend import InklingAttnBackend
+    from sglang_inkling_backend.hosts.sglang.backend import InklingAttnBackend
 
     return InklingAttnBackend(runner)
 
 
 def _register() -> None:
-    from sglang_inkling_backend.sglang.version import check_sglang_version
+    from sglang_inkling_backend.hosts.sglang.version import check_sglang_version
 
     check_sglang_version()
     from sglang.srt.arg_groups import choices
     from sglang.srt.layers.attention import attention_registry
 
-    from sglang_inkling_backend.sglang import hooks
+    from sglang_inkling_backend.hosts.sglang import hooks
 
     if BACKEND_NAME not in choices.ATTENTION_BACKEND_CHOICES:
         choices.add_attention_backend_choices([BACKEND_NAME])
@@ -47,7 +47,7 @@ def _register() -> None:
         attention_registry.register_attention_backend(BACKEND_NAME)(create_inkling_backend)
     hooks.install()
     if is_apple_silicon():
-        from sglang_inkling_backend.mlx.host import register_mlx_hooks
+        from sglang_inkling_backend.hosts.sglang.mlx_runner import register_mlx_hooks
 
         register_mlx_hooks()
     _apply_hooks_outside_plugin_loading()
@@ -72,7 +72,7 @@ def is_registered() -> bool:
     from sglang.srt.arg_groups import choices
     from sglang.srt.layers.attention import attention_registry
 
-    from sglang_inkling_backend.sglang import hooks
+    from sglang_inkling_backend.hosts.sglang import hooks
 
     return (BACKEND_NAME in choices.ATTENTION_BACKEND_CHOICES
             and attention_registry.ATTENTION_BACKENDS.get(BACKEND_NAME) is create_inkling_backend

@@ -1,7 +1,7 @@
 """sglang-inkling-backend: MXFP8-KV and hybrid sliding-window attention for SGLang.
 
 The core (format, scale layout, layer plan, decode context, pool, reference) imports only torch; hosts
-(``sglang_inkling_backend.sglang``) and accelerators (``.triton``, ``.mlx``) import the core, never the reverse.
+(``sglang_inkling_backend.hosts.sglang``) and accelerators (``.triton``, ``.mlx``) import the core, never the reverse.
 """
 
 from . import mxfp8

@@ -82,3 +82,8 @@ def require_slots(slots, name: str, num_slots: int, distinct: bool = False, wher
                                  f"excepted), got slot {int(values[counts > 1][0])} "
                                  f"{int(counts.max())} times")
     return slots.long()
+
+
+def stream_capturing(device) -> bool:
+    """Whether the current stream of ``device`` is capturing a CUDA graph (never on other devices)."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()

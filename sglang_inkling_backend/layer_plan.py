@@ -1,6 +1,8 @@
 """The layer plan: which layer is full, which is windowed, which pool index it uses, and its attention parameters.
 
-Everything else (pool, decode context, hosts, kernels) reads these facts from here. Two maps matter for hybrid
+The one per-layer record (``LayerSpec``) a host builds once, at start-up, from its layer objects or the model's
+config; pools, decode contexts, hosts and the serving path read every per-layer fact from it (window, softmax scale,
+logit cap, per-tensor fp8 scales, head counts per rank, pool indices). Two maps matter for hybrid
 sliding-window models (SGLang's MLX runner names them the same way):
 
 - ``attention_pool_index_by_layer``: model layer -> index over *all* attention layers (full and windowed); it picks
@@ -16,6 +18,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Optional, Sequence
+
+import torch
+
+from .checks import require_non_negative_real, require_positive_real
+from .reference.attention import AttentionParams
 
 
 @dataclass(frozen=True)
@@ -41,6 +48,8 @@ class LayerSpec:
     logit_cap: float = 0.0
     rope_theta: Optional[float] = None
     log_scaling: Optional[LogScaling] = None  # Inkling full layers only
+    k_scale: float = 1.0  # per-tensor fp8 KV scales (the checkpoint's, else 1.0); MXFP8 and bf16 ignore them
+    v_scale: float = 1.0
 
     def __post_init__(self):
         if not self.has_attention:
@@ -57,6 +66,9 @@ class LayerSpec:
             raise ValueError(f"LayerSpec.window must be None (full attention) or a positive int, got {self.window!r}")
         if self.rel_extent is not None and self.rel_extent <= 0:
             raise ValueError(f"LayerSpec.rel_extent must be positive or None, got {self.rel_extent!r}")
+        for name in ("k_scale", "v_scale"):
+            require_positive_real(getattr(self, name), f"LayerSpec.{name}")
+        require_non_negative_real(self.logit_cap, "LayerSpec.logit_cap")
 
     @property
     def is_full(self) -> bool:
@@ -214,4 +226,26 @@ class LayerPlan:
             hkv = max(1, s.num_kv_heads // tp_size)
             specs.append(replace(s, num_q_heads=s.num_q_heads // tp_size, num_kv_heads=hkv))
         return LayerPlan(specs)
+
+
+def attention_params(spec: LayerSpec, *, rows: int, rel_bias: Optional[torch.Tensor] = None,
+                     sinks: Optional[torch.Tensor] = None) -> AttentionParams:
+    """The kernels' ``AttentionParams`` for one call of the layer ``spec`` over ``rows`` query rows: the record's
+    softmax scale, window and logit cap, plus the call's relative bias ``[rows, Hq, rel_extent]`` and attention
+    sinks ``[Hq]`` (checked against the record's per-rank head count)."""
+    if not spec.has_attention:
+        raise ValueError("spec has no attention (LayerSpec.has_attention is False)")
+    hq = spec.num_q_heads
+    if rel_bias is not None:
+        if not isinstance(rel_bias, torch.Tensor) or rel_bias.dim() != 3 or tuple(rel_bias.shape[:2]) != (rows, hq):
+            shape = tuple(rel_bias.shape) if isinstance(rel_bias, torch.Tensor) else type(rel_bias).__name__
+            raise ValueError(f"relative bias must have shape [{rows}, {hq}, rel_extent] (one row per query token), "
+                             f"got {shape}")
+        if rel_bias.stride(-1) != 1:
+            rel_bias = rel_bias.contiguous()
+    if sinks is not None and (not isinstance(sinks, torch.Tensor) or tuple(sinks.shape) != (hq,)):
+        shape = tuple(sinks.shape) if isinstance(sinks, torch.Tensor) else type(sinks).__name__
+        raise ValueError(f"sinks must have shape [{hq}] (one per query head of this rank), got {shape}")
+    return AttentionParams(softmax_scale=float(spec.scale), window=spec.window, rel_bias=rel_bias,
+                           logit_cap=float(spec.logit_cap), sinks=sinks)
 

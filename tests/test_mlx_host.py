@@ -18,7 +18,7 @@ if not torch.cuda.is_available():
     # sglang imports triton; the Triton CPU tests later in this process need interpreter mode chosen first
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from sglang_inkling_backend.sglang.cpu_testing import prepare_sglang_cpu_import  # noqa: E402
+from sglang_inkling_backend.hosts.sglang.cpu_testing import prepare_sglang_cpu_import  # noqa: E402
 
 prepare_sglang_cpu_import()
 try:
@@ -41,7 +41,7 @@ from sglang.srt.hardware_backend.mlx.kv_cache.layout import MlxModelCacheLayout 
 from sglang.srt.plugins.hook_registry import HookRegistry  # noqa: E402
 
 from sglang_inkling_backend import mxfp8  # noqa: E402
-from sglang_inkling_backend.mlx import host  # noqa: E402
+from sglang_inkling_backend.hosts.sglang import mlx_runner as host  # noqa: E402
 from sglang_inkling_backend.mlx.interop import to_torch  # noqa: E402
 from sglang_inkling_backend.reference.attention import AttentionParams, PagedKV, paged_decode_attention  # noqa: E402
 from sglang_inkling_backend.scale_layout import ScaleLayout  # noqa: E402

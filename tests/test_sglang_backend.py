@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_inkling_backend.sglang.cpu_testing import prepare_sglang_cpu_import
+from sglang_inkling_backend.hosts.sglang.cpu_testing import prepare_sglang_cpu_import
 
 prepare_sglang_cpu_import()
 
@@ -27,8 +27,8 @@ from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool  # noqa: E402
 from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
 
 from sglang_inkling_backend import mxfp8  # noqa: E402
-from sglang_inkling_backend.sglang.backend import InklingAttnBackend  # noqa: E402
-from sglang_inkling_backend.sglang.pool import inkling_pool_class  # noqa: E402
+from sglang_inkling_backend.hosts.sglang.backend import InklingAttnBackend  # noqa: E402
+from sglang_inkling_backend.hosts.sglang.pool import inkling_pool_class  # noqa: E402
 
 HQ, HKV, D = 4, 2, 32
 WINDOW_SIZE = 3  # RadixAttention.sliding_window_size: 4 visible keys
@@ -312,16 +312,25 @@ def test_unsupported_calls_fail_clearly():
         ours.forward(q, k, v, layers[0], fb, k_rope=k)
     with pytest.raises(ValueError, match=r"sinks must have shape \[4\]"):
         ours.forward(q, k, v, layers[0], fb, sinks=torch.zeros(3))
-    layers[1].logit_capping_method = "sigmoid"
-    layers[1].logit_cap = 1.0
-    with pytest.raises(NotImplementedError, match="tanh logit cap only"):
-        ours.forward(q, k, v, layers[1], fb)
     verify = SimpleNamespace(**vars(fb))
     verify.forward_mode = ForwardMode.TARGET_VERIFY
     with pytest.raises(NotImplementedError, match="speculative decoding"):
         ours.init_forward_metadata(verify)
     with pytest.raises(RuntimeError, match="--disable-cuda-graph"):
         ours.init_cuda_graph_state(4, 4)
+
+
+def test_unsupported_layers_are_refused_at_construction():
+    """The per-layer record is built when the backend is: a layer it cannot serve stops start-up, naming it."""
+    layers = make_layers()
+    layers[1].logit_capping_method = "sigmoid"
+    layers[1].logit_cap = 1.0
+    with pytest.raises(NotImplementedError, match="layer 1 asks for 'sigmoid'"):
+        InklingAttnBackend(Harness(layers, bf16_pool()).runner)
+    layers = make_layers()
+    layers[0].v_head_dim = D // 2
+    with pytest.raises(NotImplementedError, match="qk_head_dim == v_head_dim, layer 0"):
+        InklingAttnBackend(Harness(layers, bf16_pool()).runner)
 
 
 def test_pool_rejects_bad_writes_before_writing():
@@ -402,7 +411,7 @@ def triton_backend(h, per_layer_plans=False):
     """An InklingAttnBackend on h's runner serving through the Triton route (the CPU picks torch otherwise); with
     ``per_layer_plans`` the route ignores the step's plan cache, i.e. plans every layer (the path before caching)."""
     from sglang_inkling_backend import triton as kernels
-    from sglang_inkling_backend.sglang.routes import TritonRoute
+    from sglang_inkling_backend.routes import TritonRoute
 
     class PerLayerPlans(TritonRoute):
         def decode(self, q, kv, rails, params, max_seq_len=None, plans=None):
@@ -477,7 +486,7 @@ def test_triton_graph_metadata_plans_for_its_batch_and_restarts_at_capture(monke
     for the capture batch and the context limit (split-KV buffers present), shared by the layers, rebuilt when the
     stream starts capturing (SGLang warms up eagerly on the same metadata first), and a new metadata, even for the
     same batch size, gets plans and buffers of its own."""
-    from sglang_inkling_backend.sglang import metadata
+    from sglang_inkling_backend.hosts.sglang import metadata
 
     calls = count_plans(monkeypatch)
     layers = make_layers(windows=MIXED)

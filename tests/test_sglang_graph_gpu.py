@@ -51,9 +51,9 @@ def check_decode_graph_capture_and_replay(kv_format, window, cached=False):
     share that plan."""
     from sglang_inkling_backend import mxfp8
     from sglang_inkling_backend.reference.attention import AttentionParams
-    from sglang_inkling_backend.sglang.impl import store_kv_unchecked
-    from sglang_inkling_backend.sglang.metadata import DecodeGraphBuffers, build_forward_metadata
-    from sglang_inkling_backend.sglang.routes import TorchRoute, choose_route
+    from sglang_inkling_backend.hosts.sglang.impl import store_kv_unchecked
+    from sglang_inkling_backend.hosts.sglang.metadata import DecodeGraphBuffers, build_forward_metadata
+    from sglang_inkling_backend.routes import TorchRoute, choose_route
 
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)
@@ -144,9 +144,9 @@ def check_eager_triton_route_matches_torch_route(kv_format, window):
     """Eager extend (mixed prefix / chunk lengths) and decode with relative bias, sinks and logit cap: the Triton
     route against the torch reference route on the same pool and rails."""
     from sglang_inkling_backend.reference.attention import AttentionParams
-    from sglang_inkling_backend.sglang.impl import store_kv_unchecked
-    from sglang_inkling_backend.sglang.metadata import DecodePlanCache, build_forward_metadata
-    from sglang_inkling_backend.sglang.routes import TorchRoute, choose_route
+    from sglang_inkling_backend.hosts.sglang.impl import store_kv_unchecked
+    from sglang_inkling_backend.hosts.sglang.metadata import DecodePlanCache, build_forward_metadata
+    from sglang_inkling_backend.routes import TorchRoute, choose_route
 
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(1)

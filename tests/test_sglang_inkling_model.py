@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_inkling_backend.sglang.cpu_testing import prepare_sglang_cpu_import
+from sglang_inkling_backend.hosts.sglang.cpu_testing import prepare_sglang_cpu_import
 
 prepare_sglang_cpu_import()
 
@@ -32,9 +32,9 @@ from sglang.srt.plugins.hook_registry import HookRegistry  # noqa: E402
 
 from sglang_inkling_backend import mxfp8  # noqa: E402
 from sglang_inkling_backend.reference import prologue as reference_prologue  # noqa: E402
-from sglang_inkling_backend.sglang import inkling_model  # noqa: E402
-from sglang_inkling_backend.sglang.backend import InklingAttnBackend  # noqa: E402
-from sglang_inkling_backend.sglang.pool import inkling_pool_class  # noqa: E402
+from sglang_inkling_backend.hosts.sglang import inkling_model  # noqa: E402
+from sglang_inkling_backend.hosts.sglang.backend import InklingAttnBackend  # noqa: E402
+from sglang_inkling_backend.hosts.sglang.pool import inkling_pool_class  # noqa: E402
 
 HQ, HKV, D, D_REL, W = 4, 2, 128, 16, 4
 

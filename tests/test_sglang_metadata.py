@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from sglang_inkling_backend.sglang.metadata import (
+from sglang_inkling_backend.hosts.sglang.metadata import (
     DecodeGraphBuffers,
     build_forward_metadata,
     gather_rails,

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from sglang_inkling_backend.sglang.cpu_testing import prepare_sglang_cpu_import
+from sglang_inkling_backend.hosts.sglang.cpu_testing import prepare_sglang_cpu_import
 
 prepare_sglang_cpu_import()
 
@@ -22,7 +22,7 @@ from sglang.srt.plugins import GENERAL_PLUGINS_GROUP, load_plugins_by_group  # n
 from sglang.srt.plugins.hook_registry import HookRegistry  # noqa: E402
 
 from sglang_inkling_backend.entry_points import sglang as entry  # noqa: E402
-from sglang_inkling_backend.sglang import hooks, version  # noqa: E402
+from sglang_inkling_backend.hosts.sglang import hooks, version  # noqa: E402
 
 
 def test_version_gate():
@@ -52,7 +52,7 @@ def test_register_is_idempotent():
 
 def test_apple_silicon_registers_the_mlx_runner_hook(monkeypatch):
     pytest.importorskip("mlx.core")
-    from sglang_inkling_backend.mlx import host as mlx_host
+    from sglang_inkling_backend.hosts.sglang import mlx_runner as mlx_host
 
     target = mlx_host.MLX_WORKER_INIT_TARGET
     # start from a registry without our MLX hook (another test module may have installed it already)
@@ -69,7 +69,7 @@ def test_apple_silicon_registers_the_mlx_runner_hook(monkeypatch):
 
 def test_failed_registration_logs_and_raises(monkeypatch, caplog):
     monkeypatch.setattr(version, "installed_sglang_version", lambda: "0.6.1")
-    with caplog.at_level(logging.ERROR, logger="sglang_inkling_backend.sglang"):
+    with caplog.at_level(logging.ERROR, logger="sglang_inkling_backend.hosts.sglang"):
         with pytest.raises(version.UnsupportedSGLangVersion):
             entry.register()
     lines = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
@@ -94,7 +94,7 @@ def test_sglang_plugins_whitelist(monkeypatch, allowed, found):
 
 _CLI_PROBE = r"""
 import json, sys
-from sglang_inkling_backend.sglang.cpu_testing import prepare_sglang_cpu_import
+from sglang_inkling_backend.hosts.sglang.cpu_testing import prepare_sglang_cpu_import
 prepare_sglang_cpu_import()
 import argparse
 from sglang.srt.plugins import load_plugins

@@ -12,15 +12,15 @@ SOFTMAX_SCALE_FACTOR = 1.25
 
 
 def register() -> None:
-    from sglang_inkling_backend.sglang.backend import InklingAttnBackend
+    from sglang_inkling_backend.hosts.sglang.backend import InklingAttnBackend
 
-    if getattr(InklingAttnBackend._geometry, "inkling_fault", False):
+    if getattr(InklingAttnBackend._layer_spec, "inkling_fault", False):
         return
-    correct = InklingAttnBackend._geometry
+    correct = InklingAttnBackend._layer_spec
 
     def wrong_softmax_scale(self, layer):
-        geometry = correct(self, layer)
-        return dataclasses.replace(geometry, softmax_scale=geometry.softmax_scale * SOFTMAX_SCALE_FACTOR)
+        spec = correct(self, layer)
+        return dataclasses.replace(spec, softmax_scale=spec.scale * SOFTMAX_SCALE_FACTOR)
 
     wrong_softmax_scale.inkling_fault = True
-    InklingAttnBackend._geometry = wrong_softmax_scale
+    InklingAttnBackend._layer_spec = wrong_softmax_scale

@@ -25,62 +25,13 @@ metadata, so it never outlives its batch.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Hashable, Iterable, Optional
+from typing import Iterable, Optional
 
 import torch
 
-INDEX_DTYPE = torch.int64
+from sglang_inkling_backend.rails import INDEX_DTYPE, KVRails, check_token_table, gather_rails, translate_rails, window_start
+from sglang_inkling_backend.routes import DecodePlanCache
 
-
-@dataclass
-class KVRails:
-    """CSR rails: request b reads pool slots ``indices[indptr[b]:indptr[b + 1]]``. ``indices`` may be longer than
-    ``indptr[-1]`` (a fixed CUDA-graph buffer); readers go through ``indptr``."""
-
-    indptr: torch.Tensor  # int64 [B + 1]
-    indices: torch.Tensor  # int64 [>= nnz]
-
-
-def stream_capturing(device: torch.device) -> bool:
-    """Whether the current stream of ``device`` is capturing a CUDA graph (never on other devices)."""
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-
-
-class DecodePlanCache:
-    """The decode plans of one step (one forward metadata), keyed by everything a plan depends on besides the batch
-    (the route's key: window, head counts, head_dim, KV dtype, page size; plus batch size and max_seq_len, which are
-    fixed for a metadata anyway). Every layer with the same key shares one plan and its split-KV buffers: the layers
-    run one after another on one stream, so one layer's merge has read the buffers before the next layer's split
-    kernel writes them.
-
-    CUDA-graph capture: SGLang builds the metadata once, runs the forward eagerly twice (warm-up), then once under
-    capture. Plans from the warm-up hold buffers from the ordinary allocator; a graph that baked in those addresses
-    would write, at every replay, into memory the allocator hands out again once this metadata is dropped. So the
-    cache starts over whenever the device's capture state changes: the captured run makes its own plans, their
-    buffers come from the graph's memory pool and are sized for the capture batch, and they stay here, with the
-    captured metadata, for the rest of the capture (replays run no Python, so nothing is planned or allocated then).
-    """
-
-    def __init__(self) -> None:
-        self._plans: dict = {}
-        self._capturing = False
-
-    def get(self, key: Hashable, make: Callable[[], object], device: torch.device):
-        """The plan for ``key``, made with ``make()`` on first use (and again after a capture-state change)."""
-        capturing = stream_capturing(device)
-        if capturing != self._capturing:
-            self._plans.clear()
-            self._capturing = capturing
-        plan = self._plans.get(key)
-        if plan is None:
-            plan = self._plans[key] = make()
-        return plan
-
-    def __len__(self) -> int:
-        return len(self._plans)
-
-    def plans(self) -> list:
-        return list(self._plans.values())
 
 
 @dataclass
@@ -110,70 +61,6 @@ class InklingForwardMetadata:
             raise KeyError(f"no window rails for window {window}; built for {sorted(self.windows)}") from None
 
 
-def _check_batch(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor) -> None:
-    if req_to_token.dim() != 2:
-        raise ValueError(f"req_to_token must be 2-D [max_reqs, max_context_len], got shape {tuple(req_to_token.shape)}")
-    if req_pool_indices.dim() != 1 or seq_lens.dim() != 1 or req_pool_indices.shape != seq_lens.shape:
-        raise ValueError(f"req_pool_indices and seq_lens must be 1-D of the same length, got "
-                         f"{tuple(req_pool_indices.shape)} and {tuple(seq_lens.shape)}")
-    if seq_lens.numel() and (int(seq_lens.min()) < 0 or int(seq_lens.max()) > req_to_token.shape[1]):
-        raise ValueError(f"seq_lens must lie in [0, {req_to_token.shape[1]}] (req_to_token's width), got "
-                         f"[{int(seq_lens.min())}, {int(seq_lens.max())}]")
-    if req_pool_indices.numel() and (int(req_pool_indices.min()) < 0
-                                     or int(req_pool_indices.max()) >= req_to_token.shape[0]):
-        raise ValueError(f"req_pool_indices must lie in [0, {req_to_token.shape[0]}), got "
-                         f"[{int(req_pool_indices.min())}, {int(req_pool_indices.max())}]")
-
-
-def window_start(seq_lens: torch.Tensor, query_lens: torch.Tensor, window: int) -> torch.Tensor:
-    """First position any query of the request can see with ``window`` visible keys."""
-    if window < 1:
-        raise ValueError(f"window must be >= 1 visible key, got {window}")
-    return torch.clamp(seq_lens - query_lens - (window - 1), min=0)
-
-
-def gather_rails(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
-                 start: Optional[torch.Tensor] = None, *, out_indptr: Optional[torch.Tensor] = None,
-                 out_indices: Optional[torch.Tensor] = None) -> KVRails:
-    """Rails over positions ``[start[b], seq_lens[b])`` of ``req_to_token[req_pool_indices[b]]``.
-
-    With ``out_indptr`` / ``out_indices`` the result is written into them (CUDA-graph buffers) and views of them are
-    returned; ``out_indices`` must hold every index.
-    """
-    _check_batch(req_to_token, req_pool_indices, seq_lens)
-    device = req_to_token.device
-    seq_lens = seq_lens.to(device=device, dtype=INDEX_DTYPE)
-    rows = req_pool_indices.to(device=device, dtype=INDEX_DTYPE)
-    start = torch.zeros_like(seq_lens) if start is None else start.to(device=device, dtype=INDEX_DTYPE)
-    lens = seq_lens - start
-    if lens.numel() and int(lens.min()) < 0:
-        raise ValueError("rail start must not exceed seq_len")
-    bs = seq_lens.numel()
-    indptr = torch.zeros(bs + 1, dtype=INDEX_DTYPE, device=device)
-    torch.cumsum(lens, dim=0, out=indptr[1:])
-    nnz = int(indptr[-1])
-    max_len = int(lens.max()) if bs else 0
-    offsets = torch.arange(max_len, dtype=INDEX_DTYPE, device=device)
-    keep = offsets.unsqueeze(0) < lens.unsqueeze(1)
-    positions = torch.clamp(start.unsqueeze(1) + offsets.unsqueeze(0), max=max(req_to_token.shape[1] - 1, 0))
-    indices = req_to_token[rows.unsqueeze(1), positions][keep].to(INDEX_DTYPE)
-    if out_indptr is None:
-        return KVRails(indptr, indices)
-    if out_indptr.numel() < bs + 1 or out_indices is None or out_indices.numel() < nnz:
-        raise ValueError(f"graph buffers too small: need indptr >= {bs + 1} and indices >= {nnz} entries, have "
-                         f"{out_indptr.numel()} and {None if out_indices is None else out_indices.numel()}")
-    out_indptr[: bs + 1].copy_(indptr)
-    out_indices[:nnz].copy_(indices)
-    return KVRails(out_indptr[: bs + 1], out_indices)
-
-
-def translate_rails(rails: KVRails, full_to_swa: Optional[torch.Tensor]) -> KVRails:
-    """Full-pool slots -> sliding-window sub-pool slots (SGLang's ``full_to_swa_index_mapping``)."""
-    if full_to_swa is None:
-        return rails
-    return KVRails(rails.indptr, full_to_swa[rails.indices].to(INDEX_DTYPE))
-
-
 def build_forward_metadata(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, *,
                            extend_seq_lens: Optional[torch.Tensor] = None, windows: Iterable[int] = (),
                            full_to_swa: Optional[torch.Tensor] = None,
@@ -181,7 +68,7 @@ def build_forward_metadata(req_to_token: torch.Tensor, req_pool_indices: torch.T
     """Eager metadata. Decode when ``extend_seq_lens`` is None (one query per request, ``seq_lens`` counting it);
     extend otherwise (``seq_lens`` = cached prefix + new tokens; prefix-cache hits and chunked prefill are both just
     a prefix)."""
-    _check_batch(req_to_token, req_pool_indices, seq_lens)
+    check_token_table(req_to_token, req_pool_indices, seq_lens)
     device = req_to_token.device
     bs = seq_lens.numel()
     seq_lens = seq_lens.to(device=device, dtype=INDEX_DTYPE)

@@ -22,37 +22,25 @@ from typing import Optional
 
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
-from sglang.srt.layers.radix_attention import AttentionType
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 
-from sglang_inkling_backend import mxfp8
-from sglang_inkling_backend.sglang import impl
-from sglang_inkling_backend.sglang.metadata import (
+from sglang_inkling_backend import kv_views, mxfp8
+from sglang_inkling_backend.hosts.sglang import call_args
+from sglang_inkling_backend.hosts.sglang.layers import layer_plan_of, radix_layers
+from sglang_inkling_backend.layer_plan import LayerSpec
+from sglang_inkling_backend.hosts.sglang.metadata import (
     DecodeGraphBuffers,
     InklingForwardMetadata,
     build_forward_metadata,
     gather_rails,
     window_start,
 )
-from sglang_inkling_backend.sglang.pool import InklingMHATokenToKVPool
-from sglang_inkling_backend.sglang.routes import choose_route
-from sglang_inkling_backend.sglang.version import check_sglang_version
+from sglang_inkling_backend.hosts.sglang.pool import InklingMHATokenToKVPool
+from sglang_inkling_backend.routes import choose_route
+from sglang_inkling_backend.hosts.sglang.version import check_sglang_version
 
 logger = logging.getLogger(__name__)
-
-
-def model_windows(model) -> set[int]:
-    """Visible-key windows (``sliding_window_size + 1``) of the model's sliding-window attention layers."""
-    from sglang.srt.layers.radix_attention import RadixAttention
-
-    windows = set()
-    for module in model.modules() if model is not None else ():
-        if isinstance(module, RadixAttention):
-            size = module.sliding_window_size
-            if size is not None and size > -1:
-                windows.add(int(size) + 1)
-    return windows
 
 
 def leaf_pools(pool) -> list:
@@ -75,6 +63,20 @@ def kv_format_of(pool, kv_cache_dtype: torch.dtype) -> str:
     return plain[kv_cache_dtype]
 
 
+def check_swa_placement(plan, layers_mapping) -> None:
+    """SGLang's hybrid SWA pool places layers by the model config's SWA layer list; the record places them by each
+    layer's own window. Refuse at start-up where they disagree (a windowed layer's window rail is translated to the
+    SWA sub-pool, a full layer's is not)."""
+    for layer_id in plan.attention_layer_ids:
+        placed = layers_mapping.get(layer_id)
+        windowed = plan.window(layer_id) is not None
+        if placed is None or bool(placed[1]) != windowed:
+            raise NotImplementedError(
+                f"inkling: layer {layer_id} is {'windowed' if windowed else 'full attention'} but SGLang's hybrid "
+                f"SWA pool places it {'nowhere' if placed is None else ('in the SWA' if placed[1] else 'in the full')}"
+                f" sub-pool; serve this model with --disable-hybrid-swa-memory")
+
+
 class InklingAttnBackend(AttentionBackend):
     """Paged attention over bf16 / per-tensor fp8 / MXFP8 KV, with per-layer sliding windows and relative bias."""
 
@@ -93,16 +95,19 @@ class InklingAttnBackend(AttentionBackend):
         model_config = model_runner.model_config
         if getattr(model_config, "is_encoder_decoder", False):
             raise ValueError("--attention-backend inkling serves decoder-only models; this one is encoder-decoder")
-        self.windows = model_windows(getattr(model_runner, "model", None))
-        head_dims = {d for d in (getattr(model_config, "head_dim", None), getattr(model_config, "swa_head_dim", None))
-                     if isinstance(d, int)}
+        # The per-layer record, built once: every per-layer fact on the serving path comes from here.
+        self.layer_plan = layer_plan_of(radix_layers(getattr(model_runner, "model", None)))
+        if self.is_swa_pool:
+            check_swa_placement(self.layer_plan, self.token_to_kv_pool.layers_mapping)
+        self.windows = {self.layer_plan.window(i) for i in self.layer_plan.windowed_layer_ids}
+        head_dims = {self.layer_plan.spec(i).head_dim for i in self.layer_plan.attention_layer_ids}
         self.route = choose_route(self.device, head_dims)
         self.forward_metadata: Optional[InklingForwardMetadata] = None
         self._graph_buffers: Optional[DecodeGraphBuffers] = None
         self._eager_inputs = None
         logger.info("inkling: backend ready: %s KV, route %s, windows %s, %s pool", self.kv_format, self.route.name,
                     sorted(self.windows) or "none", type(self.token_to_kv_pool).__name__)
-        from sglang_inkling_backend.sglang import inkling_model
+        from sglang_inkling_backend.hosts.sglang import inkling_model
 
         inkling_model.install_seam_if_loaded()
 
@@ -139,25 +144,21 @@ class InklingAttnBackend(AttentionBackend):
         self.forward_metadata.max_seq_len = int((seq_lens_cpu if seq_lens_cpu is not None
                                                  else forward_batch.seq_lens).max())
 
-    def _rails(self, layer, window: Optional[int]):
+    def _rails(self, layer_id: int, window: Optional[int]):
         md = self.forward_metadata
         if window is None:
             return md.full
-        in_swa_pool = self.is_swa_pool and self.token_to_kv_pool.layers_mapping[layer.layer_id][1]
-        if self.is_swa_pool and not in_swa_pool:
-            key = (window, "full-pool")  # a windowed layer kept in the full sub-pool reads untranslated slots
-        else:
-            key = window
+        key = window
         if key not in md.windows:
             if md.graph:
-                raise RuntimeError(f"inkling: window {window} of layer {layer.layer_id} was not known when the CUDA "
+                raise RuntimeError(f"inkling: window {window} of layer {layer_id} was not known when the CUDA "
                                    f"graph buffers were built (known: {sorted(self.windows)})")
             rows, seq_lens, extend_seq_lens = self._eager_inputs
             seq_lens = seq_lens.to(torch.int64)
             qlens = torch.ones_like(seq_lens) if extend_seq_lens is None else extend_seq_lens.to(torch.int64)
             rails = gather_rails(self.req_to_token_pool.req_to_token, rows, seq_lens,
                                  window_start(seq_lens, qlens, window))
-            if key == window and self.is_swa_pool:
+            if self.is_swa_pool:
                 rails.indices = self._full_to_swa()[rails.indices]
             md.windows[key] = rails
         return md.windows[key]
@@ -209,40 +210,21 @@ class InklingAttnBackend(AttentionBackend):
             seq_lens_cpu=None, out_cache_loc=out_cache_loc[:num_tokens], extend_seq_lens=None))
 
     # --- forward -----------------------------------------------------------------------------------------------
-    def _geometry(self, layer) -> impl.LayerGeometry:
-        if layer.is_cross_attention or layer.attn_type != AttentionType.DECODER:
-            raise NotImplementedError(f"--attention-backend inkling serves causal decoder self-attention; layer "
-                                      f"{layer.layer_id} is {layer.attn_type.name}"
-                                      f"{' cross-attention' if layer.is_cross_attention else ''}")
-        if layer.qk_head_dim != layer.v_head_dim:
-            raise NotImplementedError(f"--attention-backend inkling needs qk_head_dim == v_head_dim, layer "
-                                      f"{layer.layer_id} has {layer.qk_head_dim} and {layer.v_head_dim}")
-        if getattr(layer, "xai_temperature_len", -1) and layer.xai_temperature_len > 0:
-            raise NotImplementedError("--attention-backend inkling does not implement xai_temperature_len")
-        cap = float(layer.logit_cap or 0.0)
-        if cap > 0 and layer.logit_capping_method != "tanh":
-            raise NotImplementedError(f"--attention-backend inkling implements the tanh logit cap only, layer "
-                                      f"{layer.layer_id} asks for {layer.logit_capping_method!r}")
-        size = layer.sliding_window_size
-        k_scale = getattr(layer, "k_scale_float", None)
-        v_scale = getattr(layer, "v_scale_float", None)
-        return impl.LayerGeometry(
-            layer_id=layer.layer_id, num_q_heads=layer.tp_q_head_num, num_kv_heads=layer.tp_k_head_num,
-            head_dim=layer.qk_head_dim, softmax_scale=layer.scaling,
-            window=int(size) + 1 if size is not None and size > -1 else None, logit_cap=cap,
-            k_scale=float(k_scale) if k_scale else 1.0, v_scale=float(v_scale) if v_scale else 1.0)
+    def _layer_spec(self, layer) -> LayerSpec:
+        """The layer's record (built at construction); the per-call checks are its tensors' shapes only."""
+        return self.layer_plan.attention_spec(layer.layer_id)
 
-    def _paged_kv(self, geometry: impl.LayerGeometry):
+    def _paged_kv(self, layer_id: int, spec: LayerSpec):
         pool = self.token_to_kv_pool
-        k_buffer = pool.get_key_buffer(geometry.layer_id)
-        v_buffer = pool.get_value_buffer(geometry.layer_id)
+        k_buffer = pool.get_key_buffer(layer_id)
+        v_buffer = pool.get_value_buffer(layer_id)
         sfk = sfv = None
         if self.kv_format == "mxfp8":
-            sfk, sfv = pool.get_kv_scale_buffer(geometry.layer_id)
-        return impl.paged_kv(self.kv_format, k_buffer, v_buffer, page_size=self.page_size, k_scales=sfk,
-                             v_scales=sfv, k_scale=geometry.k_scale, v_scale=geometry.v_scale)
+            sfk, sfv = pool.get_kv_scale_buffer(layer_id)
+        return kv_views.paged_kv(self.kv_format, k_buffer, v_buffer, page_size=self.page_size, k_scales=sfk,
+                                 v_scales=sfv, k_scale=spec.k_scale, v_scale=spec.v_scale)
 
-    def _store(self, layer, geometry, forward_batch, k, v, kwargs) -> None:
+    def _store(self, layer, spec: LayerSpec, forward_batch, k, v, kwargs) -> None:
         md = self.forward_metadata
         k_desc, v_desc = kwargs.get("k_descale"), kwargs.get("v_descale")
         if (k_desc is None) != (v_desc is None):
@@ -250,18 +232,18 @@ class InklingAttnBackend(AttentionBackend):
         if k_desc is not None and k.dtype != mxfp8.DATA_DTYPE:
             raise ValueError(f"k_descale/v_descale come with float8_e4m3fn K/V, got {k.dtype}")
         if md.graph:
-            in_swa = self.is_swa_pool and self.token_to_kv_pool.layers_mapping[layer.layer_id][1]
+            in_swa = self.is_swa_pool and spec.window is not None
             loc = md.swa_out_cache_loc if in_swa else forward_batch.out_cache_loc
-            impl.store_kv_unchecked(self._paged_kv(geometry), loc, k, v, k_block_scales=k_desc,
-                                    v_block_scales=v_desc)
+            kv_views.store_kv_unchecked(self._paged_kv(layer.layer_id, spec), loc, k, v, k_block_scales=k_desc,
+                                        v_block_scales=v_desc)
             return
         loc = KVWriteLoc.for_layer(forward_batch, layer, swa_loc=md.swa_out_cache_loc)
-        n, hkv, d = forward_batch.out_cache_loc.numel(), geometry.num_kv_heads, geometry.head_dim
+        n, hkv, d = forward_batch.out_cache_loc.numel(), spec.num_kv_heads, spec.head_dim
         k, v = k.reshape(n, hkv, d), v.reshape(n, hkv, d)
         if k_desc is not None:
             self.token_to_kv_pool.set_kv_buffer(layer, loc, k, v, k_desc, v_desc)
         elif self.kv_format == "fp8_e4m3":
-            self.token_to_kv_pool.set_kv_buffer(layer, loc, k, v, geometry.k_scale, geometry.v_scale)
+            self.token_to_kv_pool.set_kv_buffer(layer, loc, k, v, spec.k_scale, spec.v_scale)
         else:
             self.token_to_kv_pool.set_kv_buffer(layer, loc, k, v, None, None)
 
@@ -271,21 +253,21 @@ class InklingAttnBackend(AttentionBackend):
         if md is None or md.is_decode != decode:
             raise RuntimeError(f"inkling: forward_{'decode' if decode else 'extend'} without matching metadata "
                                "(init_forward_metadata was not called for this batch)")
-        geometry = self._geometry(layer)
+        spec = self._layer_spec(layer)
         rows = q.shape[0]
-        params = impl.attention_params(geometry, kwargs, rows)
+        params = call_args.attention_params(spec, kwargs, rows)
         if save_kv_cache and k is not None and v is not None:
-            self._store(layer, geometry, forward_batch, k, v, kwargs)
-        q3 = impl.dequantize_query(q, geometry.num_q_heads, geometry.head_dim, kwargs.get("q_descale"))
+            self._store(layer, spec, forward_batch, k, v, kwargs)
+        q3 = kv_views.dequantize_query(q, spec.num_q_heads, spec.head_dim, kwargs.get("q_descale"))
         if self.route.name == "triton" and q3.dtype == torch.float32 and self.model_dtype != torch.float32:
             q3 = q3.to(self.model_dtype)
-        kv = self._paged_kv(geometry)
-        rails = self._rails(layer, geometry.window)
+        kv = self._paged_kv(layer.layer_id, spec)
+        rails = self._rails(layer.layer_id, spec.window)
         if decode:
             out = self.route.decode(q3, kv, rails, params, max_seq_len=md.max_seq_len, plans=md.decode_plans)
         else:
             out = self.route.extend(q3, kv, rails, md.qo_indptr, params)
-        return out.to(self.model_dtype).reshape(rows, geometry.num_q_heads * geometry.head_dim)
+        return out.to(self.model_dtype).reshape(rows, spec.num_q_heads * spec.head_dim)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
         return self._attend(True, q, k, v, layer, forward_batch, save_kv_cache, kwargs)

@@ -44,7 +44,7 @@ from sglang_inkling_backend.mlx.kv_pool import MlxMXFP8KVPool
 
 logger = logging.getLogger(__name__)
 
-BACKEND_NAME = "inkling"
+from sglang_inkling_backend.hosts.sglang import BACKEND_NAME
 MLX_WORKER_INIT_TARGET = "sglang.srt.hardware_backend.mlx.tp_worker.MlxTpModelWorker._init_model_runner"
 
 

@@ -13,15 +13,54 @@ dtype).
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import Callable, Hashable, Optional
 
 import torch
 
 from sglang_inkling_backend.reference import attention as reference
 from sglang_inkling_backend.reference.attention import AttentionParams, PagedKV
-from sglang_inkling_backend.sglang.metadata import DecodePlanCache, KVRails
+from sglang_inkling_backend.checks import stream_capturing
+from sglang_inkling_backend.rails import KVRails
 
 logger = logging.getLogger(__name__)
+
+
+class DecodePlanCache:
+    """The decode plans of one step (one forward metadata), keyed by everything a plan depends on besides the batch
+    (the route's key: window, head counts, head_dim, KV dtype, page size; plus batch size and max_seq_len, which are
+    fixed for a metadata anyway). Every layer with the same key shares one plan and its split-KV buffers: the layers
+    run one after another on one stream, so one layer's merge has read the buffers before the next layer's split
+    kernel writes them.
+
+    CUDA-graph capture: SGLang builds the metadata once, runs the forward eagerly twice (warm-up), then once under
+    capture. Plans from the warm-up hold buffers from the ordinary allocator; a graph that baked in those addresses
+    would write, at every replay, into memory the allocator hands out again once this metadata is dropped. So the
+    cache starts over whenever the device's capture state changes: the captured run makes its own plans, their
+    buffers come from the graph's memory pool and are sized for the capture batch, and they stay here, with the
+    captured metadata, for the rest of the capture (replays run no Python, so nothing is planned or allocated then).
+    """
+
+    def __init__(self) -> None:
+        self._plans: dict = {}
+        self._capturing = False
+
+    def get(self, key: Hashable, make: Callable[[], object], device: torch.device):
+        """The plan for ``key``, made with ``make()`` on first use (and again after a capture-state change)."""
+        capturing = stream_capturing(device)
+        if capturing != self._capturing:
+            self._plans.clear()
+            self._capturing = capturing
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = make()
+        return plan
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+    def plans(self) -> list:
+        return list(self._plans.values())
+
 
 
 def gather_rails_kv(kv: PagedKV, rails: KVRails) -> tuple[PagedKV, KVRails]:

@@ -204,7 +204,7 @@ def build_token_to_kv_pool(configurator, original, *, sizes, is_dsa_model, is_ds
     from sglang.srt.configs.model_config import is_minimax_sparse
     from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 
-    from sglang_inkling_backend.sglang.hooks import pool_format_for
+    from sglang_inkling_backend.hosts.sglang.hooks import pool_format_for
 
     if configurator.use_mla_backend or is_dsa_model or is_dsv4_model:
         raise ValueError("--attention-backend inkling serves multi-head (MHA/GQA) attention; this model's KV cache is "

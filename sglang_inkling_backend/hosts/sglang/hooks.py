@@ -28,7 +28,7 @@ import contextlib
 import logging
 from typing import Any, Callable
 
-from sglang_inkling_backend.sglang import BACKEND_NAME
+from sglang_inkling_backend.hosts.sglang import BACKEND_NAME
 
 logger = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ def decode_graph_capturable(device: str | None, head_dim: int | None = None) -> 
     """Decode CUDA graphs need the Triton route (a CUDA/ROCm device, our Triton kernels, a head size they serve)."""
     if device not in (None, "cuda"):
         return False
-    from sglang_inkling_backend.sglang.routes import triton_decode_kernel, triton_head_dim_ok
+    from sglang_inkling_backend.routes import triton_decode_kernel, triton_head_dim_ok
 
     return triton_decode_kernel()[0] is not None and (head_dim is None or triton_head_dim_ok(head_dim))
 
@@ -252,7 +252,7 @@ def around_build_token_to_kv_pool(original, self, *, sizes, is_dsa_model, is_dsv
     if not (prefill or decode):
         return original(self, sizes=sizes, is_dsa_model=is_dsa_model, is_dsv4_model=is_dsv4_model,
                         req_to_token_pool=req_to_token_pool)
-    from sglang_inkling_backend.sglang import pool as inkling_pool
+    from sglang_inkling_backend.hosts.sglang import pool as inkling_pool
 
     return inkling_pool.build_token_to_kv_pool(
         self, original, sizes=sizes, is_dsa_model=is_dsa_model, is_dsv4_model=is_dsv4_model,
@@ -262,7 +262,7 @@ def around_build_token_to_kv_pool(original, self, *, sizes, is_dsa_model, is_dsv
 def around_hybrid_full_attention_pool_class(original, self, *, mha_pool_class, mla_pool_class, dsa_pool_class):
     prefill, decode = _runtime_inkling_backends()
     if (prefill or decode) and not self.use_mla_backend:
-        from sglang_inkling_backend.sglang.pool import inkling_pool_class
+        from sglang_inkling_backend.hosts.sglang.pool import inkling_pool_class
 
         return inkling_pool_class(pool_format_for(self.kv_cache_dtype_str, self.kv_cache_dtype))
     return original(self, mha_pool_class=mha_pool_class, mla_pool_class=mla_pool_class,

@@ -24,8 +24,8 @@ from __future__ import annotations
 import logging
 import sys
 
-from sglang_inkling_backend.sglang import BACKEND_NAME
-from sglang_inkling_backend.sglang.routes import triton_unavailable
+from sglang_inkling_backend.hosts.sglang import BACKEND_NAME
+from sglang_inkling_backend.routes import triton_unavailable
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,64 @@
+"""The per-layer record of an SGLang model: one core ``LayerSpec`` per ``RadixAttention``, built once when the
+backend is constructed (after SGLang loaded the weights, so checkpoint KV scales are known).
+
+SGLang's ``sliding_window_size`` counts the keys *before* the query (-1: full attention); the record's ``window``
+counts visible keys including the query's own, so ``window = sliding_window_size + 1``. This module is the only
+place that converts it.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Optional
+
+from sglang_inkling_backend.layer_plan import LayerPlan, LayerSpec
+
+
+def record_window(sliding_window_size) -> Optional[int]:
+    """SGLang's ``sliding_window_size`` (keys before the query; None or -1: full) as visible keys (None: full)."""
+    if sliding_window_size is None or sliding_window_size <= -1:
+        return None
+    return int(sliding_window_size) + 1
+
+
+def layer_spec(layer) -> LayerSpec:
+    """The record of one ``RadixAttention`` (per-rank head counts). Raises NotImplementedError naming what this
+    backend does not serve."""
+    from sglang.srt.layers.radix_attention import AttentionType
+
+    if layer.is_cross_attention or layer.attn_type != AttentionType.DECODER:
+        raise NotImplementedError(f"--attention-backend inkling serves causal decoder self-attention; layer "
+                                  f"{layer.layer_id} is {layer.attn_type.name}"
+                                  f"{' cross-attention' if layer.is_cross_attention else ''}")
+    if layer.qk_head_dim != layer.v_head_dim:
+        raise NotImplementedError(f"--attention-backend inkling needs qk_head_dim == v_head_dim, layer "
+                                  f"{layer.layer_id} has {layer.qk_head_dim} and {layer.v_head_dim}")
+    if getattr(layer, "xai_temperature_len", -1) and layer.xai_temperature_len > 0:
+        raise NotImplementedError("--attention-backend inkling does not implement xai_temperature_len")
+    cap = float(layer.logit_cap or 0.0)
+    if cap > 0 and layer.logit_capping_method != "tanh":
+        raise NotImplementedError(f"--attention-backend inkling implements the tanh logit cap only, layer "
+                                  f"{layer.layer_id} asks for {layer.logit_capping_method!r}")
+    k_scale = getattr(layer, "k_scale_float", None)
+    v_scale = getattr(layer, "v_scale_float", None)
+    return LayerSpec(window=record_window(layer.sliding_window_size), num_q_heads=layer.tp_q_head_num,
+                     num_kv_heads=layer.tp_k_head_num, head_dim=layer.qk_head_dim,
+                     softmax_scale=float(layer.scaling), logit_cap=cap,
+                     k_scale=float(k_scale) if k_scale else 1.0, v_scale=float(v_scale) if v_scale else 1.0)
+
+
+def radix_layers(model) -> list:
+    from sglang.srt.layers.radix_attention import RadixAttention
+
+    return [m for m in (model.modules() if model is not None else ()) if isinstance(m, RadixAttention)]
+
+
+def layer_plan_of(layers: Iterable) -> LayerPlan:
+    """The model's ``LayerPlan`` from its ``RadixAttention`` layers (ids SGLang gives them; ids without one, e.g.
+    other pipeline stages or layers without attention, have no attention in the plan)."""
+    by_id = {}
+    for layer in layers:
+        if layer.layer_id in by_id:
+            raise ValueError(f"two RadixAttention modules share layer_id {layer.layer_id}")
+        by_id[layer.layer_id] = layer_spec(layer)
+    if not by_id:
+        raise ValueError("the model has no RadixAttention layers for --attention-backend inkling to serve")
+    return LayerPlan([by_id.get(i, LayerSpec(has_attention=False)) for i in range(max(by_id) + 1)])

@@ -1,0 +1,81 @@
+"""KV-cache views and stores, host-free: one layer's pool buffers as the kernels' ``PagedKV`` and the K/V write
+that CUDA graphs can capture (no host sync).
+
+- ``paged_kv``: one layer's buffers (bf16/fp16/fp32, per-tensor fp8 e4m3, MXFP8 with its scale buffers) as a
+  ``PagedKV``;
+- ``store_kv_unchecked``: write new K/V at given slots with no host sync and no slot validation (the caller's
+  eager path validates; inside a graph nothing can be read back);
+- ``dequantize_query``: an MXFP8 query (e4m3 values with UE8M0 block scales) back to float32.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from sglang_inkling_backend import mxfp8
+from sglang_inkling_backend.reference.attention import PagedKV
+from sglang_inkling_backend.scale_layout import ScaleLayout
+
+
+def dequantize_query(q: torch.Tensor, num_heads: int, head_dim: int,
+                     q_descale: Optional[torch.Tensor]) -> torch.Tensor:
+    """``q [T, Hq * D]`` (or ``[T, Hq, D]``) as ``[T, Hq, D]``; an e4m3 q (the Inkling model's MXFP8 q) is
+    dequantized with its UE8M0 block scales ``q_descale [T, Hq, D // 32]`` (any shape of that many bytes)."""
+    rows = q.shape[0]
+    q3 = q.reshape(rows, num_heads, head_dim)
+    if q.dtype != mxfp8.DATA_DTYPE:
+        return q3
+    if q_descale is None:
+        raise ValueError("q arrived as float8_e4m3fn without q_descale (its MXFP8 block scales)")
+    scales = q_descale.view(torch.uint8).reshape(rows, num_heads, head_dim // mxfp8.BLOCK)
+    return mxfp8.dequantize(q3, scales, torch.float32)
+
+
+def paged_kv(kv_format: str, k_buffer: torch.Tensor, v_buffer: torch.Tensor, *, page_size: int,
+             k_scales: Optional[torch.Tensor] = None, v_scales: Optional[torch.Tensor] = None,
+             k_scale: float = 1.0, v_scale: float = 1.0) -> PagedKV:
+    """One layer's pool buffers as a ``PagedKV`` for the routes."""
+    if kv_format == "mxfp8":
+        if k_scales is None or v_scales is None:
+            raise ValueError("an mxfp8 pool layer needs its scale buffers (get_kv_scale_buffer)")
+        slots, hkv, d = k_buffer.shape
+        layout = ScaleLayout.for_pool(slots, hkv, d, page_size)
+        return PagedKV(k_buffer, v_buffer, k_scales.view(torch.uint8), v_scales.view(torch.uint8), layout)
+    if kv_format == "fp8_e4m3":
+        return PagedKV(k_buffer, v_buffer, k_scale=k_scale, v_scale=v_scale)
+    return PagedKV(k_buffer, v_buffer)
+
+
+def store_kv_unchecked(kv: PagedKV, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                       k_block_scales: Optional[torch.Tensor] = None,
+                       v_block_scales: Optional[torch.Tensor] = None) -> None:
+    """Write K/V at ``loc`` with no host sync (CUDA-graph capture). The caller guarantees valid slots; shapes are
+    still checked (host metadata, no sync)."""
+    n, hkv, d = loc.numel(), kv.num_kv_heads, kv.head_dim
+    k, v = k.reshape(n, hkv, d), v.reshape(n, hkv, d)
+    loc = loc.long()
+    if k_block_scales is not None:  # pre-quantized MXFP8
+        if not kv.is_mxfp8:
+            raise ValueError("block scales need an MXFP8 pool")
+        kv.k_buffer[loc] = k.view(mxfp8.DATA_DTYPE)
+        kv.v_buffer[loc] = v.view(mxfp8.DATA_DTYPE)
+        nb = d // mxfp8.BLOCK
+        kv.layout.scatter(kv.k_scales, loc, k_block_scales.view(torch.uint8).reshape(n, hkv, nb), check=False)
+        kv.layout.scatter(kv.v_scales, loc, v_block_scales.view(torch.uint8).reshape(n, hkv, nb), check=False)
+    elif kv.is_mxfp8:
+        if k.is_cuda:
+            from sglang_inkling_backend.triton.kv_store import store_kv_mxfp8
+
+            store_kv_mxfp8(kv, loc, k, v, validate=False)
+        else:
+            for buf, sf, x in ((kv.k_buffer, kv.k_scales, k), (kv.v_buffer, kv.v_scales, v)):
+                data, scales = mxfp8.quantize(x)
+                buf[loc] = data
+                kv.layout.scatter(sf, loc, scales, check=False)
+    elif kv.k_buffer.dtype == mxfp8.DATA_DTYPE:  # per-tensor fp8: divide by the scale, saturate
+        kv.k_buffer[loc] = mxfp8.quantize_per_tensor(k, kv.k_scale)
+        kv.v_buffer[loc] = mxfp8.quantize_per_tensor(v, kv.v_scale)
+    else:
+        kv.k_buffer[loc] = k.to(kv.k_buffer.dtype)
+        kv.v_buffer[loc] = v.to(kv.v_buffer.dtype)

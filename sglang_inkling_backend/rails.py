@@ -1,0 +1,114 @@
+"""Rails: which KV-cache slots each request attends over, built from a host's token-to-slot table.
+
+Host-free (only torch). A *rail* is CSR: request ``b`` attends over pool slots
+``indices[indptr[b]:indptr[b+1]]``, in position order, ending with the newest token (the reference's convention:
+decode's query is the last key; extend's queries are the last ``qlen`` keys). Positions inside a rail are relative,
+so a rail may start late (a window rail) without changing any distance ``i - j``.
+
+- The *full* rail covers positions ``[0, seq_len)``.
+- A *window* rail for a window of ``W`` visible keys (keys with ``0 <= i - j <= W - 1``) covers
+  ``[max(0, seq_len - qlen - (W - 1)), seq_len)``: every key any of the request's queries can see, nothing older.
+  On a pool whose windowed layers live in their own sub-pool the window rail is translated to that sub-pool's
+  slots (``translate_rails``); older tokens may already be gone from it, which is why windowed layers read window
+  rails.
+
+A *page table* (``page_table``) is the other form a kernel takes: ``[batch, max_pages]`` page ids, request ``b``'s
+position ``p`` at slot ``page_table[b, p // page_size] * page_size + p % page_size``. A host whose allocator hands
+out whole pages (SGLang's paged allocator, vLLM's block pool) has one already or derives it from its token table.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+INDEX_DTYPE = torch.int64
+PAGE_ID_DTYPE = torch.int32
+
+
+@dataclass
+class KVRails:
+    """CSR rails: request b reads pool slots ``indices[indptr[b]:indptr[b + 1]]``. ``indices`` may be longer than
+    ``indptr[-1]`` (a fixed CUDA-graph buffer); readers go through ``indptr``."""
+
+    indptr: torch.Tensor  # int64 [B + 1]
+    indices: torch.Tensor  # int64 [>= nnz]
+
+def check_token_table(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor) -> None:
+    if req_to_token.dim() != 2:
+        raise ValueError(f"req_to_token must be 2-D [max_reqs, max_context_len], got shape {tuple(req_to_token.shape)}")
+    if req_pool_indices.dim() != 1 or seq_lens.dim() != 1 or req_pool_indices.shape != seq_lens.shape:
+        raise ValueError(f"req_pool_indices and seq_lens must be 1-D of the same length, got "
+                         f"{tuple(req_pool_indices.shape)} and {tuple(seq_lens.shape)}")
+    if seq_lens.numel() and (int(seq_lens.min()) < 0 or int(seq_lens.max()) > req_to_token.shape[1]):
+        raise ValueError(f"seq_lens must lie in [0, {req_to_token.shape[1]}] (req_to_token's width), got "
+                         f"[{int(seq_lens.min())}, {int(seq_lens.max())}]")
+    if req_pool_indices.numel() and (int(req_pool_indices.min()) < 0
+                                     or int(req_pool_indices.max()) >= req_to_token.shape[0]):
+        raise ValueError(f"req_pool_indices must lie in [0, {req_to_token.shape[0]}), got "
+                         f"[{int(req_pool_indices.min())}, {int(req_pool_indices.max())}]")
+
+def window_start(seq_lens: torch.Tensor, query_lens: torch.Tensor, window: int) -> torch.Tensor:
+    """First position any query of the request can see with ``window`` visible keys."""
+    if window < 1:
+        raise ValueError(f"window must be >= 1 visible key, got {window}")
+    return torch.clamp(seq_lens - query_lens - (window - 1), min=0)
+
+def gather_rails(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+                 start: Optional[torch.Tensor] = None, *, out_indptr: Optional[torch.Tensor] = None,
+                 out_indices: Optional[torch.Tensor] = None) -> KVRails:
+    """Rails over positions ``[start[b], seq_lens[b])`` of ``req_to_token[req_pool_indices[b]]``.
+
+    With ``out_indptr`` / ``out_indices`` the result is written into them (CUDA-graph buffers) and views of them are
+    returned; ``out_indices`` must hold every index.
+    """
+    check_token_table(req_to_token, req_pool_indices, seq_lens)
+    device = req_to_token.device
+    seq_lens = seq_lens.to(device=device, dtype=INDEX_DTYPE)
+    rows = req_pool_indices.to(device=device, dtype=INDEX_DTYPE)
+    start = torch.zeros_like(seq_lens) if start is None else start.to(device=device, dtype=INDEX_DTYPE)
+    lens = seq_lens - start
+    if lens.numel() and int(lens.min()) < 0:
+        raise ValueError("rail start must not exceed seq_len")
+    bs = seq_lens.numel()
+    indptr = torch.zeros(bs + 1, dtype=INDEX_DTYPE, device=device)
+    torch.cumsum(lens, dim=0, out=indptr[1:])
+    nnz = int(indptr[-1])
+    max_len = int(lens.max()) if bs else 0
+    offsets = torch.arange(max_len, dtype=INDEX_DTYPE, device=device)
+    keep = offsets.unsqueeze(0) < lens.unsqueeze(1)
+    positions = torch.clamp(start.unsqueeze(1) + offsets.unsqueeze(0), max=max(req_to_token.shape[1] - 1, 0))
+    indices = req_to_token[rows.unsqueeze(1), positions][keep].to(INDEX_DTYPE)
+    if out_indptr is None:
+        return KVRails(indptr, indices)
+    if out_indptr.numel() < bs + 1 or out_indices is None or out_indices.numel() < nnz:
+        raise ValueError(f"graph buffers too small: need indptr >= {bs + 1} and indices >= {nnz} entries, have "
+                         f"{out_indptr.numel()} and {None if out_indices is None else out_indices.numel()}")
+    out_indptr[: bs + 1].copy_(indptr)
+    out_indices[:nnz].copy_(indices)
+    return KVRails(out_indptr[: bs + 1], out_indices)
+
+def translate_rails(rails: KVRails, full_to_swa: Optional[torch.Tensor]) -> KVRails:
+    """Full-pool slots -> sliding-window sub-pool slots (SGLang's ``full_to_swa_index_mapping``)."""
+    if full_to_swa is None:
+        return rails
+    return KVRails(rails.indptr, full_to_swa[rails.indices].to(INDEX_DTYPE))
+
+
+def page_table(token_to_slot: torch.Tensor, rows: torch.Tensor, page_size: int,
+               max_pages: Optional[int] = None) -> torch.Tensor:
+    """``[len(rows), max_pages]`` int32 page ids from a token-to-slot table ``token_to_slot [max_reqs, max_len]``
+    (SGLang's ``req_to_token``) whose requests own whole pages: the slot of each page's first position, divided by
+    ``page_size``. No host sync. Entries past a request's length are whatever the table holds there; kernels read
+    only ``cdiv(seq_len, page_size)`` pages of each row."""
+    if token_to_slot.dim() != 2:
+        raise ValueError(f"token_to_slot must be 2-D [max_reqs, max_len], got shape {tuple(token_to_slot.shape)}")
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size <= 0:
+        raise ValueError(f"page_size must be a positive int, got {page_size!r}")
+    width = -(-token_to_slot.shape[1] // page_size)
+    max_pages = width if max_pages is None else max_pages
+    if isinstance(max_pages, bool) or not isinstance(max_pages, int) or not 0 < max_pages <= width:
+        raise ValueError(f"max_pages must be an int in [1, {width}] (the table's width in pages), got {max_pages!r}")
+    first_slots = token_to_slot[rows.to(token_to_slot.device, INDEX_DTYPE)][:, : max_pages * page_size : page_size]
+    return torch.div(first_slots, page_size, rounding_mode="floor").to(PAGE_ID_DTYPE)
