@@ -64,14 +64,12 @@ class InklingKVPool:
                 raise ValueError(f"size and swa_size must be multiples of page_size={page_size} for mxfp8, "
                                  f"got size={size}, swa_size={swa_size}")
             for layer_id in plan.attention_layer_ids:
-                d = plan.spec(layer_id).head_dim
-                if d % mxfp8.BLOCK:
-                    raise ValueError(f"mxfp8 needs head_dim % {mxfp8.BLOCK} == 0, layer {layer_id} has head_dim {d}")
+                mxfp8.require_head_dim(plan.spec(layer_id).head_dim, f"layer {layer_id}'s head_dim")
         self.plan, self.size, self.page_size, self.kv_dtype = plan, size, page_size, kv_dtype
         self.swa_size = swa_size if swa_size is not None else size
         self.device = torch.device(device)
         self.k_scale, self.v_scale = float(k_scale), float(v_scale)
-        self.store_dtype = mxfp8.DATA_DTYPE if kv_dtype in ("fp8_e4m3", "mxfp8") else FLOAT_STORE_DTYPES[kv_dtype]
+        self.store_dtype = mxfp8.DATA_DTYPE if kv_dtype in mxfp8.QUANTIZED_KV_DTYPES else FLOAT_STORE_DTYPES[kv_dtype]
         self.layers: dict[int, LayerKV] = {}
         for layer_id in plan.attention_layer_ids:
             spec = plan.spec(layer_id)

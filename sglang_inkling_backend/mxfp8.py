@@ -35,7 +35,19 @@ SCALE_DTYPE = torch.uint8  # a uint8 view of float8_e8m0fnu: every library can i
 # the dtypes a scale tensor may come in (its bytes are the same)
 SCALE_DTYPES = (torch.uint8,) + ((torch.float8_e8m0fnu,) if hasattr(torch, "float8_e8m0fnu") else ())
 
-KV_DTYPES = ("bf16", "fp16", "fp32", "fp8_e4m3", "mxfp8")
+KV_DTYPES = ("bf16", "fp16", "fp32", "fp8_e4m3", "mxfp8")  # every KV format the backend stores
+QUANTIZED_KV_DTYPES = ("fp8_e4m3", "mxfp8")
+
+
+def head_dim_ok(head_dim: int) -> bool:
+    """MXFP8 stores whole 32-channel blocks: one UE8M0 scale per ``BLOCK`` channels of a head."""
+    return head_dim % BLOCK == 0
+
+
+def require_head_dim(head_dim: int, name: str = "head_dim") -> None:
+    if not head_dim_ok(head_dim):
+        raise ValueError(f"{name} must be a multiple of {BLOCK} for MXFP8 (one scale per {BLOCK} channels), "
+                         f"got {head_dim}")
 
 
 def _check_last_dim(x: torch.Tensor, name: str) -> int:
@@ -127,8 +139,8 @@ def bytes_per_token_per_layer(num_kv_heads: int, head_dim: int, kv_dtype: str) -
         raise ValueError(f"kv_dtype must be one of {KV_DTYPES}, got {kv_dtype!r}")
     require_positive_int(num_kv_heads, "num_kv_heads")
     require_positive_int(head_dim, "head_dim")
-    if kv_dtype == "mxfp8" and head_dim % BLOCK:
-        raise ValueError(f"head_dim must be a multiple of {BLOCK} for mxfp8, got {head_dim}")
+    if kv_dtype == "mxfp8":
+        require_head_dim(head_dim)
     per_value = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8_e4m3": 1, "mxfp8": 1}[kv_dtype]
     scale_bytes = head_dim // BLOCK if kv_dtype == "mxfp8" else 0
     return 2 * num_kv_heads * (head_dim * per_value + scale_bytes)

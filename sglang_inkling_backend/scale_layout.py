@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from .checks import require_positive_int, require_slots
-from .mxfp8 import BLOCK, SCALE_DTYPE, SCALE_DTYPES
+from .mxfp8 import BLOCK, SCALE_DTYPE, SCALE_DTYPES, require_head_dim
 
 INTERLEAVED_PAGE_SIZE = 128
 ROWS_PER_ATOM = 32  # the interleaved atom stores 32 tokens x (page // 32) columns
@@ -32,8 +32,7 @@ class ScaleLayout:
         for name, value in (("num_slots", num_slots), ("num_kv_heads", num_kv_heads),
                             ("head_dim", head_dim), ("page_size", page_size)):
             require_positive_int(value, name)
-        if head_dim % BLOCK:
-            raise ValueError(f"head_dim must be a multiple of {BLOCK} for MXFP8 scales, got {head_dim}")
+        require_head_dim(head_dim)
         if page_size == INTERLEAVED_PAGE_SIZE and num_slots % page_size:
             raise ValueError(f"num_slots must be a multiple of page_size={page_size} for the interleaved layout, "
                              f"got {num_slots}")

@@ -29,19 +29,12 @@ import logging
 from typing import Any, Callable
 
 from sglang_inkling_backend.hosts.sglang import BACKEND_NAME
+from sglang_inkling_backend.hosts.sglang.kv_formats import KV_CACHE_DTYPE_TO_FORMAT, pool_format_for
+from sglang_inkling_backend.mxfp8 import QUANTIZED_KV_DTYPES, head_dim_ok
+from sglang_inkling_backend.scale_layout import INTERLEAVED_PAGE_SIZE as MXFP8_PAGE_SIZE
 
 logger = logging.getLogger(__name__)
 
-MXFP8_PAGE_SIZE = 128
-# --kv-cache-dtype values this backend serves, and the pool format each maps to.
-KV_CACHE_DTYPE_TO_FORMAT = {
-    "auto": None,  # the model dtype
-    "bf16": "bf16",
-    "bfloat16": "bf16",
-    "fp8_e4m3": "fp8_e4m3",
-    "mxfp8": "mxfp8",
-}
-QUANTIZED_FORMATS = ("fp8_e4m3", "mxfp8")
 _HOOK_SOURCE = "sglang_inkling_backend"
 _CONFIGURATOR = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator"
 
@@ -72,25 +65,6 @@ def _flag_pair(cfg: Any) -> str:
     return (f"--attention-backend {cfg.attention_backend!r}, --prefill-attention-backend "
             f"{cfg.prefill_attention_backend!r}, --decode-attention-backend {cfg.decode_attention_backend!r}")
 
-
-def pool_format_for(kv_cache_dtype_str: str | None, kv_cache_dtype) -> str:
-    """The InklingKVPool format for SGLang's resolved KV dtype (string flag and torch dtype)."""
-    import torch
-
-    if kv_cache_dtype_str == "mxfp8":
-        return "mxfp8"
-    if kv_cache_dtype == torch.float8_e4m3fn:
-        return "fp8_e4m3"
-    if kv_cache_dtype == torch.bfloat16:
-        return "bf16"
-    if kv_cache_dtype == torch.float16:
-        return "fp16"
-    if kv_cache_dtype == torch.float32:
-        return "fp32"
-    raise ValueError(
-        f"--attention-backend inkling cannot store a KV cache of dtype {kv_cache_dtype} "
-        f"(--kv-cache-dtype {kv_cache_dtype_str!r}); allowed --kv-cache-dtype values: "
-        f"{', '.join(KV_CACHE_DTYPE_TO_FORMAT)}")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -181,11 +155,11 @@ def validate_server_args(cfg: Any, model_config: Any, *, prefill: bool, decode: 
         raise ValueError(
             f"--attention-backend inkling does not support --kv-cache-dtype {kv_dtype}; allowed values: "
             f"{', '.join(KV_CACHE_DTYPE_TO_FORMAT)}")
-    if KV_CACHE_DTYPE_TO_FORMAT[kv_dtype] in QUANTIZED_FORMATS and not (prefill and decode):
+    if KV_CACHE_DTYPE_TO_FORMAT[kv_dtype] in QUANTIZED_KV_DTYPES and not (prefill and decode):
         raise ValueError(
             f"--kv-cache-dtype {kv_dtype} with the inkling backend needs inkling for both prefill and decode (the "
             f"quantized pool is this backend's); got {_flag_pair(cfg)}")
-    if KV_CACHE_DTYPE_TO_FORMAT[kv_dtype] in QUANTIZED_FORMATS and getattr(cfg, "enable_hierarchical_cache", False):
+    if KV_CACHE_DTYPE_TO_FORMAT[kv_dtype] in QUANTIZED_KV_DTYPES and getattr(cfg, "enable_hierarchical_cache", False):
         raise ValueError(
             f"--enable-hierarchical-cache is not supported with --kv-cache-dtype {kv_dtype} on --attention-backend "
             "inkling (SGLang's host tier does not know this pool's scale buffers); drop the flag or use "
@@ -206,7 +180,7 @@ def validate_server_args(cfg: Any, model_config: Any, *, prefill: bool, decode: 
             f"--tp-size {tp_size} does not divide this model's {num_heads} query heads, so the ranks cannot split "
             f"them for --attention-backend inkling; allowed --tp-size values: {', '.join(map(str, divisors))}")
     head_dim = getattr(model_config, "head_dim", None)
-    if kv_dtype == "mxfp8" and head_dim is not None and head_dim % 32 != 0:
+    if kv_dtype == "mxfp8" and head_dim is not None and not head_dim_ok(head_dim):
         raise ValueError(
             f"--kv-cache-dtype mxfp8 needs head_dim to be a multiple of 32 (one UE8M0 scale per 32 channels); this "
             f"model has head_dim {head_dim}. Allowed --kv-cache-dtype values for it: auto, bf16, fp8_e4m3")

@@ -25,12 +25,15 @@ from typing import Optional
 import torch
 from sglang.srt.mem_cache.memory_pool import GPU_MEMORY_TYPE_KV_CACHE, MHATokenToKVPool, unwrap_write_loc
 
+from sglang_inkling_backend import mxfp8
+from sglang_inkling_backend.hosts.sglang.kv_formats import pool_format_for
 from sglang_inkling_backend.kv_pool import InklingKVPool
 from sglang_inkling_backend.layer_plan import LayerPlan, LayerSpec
+from sglang_inkling_backend.scale_layout import INTERLEAVED_PAGE_SIZE
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_FORMATS = ("bf16", "fp16", "fp32", "fp8_e4m3", "mxfp8")
+SUPPORTED_FORMATS = mxfp8.KV_DTYPES
 E8M0 = getattr(torch, "float8_e8m0fnu", None)
 
 
@@ -69,7 +72,7 @@ class InklingMHATokenToKVPool(MHATokenToKVPool):
             view = (lambda t: t.view(E8M0)) if E8M0 is not None else (lambda t: t)
             self.k_scale_buffer = [view(sfk) for sfk, _ in scales]
             self.v_scale_buffer = [view(sfv) for _, sfv in scales]
-            self.mxfp8_sf_interleaved = self.page_size == 128
+            self.mxfp8_sf_interleaved = self.page_size == INTERLEAVED_PAGE_SIZE
         else:
             self.k_scale_buffer = self.v_scale_buffer = None
         self.native_k_scale_buffer = self.native_v_scale_buffer = None
@@ -203,8 +206,6 @@ def build_token_to_kv_pool(configurator, original, *, sizes, is_dsa_model, is_ds
     import sglang.srt.mem_cache.kv_cache_configurator as kc
     from sglang.srt.configs.model_config import is_minimax_sparse
     from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
-
-    from sglang_inkling_backend.hosts.sglang.hooks import pool_format_for
 
     if configurator.use_mla_backend or is_dsa_model or is_dsv4_model:
         raise ValueError("--attention-backend inkling serves multi-head (MHA/GQA) attention; this model's KV cache is "
