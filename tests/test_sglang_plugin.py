@@ -11,6 +11,9 @@ import sys
 
 import pytest
 
+pytest.importorskip("sglang", reason="SGLang is not installed (scripts/setup.sh installs it; "
+                                      "the core tests run without it)")
+
 from sglang_inkling_backend.hosts.sglang.cpu_testing import prepare_sglang_cpu_import
 
 prepare_sglang_cpu_import()
