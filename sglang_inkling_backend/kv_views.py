@@ -9,7 +9,7 @@ that CUDA graphs can capture (no host sync).
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -49,9 +49,12 @@ def paged_kv(kv_format: str, k_buffer: torch.Tensor, v_buffer: torch.Tensor, *, 
 
 def store_kv_unchecked(kv: PagedKV, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                        k_block_scales: Optional[torch.Tensor] = None,
-                       v_block_scales: Optional[torch.Tensor] = None) -> None:
+                       v_block_scales: Optional[torch.Tensor] = None,
+                       mxfp8_store: Optional[Callable[..., None]] = None) -> None:
     """Write K/V at ``loc`` with no host sync (CUDA-graph capture). The caller guarantees valid slots; shapes are
-    still checked (host metadata, no sync)."""
+    still checked (host metadata, no sync). ``mxfp8_store(kv, loc, k, v, validate=False)`` quantizes and stores
+    bf16 K/V into an MXFP8 pool in one kernel (the route's, e.g. the Triton ``store_kv_mxfp8``); without it the
+    torch quantizer runs (the same bytes away from e4m3 ties: ``test_store_bytes_identical_to_quantize_and_scatter``, ``gpu_tests/check_triton_gpu.py``)."""
     n, hkv, d = loc.numel(), kv.num_kv_heads, kv.head_dim
     k, v = k.reshape(n, hkv, d), v.reshape(n, hkv, d)
     loc = loc.long()
@@ -64,10 +67,8 @@ def store_kv_unchecked(kv: PagedKV, loc: torch.Tensor, k: torch.Tensor, v: torch
         kv.layout.scatter(kv.k_scales, loc, k_block_scales.view(torch.uint8).reshape(n, hkv, nb), check=False)
         kv.layout.scatter(kv.v_scales, loc, v_block_scales.view(torch.uint8).reshape(n, hkv, nb), check=False)
     elif kv.is_mxfp8:
-        if k.is_cuda:
-            from sglang_inkling_backend.triton.kv_store import store_kv_mxfp8
-
-            store_kv_mxfp8(kv, loc, k, v, validate=False)
+        if mxfp8_store is not None:
+            mxfp8_store(kv, loc, k, v, validate=False)
         else:
             for buf, sf, x in ((kv.k_buffer, kv.k_scales, k), (kv.v_buffer, kv.v_scales, v)):
                 data, scales = mxfp8.quantize(x)

@@ -75,6 +75,7 @@ def gather_rails_kv(kv: PagedKV, rails: KVRails) -> tuple[PagedKV, KVRails]:
 class TorchRoute:
     name = "torch"
     graph_capturable = False
+    mxfp8_store = None  # kv_views.store_kv_unchecked quantizes with the torch reference
 
     def decode(self, q: torch.Tensor, kv: PagedKV, rails: KVRails, params: AttentionParams,
                max_seq_len: Optional[int] = None, plans: Optional[DecodePlanCache] = None) -> torch.Tensor:
@@ -93,6 +94,7 @@ class TritonRoute:
 
     def __init__(self, kernels):
         self.kernels = kernels
+        self.mxfp8_store = kernels.store_kv_mxfp8
 
     def decode(self, q: torch.Tensor, kv: PagedKV, rails: KVRails, params: AttentionParams,
                max_seq_len: Optional[int] = None, plans: Optional[DecodePlanCache] = None) -> torch.Tensor:
@@ -127,7 +129,8 @@ class TritonRoute:
                                                    validate=False)
 
 
-KERNEL_NAMES = ("paged_decode_attention", "check_decode_inputs", "plan_decode", "run_decode", "paged_extend_attention")
+KERNEL_NAMES = ("paged_decode_attention", "check_decode_inputs", "plan_decode", "run_decode", "paged_extend_attention",
+                "store_kv_mxfp8")
 
 
 def triton_unavailable(err: BaseException) -> bool:

@@ -51,7 +51,7 @@ def check_decode_graph_capture_and_replay(kv_format, window, cached=False):
     share that plan."""
     from sglang_inkling_backend import mxfp8
     from sglang_inkling_backend.reference.attention import AttentionParams
-    from sglang_inkling_backend.hosts.sglang.impl import store_kv_unchecked
+    from sglang_inkling_backend.kv_views import store_kv_unchecked
     from sglang_inkling_backend.hosts.sglang.metadata import DecodeGraphBuffers, build_forward_metadata
     from sglang_inkling_backend.routes import TorchRoute, choose_route
 
@@ -85,7 +85,7 @@ def check_decode_graph_capture_and_replay(kv_format, window, cached=False):
     plans = md.decode_plans if cached else None
 
     def body():
-        store_kv_unchecked(kv, static_loc, static_k, static_v)
+        store_kv_unchecked(kv, static_loc, static_k, static_v, mxfp8_store=route.mxfp8_store)
         out = route.decode(static_q, kv, md.rails(window), params, max_seq_len=ctx, plans=plans)
         if cached:  # a second layer reading the same pool: the step's plan serves it too
             out = out + route.decode(static_q, kv, md.rails(window), params, max_seq_len=ctx, plans=plans)
@@ -144,7 +144,7 @@ def check_eager_triton_route_matches_torch_route(kv_format, window):
     """Eager extend (mixed prefix / chunk lengths) and decode with relative bias, sinks and logit cap: the Triton
     route against the torch reference route on the same pool and rails."""
     from sglang_inkling_backend.reference.attention import AttentionParams
-    from sglang_inkling_backend.hosts.sglang.impl import store_kv_unchecked
+    from sglang_inkling_backend.kv_views import store_kv_unchecked
     from sglang_inkling_backend.hosts.sglang.metadata import DecodePlanCache, build_forward_metadata
     from sglang_inkling_backend.routes import TorchRoute, choose_route
 

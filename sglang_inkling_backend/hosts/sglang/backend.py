@@ -235,7 +235,7 @@ class InklingAttnBackend(AttentionBackend):
             in_swa = self.is_swa_pool and spec.window is not None
             loc = md.swa_out_cache_loc if in_swa else forward_batch.out_cache_loc
             kv_views.store_kv_unchecked(self._paged_kv(layer.layer_id, spec), loc, k, v, k_block_scales=k_desc,
-                                        v_block_scales=v_desc)
+                                        v_block_scales=v_desc, mxfp8_store=self.route.mxfp8_store)
             return
         loc = KVWriteLoc.for_layer(forward_batch, layer, swa_loc=md.swa_out_cache_loc)
         n, hkv, d = forward_batch.out_cache_loc.numel(), spec.num_kv_heads, spec.head_dim
