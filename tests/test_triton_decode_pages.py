@@ -265,8 +265,8 @@ def test_sglang_triton_route_decodes_mxfp8_pools_by_whole_pages(monkeypatch):
     """The SGLang host's Triton route passes the pool's page size for MXFP8 pools (SGLang's paged allocator gives
     whole pages) and still matches the reference; per-token plans are used for other pools."""
     from sglang_inkling_backend import triton as kernels
-    from sglang_inkling_backend.sglang.metadata import KVRails
-    from sglang_inkling_backend.sglang.routes import TritonRoute
+    from sglang_inkling_backend.hosts.sglang.metadata import KVRails
+    from sglang_inkling_backend.routes import TritonRoute
 
     seen = []
     real_plan = kernels.decode_attention.plan_decode
@@ -290,8 +290,8 @@ def test_sglang_triton_route_plans_window_rails_per_token(monkeypatch):
     the route must not pass page_size for it. With page_size the kernel reads the tile from the rail's first slot
     rounded to a tile, the wrong keys (rel err ~1 against the reference)."""
     from sglang_inkling_backend import triton as kernels
-    from sglang_inkling_backend.sglang.metadata import KVRails, window_start
-    from sglang_inkling_backend.sglang.routes import TritonRoute
+    from sglang_inkling_backend.hosts.sglang.metadata import KVRails, window_start
+    from sglang_inkling_backend.routes import TritonRoute
 
     seen = []
     real_plan = kernels.decode_attention.plan_decode

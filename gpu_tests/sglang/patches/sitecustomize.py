@@ -11,7 +11,7 @@ A deliberately broken inkling backend, to show that the parity check can fail:
 
 With ``INKLING_TEST_BREAK_SCALE=eps`` set, every attention call of ``--attention-backend inkling`` uses a softmax
 scale ``(1 + eps)`` times the layer's (the class of bug a wrong ``query_pre_attn_scalar`` or head-dim scale is).
-Unset (every other run): this file does nothing. It patches the class when ``sglang_inkling_backend.sglang.backend``
+Unset (every other run): this file does nothing. It patches the class when ``sglang_inkling_backend.hosts.sglang.backend``
 is first imported (an import hook), so processes that never build the backend are untouched.
 """
 import importlib.abc
@@ -65,7 +65,7 @@ if _EPS:
         cls._geometry = broken_geometry
         print(f"[sitecustomize] inkling backend deliberately broken: softmax scale x{factor}", file=sys.stderr)
 
-    sys.meta_path.insert(0, _PatchOnImport("sglang_inkling_backend.sglang.backend", _patch))
+    sys.meta_path.insert(0, _PatchOnImport("sglang_inkling_backend.hosts.sglang.backend", _patch))
 
 
 def _run_next_sitecustomize():
