@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import glob
 import itertools
+import os
 import re
 from pathlib import Path
 
@@ -17,7 +18,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
-SKIP_DIRS = {".git", ".venv", "venv", "node_modules", "__pycache__", "build", "dist", ".h16", ".gpu", ".whl"}
+SKIP_DIRS = {".git", ".venv", "venv", "node_modules", "__pycache__", "build", "dist", ".h16", ".gpu", ".whl",
+             ".hypothesis", ".cache"}
 SUFFIXES = {".py", ".md", ".sh"}
 
 # A path character run; trailing sentence punctuation is stripped afterwards.
@@ -27,12 +29,13 @@ RELATIVE_PATH = re.compile(r"`(\.\./" + _PATH_CHARS + r"+)`")
 
 
 def _source_files():
-    for path in ROOT.rglob("*"):
-        rel = path.relative_to(ROOT)
-        if any(part in SKIP_DIRS or part.endswith(".egg-info") for part in rel.parts[:-1]):
-            continue
-        if path.suffix in SUFFIXES and path.is_file():
-            yield path
+    """Walks the checkout, never descending into a skipped folder (a set-up .venv holds tens of thousands of files)."""
+    for folder, subfolders, files in os.walk(ROOT):
+        subfolders[:] = [d for d in subfolders
+                         if d not in SKIP_DIRS and not d.endswith(".egg-info") and not d.startswith(".pytest")]
+        for name in files:
+            if Path(name).suffix in SUFFIXES:
+                yield Path(folder) / name
 
 
 def _expand_braces(text: str) -> list[str]:
