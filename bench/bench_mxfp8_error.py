@@ -1,7 +1,9 @@
 """MXFP8 round-trip error next to per-tensor fp8 e4m3, on Gaussian data and on data with outlier channels, and the
 KV bytes per token per layer. CPU, a few seconds:
 
-    python bench/bench_mxfp8_error.py [--out bench/results/mxfp8-error.json]
+    python bench/bench_mxfp8_error.py [--out OUT.json]
+
+The committed run: bench/results/history/2026-11-29-format-error-cpu/mxfp8-error.json.
 
 Per-tensor fp8 uses the scale amax / 448 over the whole tensor (the best a single calibrated scale can do; SGLang's
 default scale of 1.0 is worse whenever amax is not near 448)."""

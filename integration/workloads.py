@@ -10,8 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# Greedy tokens for "The capital of France is" from HF transformers on the converted checkpoints
-# (shared/notes/sglang_cpu_probe.md); the torch_native runs must reproduce them, which validates the conversion.
+# Greedy tokens for "The capital of France is" from HF transformers 5.24 on the converted checkpoints:
+# SmolLM2 " Paris.\n\nThe answer is:", Gemma " the capital of the country of France."; the torch_native runs
+# must reproduce them, which validates the conversion.
 REFERENCE_PROMPT = "The capital of France is"
 REFERENCE_TOKENS = {
     "smollm2-135m-instruct": [7042, 30, 198, 198, 504, 2988, 314, 42],

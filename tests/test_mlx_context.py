@@ -1,5 +1,6 @@
-"""The MLX decode context from the core factory: the worked examples of shared/hosts/mlx.md, the missing-map error,
-RoPE parameters from a full layer, and the fused state routed to the full-attention pool buffer."""
+"""The MLX decode context from the core factory: worked examples (layers 0, 1, 4 windowed, 3 and 5 full, 2 without
+attention: the pool-index maps, left padding and masks), the missing-map error, RoPE parameters from a full layer,
+and the fused state routed to the full-attention pool buffer."""
 
 import pytest
 

@@ -14,6 +14,7 @@ from sglang_inkling_backend.reference.prologue import (
     inkling_rel_logits,
     log_scaling_tau,
 )
+from sglang_inkling_backend.scale_layout import ScaleLayout
 
 D = 128
 BF16_EPS = 2.0 ** -7  # bf16 spacing just above 1.0
@@ -50,12 +51,6 @@ def make_case(T=4, hq=2, hkv=1, W=4, cache_slots=8, kv_slots=256, mxfp8_mode=Fal
 
 def clone_args(args):
     return {k: (v.clone() if isinstance(v, torch.Tensor) and k != "qkvr" else v) for k, v in args.items()}
-
-
-def sf_offset(slot, head, block, hkv, page=128):
-    """SGLang's interleaved scale index, written out: sf[page, h, po % 32, po // 32, b]."""
-    p, po = slot // page, slot % page
-    return (((p * hkv + head) * 32 + po % 32) * (page // 32) + po // 32) * 4 + block
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -272,6 +267,8 @@ def test_mxfp8_kv_store_at_interleaved_positions():
     args["cache_indices"] = torch.tensor([1, 2, -1, 4], dtype=torch.int32)  # row 2 is padding: not stored
     _, k, v, _ = inkling_attn_prologue_decode(**args)
     sfk, sfv = args["sfk"].view(-1), args["sfv"].view(-1)
+    # where the core's layout puts each scale byte (the layout itself against SGLang's: tests/test_scale_layout.py)
+    sf_offsets = ScaleLayout.for_pool(384, hkv, D, 128).flat_index(args["loc"])
     expected_sf_written = set()
     for t in (0, 1, 3):
         slot = int(args["loc"][t])
@@ -280,7 +277,7 @@ def test_mxfp8_kv_store_at_interleaved_positions():
             assert torch.equal(buf[slot].view(torch.uint8), data.view(torch.uint8)), name
             for h in range(hkv):
                 for b in range(4):
-                    off = sf_offset(slot, h, b, hkv)
+                    off = int(sf_offsets[t, h, b])
                     assert int(sf[off]) == int(scales[h, b]), (name, t, h, b)
                     expected_sf_written.add(off)
     written_rows = (args["k_buf"].view(torch.uint8).view(384, -1) != 0).any(1).nonzero().flatten().tolist()

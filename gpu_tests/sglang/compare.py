@@ -4,7 +4,7 @@ For every request: the tokens agree up to the first divergence; a divergence is 
 position in the reference run, the top-2 logprobs are within ``NEAR_TIE_NATS`` (a logprob gap is the logit gap).
 ``NEAR_TIE_NATS = 0.125`` is two bf16 steps (one per logit of the pair) at |logit| in [8, 16): SGLang's logits are
 bf16, and on the H200 llama-gqa4's top-2 gaps came in multiples of 0.0625 (logits in [8, 16)), gemma3-swa's in
-finer ones (smaller logits), bench/results/2026-12-01-sglang-h200/.
+finer ones (smaller logits), bench/results/history/2026-12-01-sglang-h200-harness/.
 Also: positions where both runs agree, mean |delta logprob| of the chosen tokens over the agreeing prefix,
 near-ties seen in the reference run (counted, shown), the prefix-cache hit (cached_tokens) of both runs.
 

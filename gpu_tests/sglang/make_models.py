@@ -9,7 +9,7 @@ Greedy decoding made more decisive: the argmax is decided among ``STRONG_TOKENS`
 ``STRONG_SCALE`` (the other rows keep the init scale), so the top-2 gap is the spacing of the maximum of 512
 Gaussians instead of 49152 (wider relative to the top logit, which is what a bf16 step is relative to); near-ties
 that remain are counted from the returned top-2 logprobs, never hidden. Measured on the H200
-(bench/results/2026-12-01-sglang-h200/): enough for gemma3-swa (6 near-ties in 544 tokens), not for llama-gqa4
+(bench/results/history/2026-12-01-sglang-h200-harness/): enough for gemma3-swa (6 near-ties in 544 tokens), not for llama-gqa4
 (53 in 544: SGLang's logits are bf16, llama-gqa4's top logits lie in [8, 16) where a bf16 step is 0.0625, and many
 top-2 pairs are exact ties), where a 1% softmax-scale bug went unseen; fewer strong tokens (--strong-tokens 16)
 widen the gaps for a next run. More to the point, with the init's q/k scale the attention of these random models is

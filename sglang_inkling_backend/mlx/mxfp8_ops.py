@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from ..scale_layout import INTERLEAVED_PAGE_SIZE, ROWS_PER_ATOM
+
 BLOCK = 32
 E4M3_MAX = 448.0
 _AMAX_FLOOR = 1e-30  # an all-zero block gets exponent 19, as in SGLang
@@ -94,13 +96,16 @@ def dequantize(data: mx.array, scales: mx.array, dtype=mx.float32) -> mx.array:
 
 def scale_offsets(slots: mx.array, num_kv_heads: int, head_dim: int, page_size: int) -> mx.array:
     """Offsets [N, Hkv, D // 32] into the flattened scale buffer, the MLX twin of the core's
-    ``ScaleLayout.flat_index``: interleaved ``[pages, Hkv, 32, page // 32, D // 32]`` when
-    ``page_size == 128``, flat ``[slots, Hkv, D // 32]`` otherwise."""
+    ``ScaleLayout.flat_index`` (same constants, same formula; tests/test_scale_offset_agreement.py checks the
+    three languages agree): interleaved ``[pages, Hkv, 32, page // 32, D // 32]`` when ``page_size`` is
+    ``INTERLEAVED_PAGE_SIZE`` (128), flat ``[slots, Hkv, D // 32]`` otherwise."""
     num_blocks = head_dim // BLOCK
     slots = slots.astype(mx.int64)[:, None, None]
     heads = mx.arange(num_kv_heads, dtype=mx.int64)[None, :, None]
     blocks = mx.arange(num_blocks, dtype=mx.int64)[None, None, :]
-    if page_size == 128:
-        page, in_page = slots // 128, slots % 128
-        return (((page * num_kv_heads + heads) * 32 + in_page % 32) * 4 + in_page // 32) * num_blocks + blocks
-    return (slots * num_kv_heads + heads) * num_blocks + blocks
+    if page_size != INTERLEAVED_PAGE_SIZE:
+        return (slots * num_kv_heads + heads) * num_blocks + blocks
+    page, in_page = slots // page_size, slots % page_size
+    columns = page_size // ROWS_PER_ATOM
+    row = (page * num_kv_heads + heads) * ROWS_PER_ATOM + in_page % ROWS_PER_ATOM
+    return (row * columns + in_page // ROWS_PER_ATOM) * num_blocks + blocks

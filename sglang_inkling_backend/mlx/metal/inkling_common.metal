@@ -80,18 +80,25 @@ inline float inkling_e4m3_decode(uint code) {
     return as_type<float>(as_type<uint>(magnitude) | sign);
 }
 
-// Offset of the scale byte of (slot, kv head, 32-channel block) in the pool's scale buffer, in the
-// core's ScaleLayout: interleaved [pages, Hkv, 32, page/32, D/32] when PAGE_SIZE == 128, flat
-// [slots, Hkv, D/32] otherwise.
+// The core's ScaleLayout (sglang_inkling_backend/scale_layout.py: INTERLEAVED_PAGE_SIZE, ROWS_PER_ATOM).
+#define INKLING_INTERLEAVED_PAGE_SIZE 128u
+#define INKLING_SCALE_ATOM_ROWS 32u
+
+// Offset of the scale byte of (slot, kv head, 32-channel block) in the pool's scale buffer, the one Metal
+// spelling of ScaleLayout.flat_index (every kernel that reads or writes pool scales calls it;
+// tests/test_scale_offset_agreement.py checks it against the Python and MLX-ops versions): interleaved
+// [pages, Hkv, 32, page/32, D/32] when PAGE_SIZE == 128, flat [slots, Hkv, D/32] otherwise.
 template <int PAGE_SIZE, int NUM_KV_HEADS, int NUM_BLOCKS>
 inline uint inkling_scale_offset(uint slot, uint kv_head, uint block) {
-    if (PAGE_SIZE == 128) {
-        const uint page = slot / 128u;
-        const uint in_page = slot % 128u;
-        return (((page * uint(NUM_KV_HEADS) + kv_head) * 32u + in_page % 32u) * 4u + in_page / 32u)
-            * uint(NUM_BLOCKS) + block;
+    if (uint(PAGE_SIZE) != INKLING_INTERLEAVED_PAGE_SIZE) {
+        return (slot * uint(NUM_KV_HEADS) + kv_head) * uint(NUM_BLOCKS) + block;
     }
-    return (slot * uint(NUM_KV_HEADS) + kv_head) * uint(NUM_BLOCKS) + block;
+    const uint page = slot / uint(PAGE_SIZE);
+    const uint in_page = slot % uint(PAGE_SIZE);
+    const uint columns = uint(PAGE_SIZE) / INKLING_SCALE_ATOM_ROWS;
+    const uint row = (page * uint(NUM_KV_HEADS) + kv_head) * INKLING_SCALE_ATOM_ROWS
+        + in_page % INKLING_SCALE_ATOM_ROWS;
+    return (row * columns + in_page / INKLING_SCALE_ATOM_ROWS) * uint(NUM_BLOCKS) + block;
 }
 
 // Half-split (NeoX) rotation of one head row in fp32, rounded back to T:
