@@ -1,4 +1,5 @@
-"""The layer plan and the decode context: the worked examples of shared/hosts/mlx.md, and the errors."""
+"""The layer plan and the decode context: the worked example (windows {0: 4, 1: 4, 3: None, 4: 4, 5: None}, layer 2
+without attention) and the errors."""
 
 from types import SimpleNamespace
 

@@ -55,14 +55,14 @@ if _EPS:
 
     def _patch(module):
         cls = module.InklingAttnBackend
-        original = cls._geometry
+        original = cls._layer_spec
         factor = 1.0 + float(_EPS)
 
-        def broken_geometry(self, layer):
-            geometry = original(self, layer)
-            return dataclasses.replace(geometry, softmax_scale=geometry.softmax_scale * factor)
+        def broken_layer_spec(self, layer):
+            spec = original(self, layer)
+            return dataclasses.replace(spec, softmax_scale=spec.scale * factor)
 
-        cls._geometry = broken_geometry
+        cls._layer_spec = broken_layer_spec
         print(f"[sitecustomize] inkling backend deliberately broken: softmax scale x{factor}", file=sys.stderr)
 
     sys.meta_path.insert(0, _PatchOnImport("sglang_inkling_backend.hosts.sglang.backend", _patch))
