@@ -3,8 +3,11 @@ import json
 import re
 import shutil
 
+import pytest
 import torch
-from safetensors.torch import save_file
+
+save_file = pytest.importorskip("safetensors.torch", reason="safetensors is not installed (scripts/setup.sh "
+                                                           "installs it with SGLang's dependencies)").save_file
 
 
 def error_lines(log: str) -> list[str]:

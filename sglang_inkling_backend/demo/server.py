@@ -5,6 +5,7 @@ server that dies during start-up raises with the tail of its log (SGLang SIGKILL
 so the exit code alone says little). A log file the server made itself (no ``log_path`` given) is removed by
 ``stop()``, except after a failed start-up, whose error names it.
 """
+import atexit
 import json
 import os
 import signal
@@ -31,6 +32,18 @@ class ServerStartError(RuntimeError):
     def __init__(self, message: str, log: str):
         super().__init__(message)
         self.log = log
+
+
+_RUNNING: dict[int, "SGLangServer"] = {}  # id -> server whose process group may still be alive
+
+
+def stop_running_servers() -> None:
+    """Stop every server this process started and has not stopped (atexit; a SIGTERM handler may call it too)."""
+    for server in list(_RUNNING.values()):
+        server.stop(grace_s=5.0)
+
+
+atexit.register(stop_running_servers)
 
 
 class SGLangServer:
@@ -81,6 +94,7 @@ class SGLangServer:
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(self.args, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, start_new_session=True)
+        _RUNNING[id(self)] = self
         deadline = started + self.startup_timeout_s
         while True:
             if self.process.poll() is not None:
@@ -114,6 +128,7 @@ class SGLangServer:
         log (see ``owns_log``)."""
         try:
             self._stop_process(grace_s)
+            _RUNNING.pop(id(self), None)
         finally:
             if self.owns_log:
                 self.log_path.unlink(missing_ok=True)
