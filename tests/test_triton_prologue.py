@@ -23,7 +23,11 @@ from sglang_inkling_backend.reference import prologue as reference  # noqa: E402
 from sglang_inkling_backend.triton import prologue as fused  # noqa: E402
 
 if not isinstance(fused._inkling_prologue_decode_kernel, triton.runtime.interpreter.InterpretedFunction):
-    # Another test module imported the kernels before TRITON_INTERPRET was set: define them again, interpreted.
+    # Another test module imported the kernels before TRITON_INTERPRET was set: define them again, interpreted
+    # (the device helpers and the encoder they call first).
+    from sglang_inkling_backend.triton import device, encode
+    importlib.reload(device)
+    importlib.reload(encode)
     fused = importlib.reload(fused)
 from test_reference_prologue import ERROR_CASES, clone_args, make_case  # noqa: E402
 
