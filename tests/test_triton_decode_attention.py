@@ -2,7 +2,7 @@
 interpreter (small shapes).
 
 Error bounds: under the interpreter the kernel's dots run in float32 (the interpreter's bf16 dot is broken, see
-``decode_attention._dot_dtype``) and the test asks for a float32 output. For float pools kernel and reference
+``triton.inputs.dot_dtype``) and the test asks for a float32 output. For float pools kernel and reference
 then differ only by float32 summation order and the exp2/log2 softmax: bound 1e-5 relative (Frobenius; seen
 ~1e-7). For fp8 and MXFP8 pools the bound is 5e-4 because the tile kernel's fp16 tiles
 (``dequant_tile_relative``) round the probabilities to fp16 for the p.V product: fp16's unit roundoff is

@@ -148,6 +148,19 @@ def test_page_table_plan_with_workspace_and_max_seq_len_runs_every_layer():
         assert rel_err(out, reference_decode(q, pool, indptr, indices, params)) < 5e-4, layer
 
 
+def test_plan_with_a_workspace_allocates_nothing(monkeypatch):
+    ws = DecodeWorkspace(8, 16, 128, 64, "cpu")
+
+    def no_allocation(*args, **kwargs):
+        raise AssertionError("plan_decode allocated")
+
+    for name in ("empty", "zeros", "full", "empty_like"):
+        monkeypatch.setattr(torch, name, no_allocation)
+    plan = plan_decode(8, num_q_heads=16, num_kv_heads=2, head_dim=128, max_seq_len=32768, page_size=128,
+                       kv_dtype=torch.float8_e4m3fn, workspace=ws)
+    assert plan.num_splits > 1 and plan.part_o.data_ptr() == ws.part_o.data_ptr()
+
+
 def test_workspace_sizes():
     assert DecodeWorkspace.nbytes_for(4, 16, 128, 3) == 4 * 16 * 3 * 129 * 4
     ws = DecodeWorkspace(4, 16, 128, 3, "cpu")

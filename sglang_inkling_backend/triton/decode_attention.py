@@ -43,6 +43,12 @@ from .plan import DecodeConfig, DecodePlan, DecodeWorkspace, plan_decode
 logger = logging.getLogger(__name__)
 
 
+def check_tiles_fit_scale_pages(plan: DecodePlan, kv: PagedKV) -> None:
+    """A page-aligned tile must not cross a page of an interleaved MXFP8 scale layout."""
+    if plan.paged and kv.is_mxfp8 and kv.layout.interleaved and kv.layout.page_size % plan.block_n:
+        raise ValueError(f"block_n={plan.block_n} must divide the MXFP8 pool's scale page {kv.layout.page_size}")
+
+
 def run_decode(plan: DecodePlan, q: torch.Tensor, kv: PagedKV, kv_indptr: Optional[torch.Tensor] = None,
                kv_indices: Optional[torch.Tensor] = None, params: Optional[AttentionParams] = None,
                out: Optional[torch.Tensor] = None, check: bool = True, *,
@@ -66,9 +72,7 @@ def run_decode(plan: DecodePlan, q: torch.Tensor, kv: PagedKV, kv_indptr: Option
         if page_table is not None and not plan.paged:
             raise ValueError("page_table needs a plan made with page_size (the table's page size)")
         check_kv_map(q.shape[0], kv, q.device, kv_indptr, kv_indices, page_table, seq_lens, plan.page_size)
-        if plan.paged and kv.is_mxfp8 and kv.layout.interleaved and kv.layout.page_size % plan.block_n:
-            raise ValueError(f"block_n={plan.block_n} must divide the MXFP8 pool's scale page "
-                             f"{kv.layout.page_size}")
+        check_tiles_fit_scale_pages(plan, kv)
     table = page_table is not None
     batch, hq, d = q.shape
     hkv = kv.num_kv_heads
@@ -168,5 +172,6 @@ def paged_decode_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: Optional[tor
     plan = plan_decode(q.shape[0], num_q_heads=q.shape[1], num_kv_heads=kv.num_kv_heads, head_dim=q.shape[2],
                        window=params.window, max_seq_len=max_seq_len, workspace=workspace, device=q.device,
                        **options)
+    check_tiles_fit_scale_pages(plan, kv)
     return run_decode(plan, q, kv, kv_indptr, kv_indices, params, out=out, check=False, page_table=page_table,
                       seq_lens=seq_lens)

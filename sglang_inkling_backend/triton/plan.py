@@ -198,13 +198,15 @@ def choose_config(batch: int, num_kv_heads: int, head_dim: int, max_keys: int, p
       the H200 sweeps (bench/results/2026-11-29-s4-call1/, bench/results/2026-11-29-s4-call2/);
     - little work (under 32768 keys over all (request, KV head) pairs), or one or two pairs at head_dim 256: 64-key
       tiles on 4 warps, two waves of splits of >= 64 keys (a short batch's time is its serial tiles plus the
-      merge; the block kernel tied or lost there, bench/results/2026-11-29-s4-call5/, bench/results/2026-11-30-s5-call2/);
+      merge; the block kernel tied or lost there, bench/results/2026-11-29-s4-call5/,
+      bench/results/2026-11-30-s5-call2/);
     - one or two pairs over more keys (a single request at head_dim <= 128): the block kernel, one round of
       resident programs of >= 64 keys (1.21-1.28x FlashInfer bf16 at 16/2/128, 16k and 32k keys, where the tile
       kernel ran 1.08-1.18x, bench/results/2026-11-30-s5-call2/);
     - in between: the same block kernel, splits of >= 64 keys for about 4 programs per SM (1.18-1.22x
-      FlashInfer bf16 where the tile kernel ran 0.97-1.03x, bench/results/2026-11-29-s4-call3/ and bench/results/2026-11-29-s4-call5/;
-      at 64/8/128, one request of 4k keys, 1.26x where the tile kernel ran 1.10x, bench/results/2026-11-30-s5-call2/).
+      FlashInfer bf16 where the tile kernel ran 0.97-1.03x, bench/results/2026-11-29-s4-call3/ and
+      bench/results/2026-11-29-s4-call5/; at 64/8/128, one request of 4k keys, 1.26x where the tile kernel ran
+      1.10x, bench/results/2026-11-30-s5-call2/).
     Otherwise (per-token indices, or 16-bit pools) the tile kernel: 64-key tiles, 2 warps (4 at head_dim 256, where
     2 spill), 8 waves of splits of >= 256 keys."""
     eight_bit = kv_dtype is None or kv_dtype.itemsize == 1
