@@ -16,7 +16,8 @@ permutation of pages) feeds every paged kernel.
 
 Writes ``<out>/<date>-<gpu>.json`` (a list of rows {"kernel","shape","Hq","Hkv","D","B","ctx","ms","GBps"}),
 ``<out>/<date>-<gpu>.png`` (GB/s against context per kernel) and prints a table with our ratios to FlashInfer.
-Ours runs ``plan_decode(page_size=128, kv_dtype=...)``'s own configuration (``choose_config``); kernel variants
+Ours reads the page table (``run_decode(..., page_table=, seq_lens=)``) with ``plan_decode(page_size=128,
+kv_dtype=...)``'s own configuration (``choose_config``) and split buffers in a ``DecodeWorkspace``; kernel variants
 are compared in ``bench/sweep_decode_variants.py``.
 
 Run on the GPU machine (FlashInfer 0.5.3 from carried wheels, see bench/results/README.md):
@@ -40,7 +41,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from sglang_inkling_backend.reference.attention import AttentionParams, PagedKV  # noqa: E402
 from sglang_inkling_backend.scale_layout import ScaleLayout  # noqa: E402
-from sglang_inkling_backend.triton.decode_attention import plan_decode, run_decode  # noqa: E402
+from sglang_inkling_backend.triton import DecodeWorkspace, plan_decode, run_decode  # noqa: E402
 from sglang_inkling_backend.triton.kv_store import store_kv_mxfp8  # noqa: E402
 
 PAGE = 128
@@ -101,6 +102,7 @@ class Case:
         pos = torch.arange(ctx, device=dev, dtype=torch.int32)
         self.kv_indices = (self.page_table[:, pos // PAGE] * PAGE + pos % PAGE).reshape(-1).contiguous()
         self.kv_indptr = torch.arange(B + 1, device=dev, dtype=torch.int32) * ctx
+        self.seq_lens = torch.full((B,), ctx, device=dev, dtype=torch.int32)
         self.page_indptr = torch.arange(B + 1, device=dev, dtype=torch.int32) * pages_per
         self.last_page_len = torch.full((B,), ctx - (pages_per - 1) * PAGE, device=dev, dtype=torch.int32)
         self.page_indices = self.page_table.reshape(-1).contiguous()
@@ -122,12 +124,13 @@ class Case:
         self.bytes_mxfp8 = tokens * (D + D // 32) * 2
 
 
-def time_ours(case, kv, nbytes, eager=False, **cfg):
-    cfg = {"page_size": PAGE, "kv_dtype": kv.k_buffer.dtype, **cfg}
-    plan = plan_decode(case.kv_indptr, num_q_heads=case.Hq, num_kv_heads=case.Hkv, head_dim=case.D,
-                       max_seq_len=case.ctx, **cfg)
+def time_ours(case, kv, nbytes, eager=False):
+    workspace = DecodeWorkspace.for_max_context(case.B, case.Hq, case.Hkv, case.D, case.ctx, case.q.device)
+    plan = plan_decode(case.B, num_q_heads=case.Hq, num_kv_heads=case.Hkv, head_dim=case.D, max_seq_len=case.ctx,
+                       page_size=PAGE, kv_dtype=kv.k_buffer.dtype, workspace=workspace)
     out = torch.empty_like(case.q)
-    fn = lambda: run_decode(plan, case.q, kv, case.kv_indptr, case.kv_indices, case.params, out=out, check=False)
+    fn = lambda: run_decode(plan, case.q, kv, params=case.params, page_table=case.page_table,
+                            seq_lens=case.seq_lens, out=out, check=False)
     fn()
     if eager:
         ms = bench(fn)
@@ -167,7 +170,8 @@ def main():
         flashinfer = None
         meta["flashinfer_error"] = repr(e)[:300]
         print("flashinfer import failed:", repr(e)[:300], flush=True)
-    meta["config"] = "plan_decode(page_size=128, kv_dtype=pool dtype) defaults (choose_config)"
+    meta["config"] = ("plan_decode(page_size=128, kv_dtype=pool dtype) defaults (choose_config), page table, "
+                      "DecodeWorkspace")
     grid = [(s, b, c) for s in SHAPES for b in BATCHES for c in CTXS]
     if args.quick:
         grid = [(SHAPES[0], 1, 1024), (SHAPES[0], 128, 32768), (SHAPES[1], 32, 16384), (SHAPES[2], 8, 32768)]
@@ -189,7 +193,8 @@ def main():
                 ms, gbps, plan = time_ours(case, kv, nbytes, eager=eager)
                 rows.append(row(kernel, name, case, ms, gbps, num_splits=plan.num_splits, variant=plan.kernel,
                                 block_n=plan.block_n, num_warps=plan.num_warps, num_stages=plan.num_stages,
-                                load_v_transposed=plan.load_v_transposed, timing="eager" if eager else "cuda_graph"))
+                                load_v_transposed=plan.kernel == "blocks",  # the block kernel loads V^T
+                                timing="eager" if eager else "cuda_graph"))
                 got[kernel] = ms
             except Exception as e:  # noqa: BLE001
                 print(f"{kernel} {name} B={B} ctx={ctx} failed: {repr(e)[:300]}", flush=True)

@@ -6,6 +6,12 @@ L2 cleared between replays). Prints a table per point and writes ``<out>/variant
 
     python bench/sweep_decode_variants.py --out $OUT            # the sweep
     python bench/sweep_decode_variants.py --ncu-target           # one launch per named variant, for ncu
+
+Variants with whole pages read the Case's page table (``run_decode(..., page_table=...)``); "default" reads the
+per-token CSR. The variants of options the kernels no longer have (the block kernel with V loaded untransposed,
+``b*``; register caps through Triton's ``maxnreg``, ``*r144`` / ``*r128``; the tile kernel's register prefetch and
+float32 dequantization) and the per-launch register report are in commit 77424c7 (their rows stay in the results
+they wrote, bench/results/2026-11-29-s4-call1/ and later); ``tools/compile_sm90.py`` reports registers and spills.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_decode import PAGE, Case, bench_graph  # noqa: E402
-from sglang_inkling_backend.triton.decode_attention import plan_decode, run_decode  # noqa: E402
+from sglang_inkling_backend.triton import DecodeConfig, plan_decode, run_decode  # noqa: E402
 
 POINTS = [("inkling-tp4", 16, 2, 128, 128, 32768), ("gqa8-tp1", 64, 8, 128, 32, 16384),
           ("gemma3-270m", 4, 1, 256, 128, 16384), ("inkling-tp4", 16, 2, 128, 8, 32768),
@@ -43,12 +49,9 @@ POINTS = [("inkling-tp4", 16, 2, 128, 128, 32768), ("gqa8-tp1", 64, 8, 128, 32, 
           ("gemma3-270m", 4, 1, 256, 1, 1024), ("gemma3-270m", 4, 1, 256, 1, 32768)]
 
 P = dict(page_size=PAGE)
-PB = dict(P, kernel="blocks", load_v_transposed=False)
-V = dict(P, kernel="blocks", block_n=32, num_warps=1, load_v_transposed=True)
-# b*: the block kernel with V untransposed (session 3's default); v*: V loaded transposed (session 4's); the
-# heads-on-M m* variants went with their kernel in session 4 (their rows stay in the results of earlier calls)
+V = dict(P, kernel="blocks", block_n=32, num_warps=1)  # the block kernel (V loaded transposed)
 VARIANTS = {
-    "default": {},
+    "default": {},  # per-token indices (the CSR)
     "planned": dict(P),  # choose_config's choice for whole pages
     "t64/2/3w32": dict(P, block_n=64, num_warps=2, num_stages=3, waves=32),
     "t32/1/3w32": dict(P, block_n=32, num_warps=1, num_stages=3, waves=32),
@@ -57,33 +60,19 @@ VARIANTS = {
     "t16/1/3w32": dict(P, block_n=16, num_warps=1, num_stages=3, waves=32),
     "t32/2/3w32": dict(P, block_n=32, num_warps=2, num_stages=3, waves=32),
     "t64/4/3w32": dict(P, block_n=64, num_warps=4, num_stages=3, waves=32),
-    "b32/1/3w32": dict(PB, block_n=32, num_warps=1, num_stages=3, waves=32),
-    "b32/1/2w32": dict(PB, block_n=32, num_warps=1, num_stages=2, waves=32),
-    "b32/2/3w32": dict(PB, block_n=32, num_warps=2, num_stages=3, waves=32),
-    "b32/2/4w32": dict(PB, block_n=32, num_warps=2, num_stages=4, waves=32),
-    "b64/2/3w32": dict(PB, block_n=64, num_warps=2, num_stages=3, waves=32),
-    "b16/1/3w32": dict(PB, block_n=16, num_warps=1, num_stages=3, waves=32),
-    "b64/4/3w32": dict(PB, block_n=64, num_warps=4, num_stages=3, waves=32),
-    "b32/1/4w32": dict(PB, block_n=32, num_warps=1, num_stages=4, waves=32),
-    "b32/1/3w64": dict(PB, block_n=32, num_warps=1, num_stages=3, waves=64),
-    "b32/1/4w64": dict(PB, block_n=32, num_warps=1, num_stages=4, waves=64),
-    "b32/2/3w64": dict(PB, block_n=32, num_warps=2, num_stages=3, waves=64),
-    # V loaded as [channels, keys] (load_v_transposed): streamed through shared memory, far fewer registers
+    # V loaded as [channels, keys]: streamed through shared memory, far fewer registers
     # (offline, triton 3.6: 158 against 249 at head_dim 128 on one warp; 240 without spills at head_dim 256)
     "v32/1/3w64": dict(V, num_stages=3, waves=64),
     "v32/1/3w32": dict(V, num_stages=3, waves=32),
     "v32/1/5w64": dict(V, num_stages=5, waves=64),
     "v32/1/2w32": dict(V, num_stages=2, waves=32),
-    "v64/1/3w64": dict(P, kernel="blocks", block_n=64, num_warps=1, num_stages=3, waves=64, load_v_transposed=True),
-    "v64/2/3w64": dict(P, kernel="blocks", block_n=64, num_warps=2, num_stages=3, waves=64, load_v_transposed=True),
-    "v64/4/3w32": dict(P, kernel="blocks", block_n=64, num_warps=4, num_stages=3, waves=32, load_v_transposed=True),
+    "v64/1/3w64": dict(V, block_n=64, num_stages=3, waves=64),
+    "v64/2/3w64": dict(V, block_n=64, num_warps=2, num_stages=3, waves=64),
+    "v64/4/3w32": dict(V, block_n=64, num_warps=4, num_stages=3, waves=32),
     "v32/1/4w64": dict(V, num_stages=4, waves=64),
     "v32/1/3w96": dict(V, num_stages=3, waves=96),
     "v32/1/5w96": dict(V, num_stages=5, waves=96),
-    "v32/2/3w64": dict(P, kernel="blocks", block_n=32, num_warps=2, num_stages=3, waves=64, load_v_transposed=True),
-    # register caps on the transposed-V kernel (155 registers at head_dim 128: 12 programs per SM; 144: 14, 128: 16)
-    "v32/1/3w32r144": dict(V, num_stages=3, waves=32, maxnreg=144),
-    "v32/1/3w32r128": dict(V, num_stages=3, waves=32, maxnreg=128),
+    "v32/2/3w64": dict(V, num_warps=2, num_stages=3, waves=64),
 }
 # Split counts by whole rounds of resident programs: "rounds" r gives num_splits = r * resident * SMs // pairs
 # (then rounded by plan_decode to whole 32-key tiles), resident = programs per SM at that head_dim (registers)
@@ -92,9 +81,9 @@ for _st in (2, 3, 4, 5):
         VARIANTS[f"v32/1/{_st}r{_r}"] = dict(V, num_stages=_st, rounds=_r)
 for _m in (64, 128, 256):  # one round, splits of at least _m keys
     VARIANTS[f"v32/1/3r1m{_m}"] = dict(V, num_stages=3, rounds=1, min_split=_m)
-# Removed after session 5 timed them slower than the planned kernel at equal splits (bench/results/README.md; the
-# code is in git history at 31e060a): p32/* (V rows permuted), k32/*, kp32/* (K loaded as whole rows), w32/* (V
-# loaded as 32-bit words)
+# Removed after they timed slower than the planned kernel at equal splits (bench/results/README.md; the code is in
+# git history at 31e060a): p32/* (V rows permuted), k32/*, kp32/* (K loaded as whole rows), w32/* (V loaded as
+# 32-bit words)
 VARIANTS["v64/1/3r1"] = dict(V, block_n=64, num_stages=3, rounds=1)
 VARIANTS["v64/1/3r2"] = dict(V, block_n=64, num_stages=3, rounds=2)
 # (block_n, head_dim): programs per SM, from registers (65536 per SM) and shared memory (227 KB)
@@ -102,8 +91,8 @@ RESIDENT = {(32, 128): 12, (32, 256): 8, (64, 128): 8, (64, 256): 4}
 SMALL = {  # small batches: shorter splits, more programs
     "t32/1/3m64": dict(P, block_n=32, num_warps=1, num_stages=3, waves=32, min_split=64),
     "t64/4/3m64": dict(P, block_n=64, num_warps=4, num_stages=3, waves=32, min_split=64),
-    "b32/2/3m64": dict(PB, block_n=32, num_warps=2, num_stages=3, waves=32, min_split=64),
-    "b32/2/3m128": dict(PB, block_n=32, num_warps=2, num_stages=3, waves=32, min_split=128),
+    "v32/2/3m64": dict(V, num_warps=2, num_stages=3, waves=32, min_split=64),
+    "v32/2/3m128": dict(V, num_warps=2, num_stages=3, waves=32, min_split=128),
     "t64/4/3m128": dict(P, block_n=64, num_warps=4, num_stages=3, waves=32, min_split=128),
     # single requests: the planned tile kernel's split counts, and the merge over whole heads (merge_block_d = D,
     # the merge before choose_merge_block_d) against the planned one over channel blocks
@@ -114,33 +103,36 @@ SMALL = {  # small batches: shorter splits, more programs
     "t64/4/3w4m64/mD": dict(P, block_n=64, num_warps=4, num_stages=3, waves=4, min_split=64, merge_whole=True),
     "t32/2/3w4m32": dict(P, block_n=32, num_warps=2, num_stages=3, waves=4, min_split=32),
 }
-NCU_VARIANTS = ["t32/1/3w32", "b32/2/3w32", "b32/1/3w32"]
+NCU_VARIANTS = ["t32/1/3w32", "v32/2/3w64", "v32/1/3w32"]
 
 
 def make_plan(case, cfg):
     cfg = dict(cfg)
-    launch = {"maxnreg": cfg.pop("maxnreg")} if "maxnreg" in cfg else {}
     if cfg.pop("merge_whole", False):
         cfg["merge_block_d"] = case.D
     if "rounds" in cfg:
         resident = RESIDENT[(cfg["block_n"], case.D)] * torch.cuda.get_device_properties(0).multi_processor_count
         cap = -(-case.ctx // cfg.pop("min_split", 1))
         cfg["num_splits"] = max(1, min(cap, cfg.pop("rounds") * resident // (case.B * case.Hkv)))
-    plan = plan_decode(case.kv_indptr, num_q_heads=case.Hq, num_kv_heads=case.Hkv, head_dim=case.D,
-                       max_seq_len=case.ctx, **cfg)
-    plan.launch_options = launch
-    return plan
+    page_size = cfg.pop("page_size", None)
+    return plan_decode(case.B, num_q_heads=case.Hq, num_kv_heads=case.Hkv, head_dim=case.D, max_seq_len=case.ctx,
+                       page_size=page_size, config=DecodeConfig(**cfg))
+
+
+def run_variant(plan, case, kv, out=None):
+    if plan.paged:
+        return run_decode(plan, case.q, kv, params=case.params, page_table=case.page_table, seq_lens=case.seq_lens,
+                          out=out, check=False)
+    return run_decode(plan, case.q, kv, case.kv_indptr, case.kv_indices, case.params, out=out, check=False)
 
 
 def time_variant(case, kv, cfg):
     plan = make_plan(case, cfg)
     out = torch.empty_like(case.q)
-    fn = lambda: run_decode(plan, case.q, kv, case.kv_indptr, case.kv_indices, case.params, out=out, check=False)
+    fn = lambda: run_variant(plan, case, kv, out)
     fn()
     torch.cuda.synchronize()
-    ck = plan.compiled
-    res = {"n_regs": getattr(ck, "n_regs", None), "n_spills": getattr(ck, "n_spills", None),
-           "shared": getattr(getattr(ck, "metadata", None), "shared", None), "num_splits": plan.num_splits}
+    res = {"num_splits": plan.num_splits}
     ms, _ = bench_graph(fn)
     out.fill_(float("nan"))
     fn()
@@ -180,7 +172,7 @@ def main():
         for v in args.ncu_variants.split(",") if args.ncu_variants else NCU_VARIANTS:
             plan = make_plan(case, VARIANTS[v])
             for _ in range(2):  # first launch compiles; ncu is told to skip it
-                run_decode(plan, case.q, case.mx, case.kv_indptr, case.kv_indices, case.params)
+                run_variant(plan, case, case.mx)
             torch.cuda.synchronize()
         return
     try:
@@ -217,7 +209,6 @@ def main():
             rows.append(r)
             ratio = " ".join(f"x{k.split('_')[1]} {v / ms:.2f}" for k, v in peers.items())
             lines.append(f"  {vname:18s} {ms:.4f} ms {r['GBps']:6.0f} GB/s {ratio}  diff {diff:.1e} "
-                         f"regs {res['n_regs']} spills {res['n_spills']} smem {res['shared']} "
                          f"splits {res['num_splits']}")
             print(f"{name} B={B} ctx={ctx}:" + lines[-1], flush=True)
         try:

@@ -6,7 +6,7 @@ Every check draws fresh random inputs (the seed is printed) and poisons outputs 
   2. decode over an MXFP8 pool against float64 attention on the same quantized K/V (``reference.attention.attend``
      in float64): Inkling mode (1/D, rel_bias, local window) and generic mode (1/sqrt(D), window, sinks, cap),
      one split and many, float32 output, for every configuration in DECODE_CONFIGS (per-token indices; whole pages
-     with plan_decode's choice, the block kernel, the tile kernel). Bound: relative Frobenius error <= 4e-3 (2**-8,
+     as a CSR and as a page table, with plan_decode's choice, the block kernel, the tile kernel). Bound: relative Frobenius error <= 4e-3 (2**-8,
      the unit roundoff of bf16: the kernels round only the probabilities (times a power of two) to fp16 for the
      p.V dot, e4m3 -> fp16 being exact; a bf16 output would add its own rounding, about 2.5e-3).
   3. format error against the unquantized bf16 K/V (float64 attention), MXFP8 next to per-tensor fp8
@@ -31,9 +31,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from sglang_inkling_backend import mxfp8  # noqa: E402
 from sglang_inkling_backend.reference.attention import AttentionParams, PagedKV, attend  # noqa: E402
 from sglang_inkling_backend.scale_layout import ScaleLayout  # noqa: E402
-from sglang_inkling_backend.triton.decode_attention import paged_decode_attention  # noqa: E402
-from sglang_inkling_backend.triton.extend_attention import paged_extend_attention  # noqa: E402
-from sglang_inkling_backend.triton.kv_store import store_kv_mxfp8  # noqa: E402
+from sglang_inkling_backend.triton import DecodeConfig, paged_decode_attention  # noqa: E402
+from sglang_inkling_backend.triton import paged_extend_attention, store_kv_mxfp8  # noqa: E402
 
 # GPU_CHECKS_SMOKE=1: the same checks at tiny sizes on the CPU under TRITON_INTERPRET=1, to catch script errors
 # before spending device time (the interpreter dots in float32, so its errors are far under the bounds)
@@ -41,7 +40,8 @@ SMOKE = os.environ.get("GPU_CHECKS_SMOKE") == "1"
 DEV = "cpu" if SMOKE else "cuda"
 SHRINK = int(os.environ.get("GPU_CHECKS_SHRINK", "64")) if SMOKE else 1
 DECODE_TOL = 4e-3
-# DECODE_PLAN_OPTIONS='{"block_n": 32, ...}': check a kernel configuration other than plan_decode's defaults
+# DECODE_PLAN_OPTIONS='{"map": "table", "block_n": 32, ...}': check one kernel configuration (DecodeConfig fields,
+# and "map": "csr" / "pages" / "table") instead of DECODE_CONFIGS
 PLAN_OPTIONS = json.loads(os.environ.get("DECODE_PLAN_OPTIONS", "{}") or "{}")
 RESULTS = []
 
@@ -118,6 +118,31 @@ def make_batch(hkv, d, lens, page=128, whole_pages=False):
     return k, v, indptr, indices, slots
 
 
+def page_table_of(indptr, indices, page=128):
+    """The page table of a whole-pages batch (``make_batch(..., whole_pages=True)``): ``[B, max_pages]`` int32 page
+    ids (a spare column of -1, never read) and ``seq_lens [B]``."""
+    lens = indptr.diff()
+    max_pages = int((lens + page - 1).div(page, rounding_mode="floor").max()) + 1
+    table = torch.full((lens.numel(), max_pages), -1, dtype=torch.int32, device=DEV)
+    for b in range(lens.numel()):
+        a, e = int(indptr[b]), int(indptr[b + 1])
+        firsts = indices[a:e:page].long()
+        table[b, :firsts.numel()] = (firsts // page).to(torch.int32)
+    return table, lens.to(torch.int32)
+
+
+def decode(q, pool, indptr, indices, params, map_kind, config, num_splits, out, table=None):
+    """paged_decode_attention over the batch as a per-token CSR ("csr"), a CSR of whole pages ("pages") or its page
+    table ("table"), with ``config`` (DecodeConfig fields; empty: plan_decode's choice)."""
+    options = dict(config=DecodeConfig(**config))
+    if map_kind == "table":
+        page_table, seq_lens = table if table is not None else page_table_of(indptr, indices)
+        return paged_decode_attention(q, pool, params=params, page_table=page_table, seq_lens=seq_lens,
+                                      page_size=128, num_splits=num_splits, out=out, plan_options=options)
+    return paged_decode_attention(q, pool, indptr, indices, params, num_splits=num_splits, out=out,
+                                  page_size=128 if map_kind == "pages" else None, plan_options=options)
+
+
 def mx_pool_from(k, v, page):
     slots, hkv, d = k.shape
     pool = empty_mx_pool(slots, hkv, d, page)
@@ -143,23 +168,31 @@ def reference_f64(q, kv, indptr, indices, params, float_kv=None):
     return out
 
 
-# Kernel configurations checked: the per-token-index tile kernel, plan_decode's own choice for whole pages, and
-# each paged variant forced (so both kernels are covered whatever the choice picks at these shapes)
+# Kernel configurations checked, (map, DecodeConfig fields): the per-token-index tile kernel, plan_decode's own
+# choice for whole pages (as a CSR and as a page table), and each paged kernel forced (so both kernels are covered
+# whatever the choice picks at these shapes)
+BLOCKS = {"kernel": "blocks", "block_n": 32, "num_warps": 1, "num_stages": 3}
+TILES = {"kernel": "tiles", "block_n": 64, "num_warps": 4, "num_stages": 3}
 DECODE_CONFIGS = {
-    "per-token": {},
-    "pages(auto)": {"page_size": 128},
-    "pages(blocks)": {"page_size": 128, "kernel": "blocks", "block_n": 32, "num_warps": 1, "num_stages": 3},  # V^T
-    "pages(tiles)": {"page_size": 128, "kernel": "tiles", "block_n": 64, "num_warps": 4, "num_stages": 3},
-    "pages(blocks,untransposed-v)": {"page_size": 128, "kernel": "blocks", "block_n": 32, "num_warps": 1,
-                                     "num_stages": 3, "load_v_transposed": False},
+    "per-token": ("csr", {}),
+    "pages(auto)": ("pages", {}),
+    "pages(blocks)": ("pages", BLOCKS),
+    "pages(tiles)": ("pages", TILES),
+    "table(auto)": ("table", {}),
+    "table(blocks)": ("table", BLOCKS),
+    "table(tiles)": ("table", TILES),
     # the merge over 32-channel blocks (what choose_merge_block_d picks for single requests; these batches of 9
     # have enough (request, head) pairs for whole heads)
-    "pages(auto,merge-32)": {"page_size": 128, "merge_block_d": 32},
+    "table(auto,merge-32)": ("table", {"merge_block_d": 32}),
 }
 
 
 def check_decode():
-    configs = {"env": PLAN_OPTIONS} if PLAN_OPTIONS else DECODE_CONFIGS
+    if PLAN_OPTIONS:
+        env = dict(PLAN_OPTIONS)
+        configs = {"env": (env.pop("map", "table"), env)}
+    else:
+        configs = DECODE_CONFIGS
     for hq, hkv, d in ((16, 2, 128), (64, 8, 128), (4, 1, 256)):
         lens = [int(x) for x in torch.randint(1, 12000 // SHRINK, (6,))] + [1, 129, 20000 // SHRINK]
         b = len(lens)
@@ -173,15 +206,15 @@ def check_decode():
         batches = {whole: make_batch(hkv, d, lens, whole_pages=whole) for whole in (False, True)}
         for whole, (k, v, indptr, indices, slots) in batches.items():
             pool = mx_pool_from(k, v, 128)
+            table = page_table_of(indptr, indices) if whole else None
             for mode, params in modes.items():
                 ref = reference_f64(q, pool, indptr, indices, params)
-                for cname, options in configs.items():
-                    if bool(options.get("page_size")) != whole:
+                for cname, (map_kind, config) in configs.items():
+                    if (map_kind != "csr") != whole:
                         continue
                     for ns in (None, 1, 64):
                         out = torch.full(q.shape, float("nan"), device=DEV)
-                        paged_decode_attention(q, pool, indptr, indices, params, num_splits=ns, out=out,
-                                               plan_options=options)
+                        decode(q, pool, indptr, indices, params, map_kind, config, ns, out, table)
                         sync()
                         err = rel_err(out, ref)
                         nan = int(torch.isnan(out).sum())
@@ -192,11 +225,10 @@ def check_decode():
         k, v, indptr, indices, slots = batches[True]
         params = modes["inkling"]
         ref = reference_f64(q, None, indptr, indices, params, float_kv=(k.float(), v.float()))
-        for cname, options in (("per-token", {}), ("pages(auto)", {"page_size": 128}),
-                               ("pages(blocks)", DECODE_CONFIGS["pages(blocks)"]),
-                               ("pages(blocks,untransposed-v)", DECODE_CONFIGS["pages(blocks,untransposed-v)"])):
+        for cname in ("per-token", "pages(auto)", "table(auto)", "table(blocks)"):
+            map_kind, config = DECODE_CONFIGS[cname]
             out = torch.full(q.shape, float("nan"), device=DEV)
-            paged_decode_attention(q, PagedKV(k, v), indptr, indices, params, out=out, plan_options=options)
+            decode(q, PagedKV(k, v), indptr, indices, params, map_kind, config, None, out)
             sync()
             err = rel_err(out, ref)
             record(f"decode bf16 {hq}/{hkv}/{d} inkling {cname}", not torch.isnan(out).any() and err <= DECODE_TOL,
@@ -267,6 +299,19 @@ def check_extend():
                                 params.rel_bias[q0:q1].double())
         err = rel_err(out, ref)
         record(f"extend mxfp8 {hq}/{hkv}/{d}", not torch.isnan(out).any() and err <= DECODE_TOL, rel_err=err)
+        # the same batch on whole pages, through the page table (the kernel reads the page ids)
+        k2, v2, indptr2, indices2, _ = make_batch(hkv, d, lens, whole_pages=True)
+        pool2 = mx_pool_from(k2, v2, 128)
+        page_table, seq_lens = page_table_of(indptr2, indices2)
+        out2 = torch.full(q.shape, float("nan"), device=DEV)
+        paged_extend_attention(q, pool2, qo_indptr=qo, params=params, page_table=page_table, seq_lens=seq_lens,
+                               page_size=128, out=out2)
+        want = torch.full(q.shape, float("nan"), device=DEV)
+        paged_extend_attention(q, pool2, indptr2, indices2, qo, params, out=want)  # the CSR of the same pages
+        sync()
+        diff = rel_err(out2, want.double())
+        record(f"extend mxfp8 {hq}/{hkv}/{d} page table = CSR", not torch.isnan(out2).any() and diff <= 1e-6,
+               rel_diff=diff)
         if SMOKE:
             continue
         bf = PagedKV(k, v)

@@ -24,7 +24,13 @@ from sglang_inkling_backend.triton.decode_attention import paged_decode_attentio
 from sglang_inkling_backend.triton.extend_attention import paged_extend_attention  # noqa: E402
 from sglang_inkling_backend.triton.kv_store import store_kv_mxfp8  # noqa: E402
 
-if not isinstance(fused_prologue._inkling_prologue_decode_kernel, triton.runtime.interpreter.InterpretedFunction):
+from sglang_inkling_backend.triton import device, encode  # noqa: E402
+
+if not all(isinstance(fn, triton.runtime.interpreter.InterpretedFunction)
+           for fn in (device.scale_offsets, encode.mxfp8_encode_blocks,
+                      fused_prologue._inkling_prologue_decode_kernel)):
+    importlib.reload(device)  # the helpers and the encoder the prologue calls, then the prologue, interpreted
+    importlib.reload(encode)
     fused_prologue = importlib.reload(fused_prologue)
 
 D = 32

@@ -2,11 +2,11 @@
 interpreter (small shapes).
 
 Error bounds: under the interpreter the kernel's dots run in float32 (the interpreter's bf16 dot is broken, see
-``decode_attention._dot_dtype``) and the test asks for a float32 output. For float pools kernel and reference
+``triton.inputs.dot_dtype``) and the test asks for a float32 output. For float pools kernel and reference
 then differ only by float32 summation order and the exp2/log2 softmax: bound 1e-5 relative (Frobenius; seen
-~1e-7). For fp8 and MXFP8 pools the bound is 5e-4 because the default fp16-tile path (``fp16_tiles=True``,
-``dequant_tile_relative``) rounds the probabilities to fp16 for the p.V product: fp16's unit roundoff is
-2**-11 = 4.9e-4 (seen ~6e-5; the float32-dequantize variant stays near 1e-7). Both are
+~1e-7). For fp8 and MXFP8 pools the bound is 5e-4 because the tile kernel's fp16 tiles
+(``dequant_tile_relative``) round the probabilities to fp16 for the p.V product: fp16's unit roundoff is
+2**-11 = 4.9e-4 (seen ~6e-5). Both are
 far below any real bug (a wrong scale, a missed key or a wrong bias offset moves the output by 1e-2 or more). The
 GPU's bf16/fp16 dots are covered by gpu_tests/check_triton_gpu.py. Stored MXFP8 bytes must be identical:
 the store kernel encodes with integer operations, exact under the interpreter too.
@@ -26,8 +26,8 @@ from sglang_inkling_backend import mxfp8  # noqa: E402
 from sglang_inkling_backend.reference.attention import AttentionParams, PagedKV  # noqa: E402
 from sglang_inkling_backend.reference.attention import paged_decode_attention as reference_decode  # noqa: E402
 from sglang_inkling_backend.scale_layout import ScaleLayout  # noqa: E402
-from sglang_inkling_backend.triton.decode_attention import (  # noqa: E402
-    choose_num_splits, paged_decode_attention, plan_decode, run_decode)
+from sglang_inkling_backend.triton.decode_attention import paged_decode_attention, run_decode  # noqa: E402
+from sglang_inkling_backend.triton.plan import DecodeConfig, choose_num_splits, plan_decode  # noqa: E402
 from sglang_inkling_backend.triton.kv_store import store_kv_mxfp8  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -116,7 +116,7 @@ def test_decode_head_geometries(hq, hkv, d):
     assert rel_err(out, ref) < TOL
 
 
-@pytest.mark.parametrize("variant", [dict(prefetch=True), dict(fp16_tiles=False), dict(block_n=32, num_stages=1)])
+@pytest.mark.parametrize("variant", [dict(block_n=32, num_stages=1), dict(block_n=16, num_warps=1)])
 def test_decode_kernel_variants(variant):
     """The configurations the benchmark sweeps compute the same function."""
     gen = torch.Generator().manual_seed(7)
@@ -128,7 +128,8 @@ def test_decode_kernel_variants(variant):
     params = MODES["inkling"](len(lens), hq, d, gen)
     ref = reference_decode(q, pool, indptr, indices, params)
     for num_splits in (1, 4):
-        plan = plan_decode(indptr, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, num_splits=num_splits, **variant)
+        plan = plan_decode(indptr, num_q_heads=hq, num_kv_heads=hkv, head_dim=d,
+                           config=DecodeConfig(num_splits=num_splits, **variant))
         out = run_decode(plan, q, pool, indptr, indices, params, out=torch.full(q.shape, float("nan"), device=DEV))
         assert rel_err(out, ref) < TOL
 
@@ -142,7 +143,7 @@ def test_decode_bf16_output_and_plan_reuse():
     indptr, indices = make_batch(lens, 256, gen)
     q = torch.randn(2, hq, d, generator=gen).bfloat16().to(DEV)
     params = MODES["plain"](2, hq, d, gen)
-    plan = plan_decode(indptr, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, num_splits=2)
+    plan = plan_decode(indptr, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, config=DecodeConfig(num_splits=2))
     for pool in pools:
         out = run_decode(plan, q, pool, indptr, indices, params)
         assert out.dtype == torch.bfloat16
@@ -163,21 +164,21 @@ def test_choose_num_splits():
 
 def test_plan_decode_splits_large_batches_into_one_round_of_resident_programs():
     """The planned block configuration splits into at most one round (12 x 132 programs at head_dim 128, 8 x 132 at
-    256); the same kernel with a caller's waves, or the untransposed-V kernel, goes by waves instead."""
+    256); the same kernel with a caller's waves, or another warp count, goes by waves instead."""
     indptr = torch.arange(0, 9 * 32768, 32768, dtype=torch.int32)  # B=8 requests of 32k keys
     plan = plan_decode(indptr, num_q_heads=16, num_kv_heads=2, head_dim=128, max_seq_len=32768, page_size=128)
-    assert (plan.kernel, plan.load_v_transposed, plan.block_n) == ("blocks", True, 32)
+    assert (plan.kernel, plan.block_n) == ("blocks", 32)
     assert plan.num_splits == 94 and plan.split_len == 352  # 99 asked; 352-key splits (11 tiles) need 94
     assert 8 * 2 * plan.num_splits <= 12 * 132
     wide = plan_decode(indptr, num_q_heads=4, num_kv_heads=1, head_dim=256, max_seq_len=32768, page_size=128)
-    assert wide.kernel == "blocks" and wide.load_v_transposed and wide.num_splits == 128  # 132 asked: 256 keys
+    assert wide.kernel == "blocks" and wide.num_splits == 128  # 132 asked: 256 keys
     assert 8 * wide.num_splits <= 8 * 132
     by_waves = plan_decode(indptr, num_q_heads=16, num_kv_heads=2, head_dim=128, max_seq_len=32768, page_size=128,
-                           waves=4)
+                           config=DecodeConfig(waves=4))
     assert by_waves.num_splits == 32  # ceil(4 x 132 / 16) = 33 asked: 993 -> 1024-key splits, 32 of them
-    untransposed = plan_decode(indptr, num_q_heads=16, num_kv_heads=2, head_dim=128, max_seq_len=32768,
-                               page_size=128, load_v_transposed=False)
-    assert untransposed.num_splits == 128  # waves=32: 264 asked, capped at 256-key splits
+    two_warps = plan_decode(indptr, num_q_heads=16, num_kv_heads=2, head_dim=128, max_seq_len=32768,
+                            page_size=128, config=DecodeConfig(num_warps=2))
+    assert two_warps.num_splits == 128  # waves=32: 264 asked, capped at 256-key splits
 
 
 @pytest.mark.parametrize("batch,hq,hkv,d,keys,splits", [
@@ -188,10 +189,10 @@ def test_plan_decode_splits_large_batches_into_one_round_of_resident_programs():
 ])
 def test_plan_decode_middle_batches_take_the_block_kernel_at_four_programs_per_sm(batch, hq, hkv, d, keys, splits):
     """Between the large batches and the small ones the transposed-V block kernel runs about 4 x 132 programs
-    (the split counts timed in bench/results/2026-11-29-s4-call3 and -call5)."""
+    (the split counts timed in bench/results/2026-11-29-s4-call3/ and bench/results/2026-11-29-s4-call5/)."""
     indptr = torch.arange(0, (batch + 1) * keys, keys, dtype=torch.int32)
     plan = plan_decode(indptr, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, max_seq_len=keys, page_size=128)
-    assert (plan.kernel, plan.load_v_transposed, plan.num_splits) == ("blocks", True, splits)
+    assert (plan.kernel, plan.num_splits) == ("blocks", splits)
 
 
 def test_decode_rejects_bad_input():

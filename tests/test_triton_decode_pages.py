@@ -1,6 +1,6 @@
-"""Decode over whole pages (``plan_decode(page_size=...)``): the page-aligned tile kernel and the block kernel
-(``decode_paged``) against the torch reference on the CPU under the Triton interpreter, the page contract's
-validation, and the configuration choice.
+"""Decode over whole pages (``plan_decode(page_size=...)``, a CSR of whole pages): the page-aligned tile kernel and
+the block kernel (``decode_blocks``) against the torch reference on the CPU under the Triton interpreter, the page
+contract's validation, and the configuration choice. The page-table API is tested in test_triton_page_table.py.
 
 Error bounds as in test_triton_decode_attention.py: under the interpreter the dots run in float32; the tile
 kernel rounds the probabilities to fp16 for 8-bit pools (bound 5e-4, fp16's unit roundoff is 2**-11); the block
@@ -22,8 +22,9 @@ from sglang_inkling_backend import mxfp8  # noqa: E402
 from sglang_inkling_backend.reference.attention import AttentionParams, PagedKV  # noqa: E402
 from sglang_inkling_backend.reference.attention import paged_decode_attention as reference_decode  # noqa: E402
 from sglang_inkling_backend.scale_layout import ScaleLayout  # noqa: E402
-from sglang_inkling_backend.triton.decode_attention import (  # noqa: E402
-    choose_config, paged_decode_attention, plan_decode, run_decode, validate_slots)
+from sglang_inkling_backend.triton.decode_attention import paged_decode_attention, run_decode  # noqa: E402
+from sglang_inkling_backend.triton.inputs import validate_slots  # noqa: E402
+from sglang_inkling_backend.triton.plan import DecodeConfig, choose_config, plan_decode  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -87,8 +88,7 @@ MODES = {
                                                    sinks=torch.randn(hq, generator=g).to(DEV)),
 }
 KERNELS = {"tiles": dict(kernel="tiles", block_n=32, num_warps=2),
-           "blocks": dict(kernel="blocks", block_n=32, num_warps=1),  # V loaded transposed (the default)
-           "blocks-untransposed-v": dict(kernel="blocks", block_n=32, num_warps=1, load_v_transposed=False)}
+           "blocks": dict(kernel="blocks", block_n=32, num_warps=1)}
 CASES = ([("mxfp8", 128, mode) for mode in sorted(MODES)]  # the production layout, every mode
          + [("mxfp8", 32, "inkling-local"),  # the flat scale layout, pages of 32
             ("bfloat16", 128, "generic"), ("fp8", 128, "inkling")])
@@ -112,20 +112,21 @@ def test_whole_pages_match_reference(kernel, fmt, page, mode):
     for num_splits in (1, 3):  # the direct path and the split + merge path
         out = torch.full(q.shape, float("nan"), device=DEV)
         paged_decode_attention(q, pool, indptr, indices, params, num_splits=num_splits, out=out,
-                               plan_options=dict(page_size=page, **KERNELS[kernel]))
+                               plan_options=dict(page_size=page, config=DecodeConfig(**KERNELS[kernel])))
         assert not torch.isnan(out).any()
         assert rel_err(out, ref) < tolerance(fmt, kernel), (num_splits, rel_err(out, ref))
 
 
-@pytest.mark.parametrize("kernel", ["blocks", "blocks-untransposed-v"])
+@pytest.mark.parametrize("kernel", ["blocks"])
 def test_block_kernel_head_dim_256_and_group_4(kernel):
-    """Gemma-3's geometry (8 channel blocks per head, 4 query heads per KV head) through the block kernels."""
+    """Gemma-3's geometry (8 channel blocks per head, 4 query heads per KV head) through the block kernel."""
     gen = torch.Generator().manual_seed(11)
     hq, hkv, d = 4, 1, 256
     indptr, indices, pool, q = mxfp8_batch([200, 5], hq, hkv, d, 128, gen)
     params = MODES["inkling"](2, hq, d, gen)
     out = paged_decode_attention(q, pool, indptr, indices, params, out=torch.full(q.shape, float("nan")),
-                                 plan_options=dict(page_size=128, **dict(KERNELS[kernel], block_n=16)))
+                                 plan_options=dict(page_size=128, config=DecodeConfig(**dict(KERNELS[kernel],
+                                                                                             block_n=16))))
     assert rel_err(out, reference_decode(q, pool, indptr, indices, params)) < 1e-5
 
 
@@ -152,21 +153,19 @@ def test_plan_rejects_bad_page_options():
     indptr = torch.tensor([0, 100], dtype=torch.int32)
     common = dict(num_q_heads=8, num_kv_heads=2, head_dim=64)
     with pytest.raises(ValueError, match="page_size must be a positive multiple of block_n=64"):
-        plan_decode(indptr, page_size=96, block_n=64, **common)
+        plan_decode(indptr, page_size=96, config=DecodeConfig(block_n=64), **common)
     with pytest.raises(ValueError, match="page_size must be a positive multiple of block_n"):
         plan_decode(indptr, page_size=8, **common)  # pages smaller than the smallest tile
     with pytest.raises(ValueError, match="kernel='blocks' needs page_size"):
-        plan_decode(indptr, kernel="blocks", **common)
+        plan_decode(indptr, config=DecodeConfig(kernel="blocks"), **common)
     with pytest.raises(ValueError, match="kernel must be 'tiles' or 'blocks'"):
-        plan_decode(indptr, kernel="fast", page_size=128, **common)
-    with pytest.raises(ValueError, match="prefetch=True is not implemented for page_size"):
-        plan_decode(indptr, page_size=128, prefetch=True, **common)
+        plan_decode(indptr, page_size=128, config=DecodeConfig(kernel="fast"), **common)
     with pytest.raises(ValueError, match="block_n must be a power of two >= 16, got 48"):
-        plan_decode(indptr, block_n=48, **common)
-    with pytest.raises(ValueError, match="load_v_transposed=True needs kernel='blocks', got kernel='tiles'"):
-        plan_decode(indptr, page_size=128, kernel="tiles", load_v_transposed=True, **common)
-    with pytest.raises(TypeError, match="load_v_transposed must be a bool, got 1"):
-        plan_decode(indptr, page_size=128, kernel="blocks", load_v_transposed=1, **common)
+        plan_decode(indptr, config=DecodeConfig(block_n=48), **common)
+    with pytest.raises(TypeError, match="config must be a DecodeConfig, got dict"):
+        plan_decode(indptr, page_size=128, config=dict(kernel="blocks"), **common)
+    with pytest.raises(ValueError, match="max_seq_len is needed with an int batch"):
+        plan_decode(1, page_size=128, **common)
 
 
 def test_plan_reuses_across_layers_and_window_splits_cover_the_window():
@@ -177,7 +176,7 @@ def test_plan_reuses_across_layers_and_window_splits_cover_the_window():
     indptr, indices, slots = whole_pages_batch([300, 33], 64, gen)
     params = AttentionParams(d ** -0.5, window=150)
     plan = plan_decode(indptr, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, window=150, page_size=64,
-                       kernel="blocks", block_n=32, num_warps=1, num_splits=6)
+                       config=DecodeConfig(kernel="blocks", block_n=32, num_warps=1, num_splits=6))
     # request 0's window is keys 150 .. 299; its tiles start at 128, so 172 keys in 6 splits of 32 (a merge that
     # counted only the window's 150 keys would see 5 and drop keys 288 .. 299)
     assert plan.split_len == 32 and plan.num_splits == 6
@@ -198,7 +197,8 @@ def test_merge_over_channel_blocks_matches_reference(merge_block_d):
     indptr, indices, pool, q = mxfp8_batch([1300, 90], hq, hkv, d, 128, gen)
     params = AttentionParams(d ** -0.5, window=1250, logit_cap=2.0, sinks=torch.randn(hq, generator=gen).to(DEV))
     plan = plan_decode(indptr, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, window=1250, page_size=128,
-                       kernel="blocks", block_n=32, num_warps=1, num_splits=41, merge_block_d=merge_block_d)
+                       config=DecodeConfig(kernel="blocks", block_n=32, num_warps=1, num_splits=41,
+                                           merge_block_d=merge_block_d))
     assert plan.num_splits == 41 and plan.merge_block_d == merge_block_d  # 1281 keys (window + a tile)
     out = run_decode(plan, q, pool, indptr, indices, params, out=torch.full(q.shape, float("nan")))
     assert rel_err(out, reference_decode(q, pool, indptr, indices, params)) < 1e-5
@@ -213,7 +213,7 @@ def test_merge_over_channel_blocks_matches_reference(merge_block_d):
     (1, 4, 96, 96),  # not a power of two: the whole head (the kernels refuse it at run time)
 ])
 def test_choose_merge_block_d(batch, hq, d, expect):
-    from sglang_inkling_backend.triton.decode_attention import choose_merge_block_d
+    from sglang_inkling_backend.triton.plan import choose_merge_block_d
     assert choose_merge_block_d(batch, hq, d, 132) == expect
 
 
@@ -222,7 +222,8 @@ def test_plan_rejects_bad_merge_block_d():
     for bad in (16, 96, 256, 64.0):
         with pytest.raises(ValueError, match=f"merge_block_d must be a power of two in \\[32, head_dim=128\\] "
                                              f"dividing head_dim, got {bad!r}"):
-            plan_decode(indptr, num_q_heads=8, num_kv_heads=2, head_dim=128, page_size=128, merge_block_d=bad)
+            plan_decode(indptr, num_q_heads=8, num_kv_heads=2, head_dim=128, page_size=128,
+                        config=DecodeConfig(merge_block_d=bad))
 
 
 @pytest.mark.parametrize("batch,hkv,d,keys,dtype,expect", [
@@ -243,22 +244,20 @@ def test_plan_rejects_bad_merge_block_d():
     (128, 2, 128, 32768, torch.bfloat16, dict(kernel="tiles", block_n=64, num_warps=2)),
 ])
 def test_choose_config(batch, hkv, d, keys, dtype, expect):
-    """Configurations from the H200 sweeps (bench/results/README.md: section "Decode" and the session notes)."""
+    """Configurations from the H200 sweeps (bench/results/README.md: section "Decode")."""
     got = choose_config(batch, hkv, d, keys, 128, dtype)
     assert {k: got[k] for k in expect} == expect
     assert choose_config(batch, hkv, d, keys, None, dtype)["kernel"] == "tiles"  # per-token indices: tiles only
     assert choose_config(batch, hkv, d, keys, 32, dtype)["block_n"] == 32  # small pages: tiles inside a page
 
 
-@pytest.mark.parametrize("kernel,expect_vt", [("tiles", False), ("blocks", True)])
-def test_plan_decode_caller_kernel_takes_its_own_v_layout(kernel, expect_vt):
-    """The V layout goes with the kernel: "blocks" loads V transposed unless told not to, "tiles" never (a large
-    batch, where choose_config picks the block kernel; a caller's "tiles" once inherited the flag and was
-    refused)."""
+@pytest.mark.parametrize("kernel", ["tiles", "blocks"])
+def test_plan_decode_takes_a_callers_kernel(kernel):
+    """A caller's kernel is kept (a large batch, where choose_config picks the block kernel)."""
     indptr = torch.arange(0, 129 * 4096, 4096, dtype=torch.int32)
     plan = plan_decode(indptr, num_q_heads=16, num_kv_heads=2, head_dim=128, max_seq_len=4096, page_size=128,
-                       kernel=kernel, block_n=32)
-    assert plan.kernel == kernel and plan.load_v_transposed is expect_vt
+                       config=DecodeConfig(kernel=kernel, block_n=32))
+    assert plan.kernel == kernel and plan.block_n == 32
 
 
 def test_sglang_triton_route_decodes_mxfp8_pools_by_whole_pages(monkeypatch):

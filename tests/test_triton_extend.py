@@ -1,7 +1,7 @@
 """Triton extend attention (prefill over a cached prefix) against the torch reference, on the CPU under the Triton
 interpreter (small shapes).
 
-Error bound: the interpreter's dots run in float32 (see ``decode_attention._dot_dtype``) and the tests ask for a
+Error bound: the interpreter's dots run in float32 (see ``triton.inputs.dot_dtype``) and the tests ask for a
 float32 output, so kernel and reference differ only by float32 summation order and the exp2 softmax: 1e-5
 relative (Frobenius; seen ~1e-7), far below a real bug (a missed key, a causal or window off-by-one, a wrong bias
 offset: 1e-2 or more). The GPU's bf16 path is checked by gpu_tests/check_triton_gpu.py.

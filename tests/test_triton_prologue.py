@@ -20,10 +20,15 @@ import triton.language as tl  # noqa: E402
 
 from sglang_inkling_backend import mxfp8  # noqa: E402
 from sglang_inkling_backend.reference import prologue as reference  # noqa: E402
+from sglang_inkling_backend.triton import device, encode  # noqa: E402
 from sglang_inkling_backend.triton import prologue as fused  # noqa: E402
 
-if not isinstance(fused._inkling_prologue_decode_kernel, triton.runtime.interpreter.InterpretedFunction):
-    # Another test module imported the kernels before TRITON_INTERPRET was set: define them again, interpreted.
+if not all(isinstance(fn, triton.runtime.interpreter.InterpretedFunction)
+           for fn in (device.scale_offsets, encode.mxfp8_encode_blocks, fused._inkling_prologue_decode_kernel)):
+    # Another test module imported the kernels (or the helpers and the encoder the prologue calls) before
+    # TRITON_INTERPRET was set: define them again, interpreted, the helpers first.
+    importlib.reload(device)
+    importlib.reload(encode)
     fused = importlib.reload(fused)
 from test_reference_prologue import ERROR_CASES, clone_args, make_case  # noqa: E402
 

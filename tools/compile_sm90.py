@@ -5,13 +5,13 @@ can be read here at no device time (the numbers are this Triton's, which may dif
 
     python tools/compile_sm90.py --D 128 --G 8 --fmt mxfp8 --block-n 64 --warps 2 --stages 2 [--paged] [--sass F]
     python tools/compile_sm90.py --blocks --block-n 32 --warps 1 --stages 3 --ttgir k.ttgir   # the planned block kernel
-    COMPILE_EXTRA='{"LOAD_V_TRANSPOSED": 0}' python tools/compile_sm90.py --blocks ...        # V untransposed
+    COMPILE_EXTRA='{"PAGE_TABLE": 1, "KV_PAGE": 128}' python tools/compile_sm90.py --blocks ...  # page-table reads
     COMPILE_OPTIONS='{"maxnreg": 200}' python tools/compile_sm90.py --blocks ...              # extra compile options
     COMPILE_UNMARKED=stride_qh,stride_oh python tools/compile_sm90.py --blocks ...            # as do_not_specialize
 
-The signature is marked as Triton's JIT specializes a real launch (pointers and ints divisible by 16); session 5
-checked the registers, shared memory and loop length against the GPU machine's JIT for four kernels
-(bench/results/2026-11-30-s5-call5).
+The signature is marked as Triton's JIT specializes a real launch (pointers and ints divisible by 16); the
+registers, shared memory and loop length matched the GPU machine's JIT for four kernels
+(bench/results/2026-11-30-s5-call5/).
 
 Use the GPU machine's Triton (3.6) for numbers that match it: ``pip install --target /tmp/t36 triton==3.6.0`` (the
 wheel for this Python) and ``PYTHONPATH=/tmp/t36``.
@@ -29,31 +29,30 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from sglang_inkling_backend.triton import decode_attention as da  # noqa: E402
-from sglang_inkling_backend.triton import decode_paged as dp  # noqa: E402
+from sglang_inkling_backend.triton import decode_blocks  # noqa: E402
+from sglang_inkling_backend.triton import decode_tiles  # noqa: E402
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 
-def compile_decode(D=128, G=8, HKV=2, fmt="mxfp8", block_n=64, warps=2, stages=2, paged=False, fp16_tiles=True,
-                   direct=False, extra=None):
-    fn = dp._decode_paged_split_kernel if paged == "blocks" else da._decode_split_kernel
+def compile_decode(D=128, G=8, HKV=2, fmt="mxfp8", block_n=64, warps=2, stages=2, paged=False, direct=False,
+                   extra=None):
+    fn = decode_blocks.decode_blocks_kernel if paged == "blocks" else decode_tiles.decode_tiles_kernel
     kvt = {"mxfp8": "*fp8e4nv", "fp8": "*fp8e4nv", "bf16": "*bf16"}[fmt]
     types = {"q_ptr": "*bf16", "k_ptr": kvt, "v_ptr": kvt, "ksf_ptr": "*u8", "vsf_ptr": "*u8",
-             "kv_indptr_ptr": "*i32", "kv_indices_ptr": "*i32", "rel_bias_ptr": "*bf16", "sinks_ptr": "*bf16",
+             "lens_ptr": "*i32", "index_ptr": "*i32", "rel_bias_ptr": "*bf16", "sinks_ptr": "*bf16",
              "out_ptr": "*bf16", "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32",
              "sm_scale": "fp32", "k_scale": "fp32", "v_scale": "fp32", "logit_cap": "fp32"}
     consts = dict(G=G, G_PAD=max(16, triton.next_power_of_2(G)), D=D, HKV=HKV, BLOCK_N=block_n,
                   KV_FORMAT={"mxfp8": 2, "fp8": 1, "bf16": 0}[fmt], PAGE=128 if fmt == "mxfp8" else 1,
                   INTERLEAVED=fmt == "mxfp8", DOT_DTYPE=triton.language.float16 if fmt != "bf16" else
                   triton.language.bfloat16, HAS_REL_BIAS=False, HAS_WINDOW=False, HAS_CAP=False, HAS_SINKS=False,
-                  DIRECT=direct, PREFETCH=False, FP16_TILES=fp16_tiles and fmt != "bf16")
+                  DIRECT=direct, FP16_TILES=fmt != "bf16", PAGE_TABLE=False, KV_PAGE=0)
     if paged == "blocks":
-        for name in ("DOT_DTYPE", "PREFETCH", "FP16_TILES"):
+        for name in ("DOT_DTYPE", "FP16_TILES"):
             consts.pop(name)
         consts["PV_DTYPE"] = triton.language.float16 if fmt != "bf16" else triton.language.bfloat16
         consts["G_PAD"] = max(8, triton.next_power_of_2(G))  # the heads are the block kernel's N side
-        consts["LOAD_V_TRANSPOSED"] = True  # plan_decode's default ({"LOAD_V_TRANSPOSED": 0} in COMPILE_EXTRA: off)
     else:
         consts["PAGED"] = bool(paged)
     consts.update(extra or {})
@@ -70,8 +69,9 @@ def compile_decode(D=128, G=8, HKV=2, fmt="mxfp8", block_n=64, warps=2, stages=2
         # the launch's specialization (Triton's JIT marks every pointer and int argument divisible by 16): at run
         # time every stride, split_len (whole tiles), window and rel_extent (0 when unused) are multiples of 16;
         # max_splits (the split count) need not be. Without the marks on stride_qh / stride_oh, q's load took
-        # another layout and some variants compiled with 30 fewer registers than launched (session 5: 124 against
-        # 154). COMPILE_UNMARKED (comma-separated names) leaves arguments unmarked, as do_not_specialize would.
+        # another layout and some variants compiled with 30 fewer registers than launched (124 against 154,
+        # bench/results/2026-11-30-s5-call5/).
+        # COMPILE_UNMARKED (comma-separated names) leaves arguments unmarked, as do_not_specialize would.
         unmarked = ("max_splits",) + tuple(os.environ.get("COMPILE_UNMARKED", "").split(","))
         if sig[name].startswith("*") or sig[name] == "i32" and name not in unmarked:
             attrs[(i,)] = [["tt.divisibility", 16]]
@@ -100,7 +100,7 @@ def main():
     ap.add_argument("--warps", type=int, default=2)
     ap.add_argument("--stages", type=int, default=2)
     ap.add_argument("--paged", action="store_true", help="page-aligned tiles (PAGED)")
-    ap.add_argument("--blocks", action="store_true", help="the block kernel of decode_paged.py (V transposed)")
+    ap.add_argument("--blocks", action="store_true", help="the block kernel of decode_blocks.py")
     ap.add_argument("--sass", help="write SASS here")
     ap.add_argument("--ttgir", help="write TTGIR here")
     a = ap.parse_args()

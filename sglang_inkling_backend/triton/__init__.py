@@ -2,11 +2,34 @@
 
 On a machine without a GPU they run under the Triton interpreter (``TRITON_INTERPRET=1``, set before the first
 import of this package), which is how the CPU tests exercise them.
+
+API (``q [B, Hq, D]``, ``kv`` a ``reference.attention.PagedKV``, ``params`` an ``AttentionParams``). The keys
+come as a per-token CSR (``kv_indptr [B + 1]``, ``kv_indices``) or as a page table (``page_table [B, max_pages]``
+int32 page ids, ``seq_lens [B]``, ``page_size``; positions absolute, page-aligned kernels, windows included):
+
+    ws = DecodeWorkspace.for_max_context(max_batch, Hq, Hkv, D, max_seq_len, device)   # once, caller-owned
+    plan = plan_decode(B, num_q_heads=Hq, num_kv_heads=Hkv, head_dim=D, max_seq_len=L, window=W,
+                       page_size=P, kv_dtype=kv.k_buffer.dtype, workspace=ws)          # per step and window
+    out = run_decode(plan, q, kv, params=params, page_table=pt, seq_lens=lens, check=False)   # per layer
+    out = run_decode(plan, q, kv, kv_indptr, kv_indices, params)                       # CSR (page_size: whole pages)
+    out = paged_decode_attention(q, kv, params=params, page_table=pt, seq_lens=lens, page_size=P)  # one shot
+    out = paged_extend_attention(q, kv, qo_indptr=qo, params=params, page_table=pt, seq_lens=lens, page_size=P)
+    store_kv_mxfp8(kv, loc, k, v)
+
+``plan_decode`` reads nothing from the device (host ints) and allocates nothing with a workspace, so a plan made
+while capturing a CUDA graph is valid for every replay. ``check_decode_inputs`` (no sync) and
+``validate_slots`` / ``validate_page_table`` (one sync) raise ValueError/TypeError naming the bad argument.
+Modules: ``device`` (shared device helpers), ``encode`` (the MXFP8 encoder), ``plan``, ``decode_tiles`` /
+``decode_blocks`` (the two stage-1 kernels), ``decode_merge``, ``decode_attention`` (the launcher), ``inputs``,
+``extend_attention``, ``kv_store``, ``prologue``.
 """
 
-from .decode_attention import DecodePlan, check_decode_inputs, paged_decode_attention, plan_decode, run_decode
+from .decode_attention import paged_decode_attention, run_decode
 from .extend_attention import paged_extend_attention
+from .inputs import check_decode_inputs, validate_page_table, validate_slots
 from .kv_store import store_kv_mxfp8
+from .plan import DecodeConfig, DecodePlan, DecodeWorkspace, decode_workspace_splits, plan_decode
 
-__all__ = ["DecodePlan", "check_decode_inputs", "paged_decode_attention", "plan_decode", "run_decode",
-           "paged_extend_attention", "store_kv_mxfp8"]
+__all__ = ["DecodeConfig", "DecodePlan", "DecodeWorkspace", "check_decode_inputs", "decode_workspace_splits",
+           "paged_decode_attention", "paged_extend_attention", "plan_decode", "run_decode", "store_kv_mxfp8",
+           "validate_page_table", "validate_slots"]

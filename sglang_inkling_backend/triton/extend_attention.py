@@ -7,6 +7,12 @@ allows. One program handles ``BLOCK_M`` query rows of one request for all ``G`` 
 are (token, head) pairs), so a K/V tile is read and dequantized once for the whole group. K/V are dequantized tile
 by tile exactly as in the decode kernel (``load_kv_tile``). This is the correct-first path: it shares the decode
 kernel's tile loader and makes no attempt at Hopper-specific tuning.
+
+The keys come as a per-token CSR (``kv_indptr``, ``kv_indices``) or as a page table (``page_table [B, max_pages]``
+int32 page ids, ``seq_lens [B]``, ``page_size``). With a page table the kernel reads the page ids itself (slot of
+key ``t``: ``page_table[b, t // P] * P + t % P``; no per-token list is built), positions are absolute, and a
+windowed layer masks the loads before the block's first window position, so no page entirely before the window is
+read.
 """
 
 from __future__ import annotations
@@ -18,14 +24,15 @@ import triton
 import triton.language as tl
 
 from ..reference.attention import AttentionParams, PagedKV
-from .decode_attention import (KV_MXFP8, _dot_dtype, check_index_tensor, check_query_and_pool, kv_format,
-                               add_logit_bias, cap_logits, load_kv_tile, scale_logits)
+from .device import add_logit_bias, cap_logits, load_kv_tile, scale_logits
+from .inputs import (check_index_tensor, check_kv_map, check_query_and_pool, dot_dtype, kv_format, scale_args,
+                     validate_page_table)
 
 
 @triton.jit
-def _extend_kernel(
+def extend_kernel(
     q_ptr, k_ptr, v_ptr, ksf_ptr, vsf_ptr,
-    kv_indptr_ptr, kv_indices_ptr, qo_indptr_ptr, block_req_ptr, block_row_ptr,
+    lens_ptr, index_ptr, stride_index_row, qo_indptr_ptr, block_req_ptr, block_row_ptr,
     rel_bias_ptr, sinks_ptr, out_ptr,
     stride_qt, stride_qh,
     stride_k_slot, stride_k_head, stride_v_slot, stride_v_head,
@@ -35,16 +42,22 @@ def _extend_kernel(
     G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, D: tl.constexpr, HKV: tl.constexpr,
     BLOCK_N: tl.constexpr, KV_FORMAT: tl.constexpr, PAGE: tl.constexpr, INTERLEAVED: tl.constexpr,
     DOT_DTYPE: tl.constexpr, HAS_REL_BIAS: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr,
-    HAS_SINKS: tl.constexpr,
+    HAS_SINKS: tl.constexpr, PAGE_TABLE: tl.constexpr, KV_PAGE: tl.constexpr,
 ):
+    # lens_ptr / index_ptr: kv_indptr / kv_indices (CSR), or seq_lens / page_table (PAGE_TABLE: page ids of
+    # KV_PAGE slots, a row every stride_index_row entries)
     blk = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.load(block_req_ptr + blk)
     row_begin = tl.load(block_row_ptr + blk)  # first query row (token index into q) of this block
     q_start = tl.load(qo_indptr_ptr + b)
     q_end = tl.load(qo_indptr_ptr + b + 1)
-    kv_start = tl.load(kv_indptr_ptr + b).to(tl.int64)
-    seq_len = (tl.load(kv_indptr_ptr + b + 1) - tl.load(kv_indptr_ptr + b)).to(tl.int32)
+    if PAGE_TABLE:
+        seq_len = tl.load(lens_ptr + b).to(tl.int32)
+        idx_ptr = index_ptr + b.to(tl.int64) * stride_index_row
+    else:
+        seq_len = (tl.load(lens_ptr + b + 1) - tl.load(lens_ptr + b)).to(tl.int32)
+        idx_ptr = index_ptr + tl.load(lens_ptr + b).to(tl.int64)
     prefix = seq_len - (q_end - q_start).to(tl.int32)
 
     r = tl.arange(0, BLOCK_R)
@@ -64,9 +77,10 @@ def _extend_kernel(
     first_pos = prefix + (row_begin - q_start).to(tl.int32)
     last_pos = tl.minimum(first_pos + BLOCK_M, seq_len) - 1
     lo = 0
+    first_key = 0  # the block's first query sees keys from here
     if HAS_WINDOW:
-        lo = tl.maximum(first_pos - window + 1, 0)
-        lo = (lo // BLOCK_N) * BLOCK_N
+        first_key = tl.maximum(first_pos - window + 1, 0)
+        lo = (first_key // BLOCK_N) * BLOCK_N
     hi = last_pos + 1
 
     m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
@@ -75,7 +89,13 @@ def _extend_kernel(
     for start in range(lo, hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         mask_n = offs_n < hi
-        slots = tl.load(kv_indices_ptr + kv_start + offs_n, mask=mask_n, other=0).to(tl.int64)
+        if PAGE_TABLE:
+            if HAS_WINDOW:
+                mask_n = mask_n & (offs_n >= first_key)  # no page entirely before the window is read
+            pages = tl.load(idx_ptr + offs_n // KV_PAGE, mask=mask_n, other=0).to(tl.int64)
+            slots = pages * KV_PAGE + offs_n % KV_PAGE
+        else:
+            slots = tl.load(idx_ptr + offs_n, mask=mask_n, other=0).to(tl.int64)
         k = load_kv_tile(k_ptr, ksf_ptr, slots, mask_n, h, stride_k_slot, stride_k_head,
                          HKV, D, BLOCK_N, KV_FORMAT, PAGE, INTERLEAVED, DOT_DTYPE)
         qk = tl.dot(q, tl.trans(k))
@@ -115,38 +135,53 @@ def _extend_kernel(
              o.to(out_ptr.dtype.element_ty), mask=mask_r[:, None])
 
 
-def paged_extend_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
-                           qo_indptr: torch.Tensor, params: AttentionParams, *, out: Optional[torch.Tensor] = None,
-                           block_rows: int = 64, block_n: int = 64, validate: bool = True) -> torch.Tensor:
-    """``q [T, Hq, D]`` -> ``[T, Hq, D]`` (q's dtype unless ``out`` is given). Reads ``qo_indptr``/``kv_indptr`` on
-    the host to lay out the grid (extend is not graph-captured); ``validate`` also range-checks the slots."""
+def paged_extend_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: Optional[torch.Tensor] = None,
+                           kv_indices: Optional[torch.Tensor] = None, qo_indptr: Optional[torch.Tensor] = None,
+                           params: Optional[AttentionParams] = None, *, page_table: Optional[torch.Tensor] = None,
+                           seq_lens: Optional[torch.Tensor] = None, page_size: Optional[int] = None,
+                           out: Optional[torch.Tensor] = None, block_rows: int = 64, block_n: int = 64,
+                           validate: bool = True) -> torch.Tensor:
+    """``q [T, Hq, D]`` -> ``[T, Hq, D]`` (q's dtype unless ``out`` is given). Keys: ``kv_indptr`` / ``kv_indices``
+    (CSR) or ``page_table`` / ``seq_lens`` / ``page_size`` (read by the kernel directly). Reads ``qo_indptr`` and
+    the key counts on the host to lay out the grid (extend is not graph-captured); ``validate`` also range-checks
+    the slots or the page ids the kernel reads, before anything is launched."""
+    if params is None or qo_indptr is None:
+        raise TypeError("paged_extend_attention needs qo_indptr and params")
     check_query_and_pool(q, kv, params, out)
     for name, value in (("block_rows", block_rows), ("block_n", block_n)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 16 or value & (value - 1):
             raise ValueError(f"{name} must be a power of two >= 16, got {value!r}")
     check_index_tensor("qo_indptr", qo_indptr, q.device)
-    check_index_tensor("kv_indptr", kv_indptr, q.device)
-    check_index_tensor("kv_indices", kv_indices, q.device)
     batch = qo_indptr.numel() - 1
-    if batch < 1 or kv_indptr.numel() != batch + 1:
-        raise ValueError(f"qo_indptr and kv_indptr must both have batch + 1 >= 2 entries, got "
-                         f"{qo_indptr.numel()} and {kv_indptr.numel()}")
-    qo, kvp = qo_indptr.tolist(), kv_indptr.tolist()
+    if batch < 1 or (isinstance(kv_indptr, torch.Tensor) and kv_indptr.numel() != batch + 1):
+        raise ValueError(f"qo_indptr (and kv_indptr) must have batch + 1 >= 2 entries, got "
+                         f"{qo_indptr.numel()}" + (f" and {kv_indptr.numel()}" if kv_indptr is not None else ""))
+    table = check_kv_map(batch, kv, q.device, kv_indptr, kv_indices, page_table, seq_lens, page_size)
+    qo = qo_indptr.tolist()
     if qo[0] != 0 or qo[-1] != q.shape[0] or any(x > y for x, y in zip(qo, qo[1:])):
         raise ValueError(f"qo_indptr must start at 0, be non-decreasing and end at q's row count {q.shape[0]}")
-    if kvp[0] != 0 or any(x > y for x, y in zip(kvp, kvp[1:])):
-        raise ValueError("kv_indptr must start at 0 and be non-decreasing")
-    if kvp[-1] > kv_indices.numel():
-        raise ValueError(f"kv_indptr[-1]={kvp[-1]} exceeds kv_indices' length {kv_indices.numel()}")
     qlens = [y - x for x, y in zip(qo, qo[1:])]
-    kvlens = [y - x for x, y in zip(kvp, kvp[1:])]
+    if table:
+        kvlens = seq_lens.tolist()
+    else:
+        kvp = kv_indptr.tolist()
+        if kvp[0] != 0 or any(x > y for x, y in zip(kvp, kvp[1:])):
+            raise ValueError("kv_indptr must start at 0 and be non-decreasing")
+        if kvp[-1] > kv_indices.numel():
+            raise ValueError(f"kv_indptr[-1]={kvp[-1]} exceeds kv_indices' length {kv_indices.numel()}")
+        kvlens = [y - x for x, y in zip(kvp, kvp[1:])]
     if any(ql > kl for ql, kl in zip(qlens, kvlens)):
         raise ValueError(f"each request needs at least as many keys as queries, got qlens {qlens} and kv lens "
                          f"{kvlens}")
-    used = kv_indices[: kvp[-1]]
-    if validate and used.numel() and (int(used.min()) < 0 or int(used.max()) >= kv.num_slots):
-        raise ValueError(f"kv_indices must be slots in [0, {kv.num_slots}), got [{int(used.min())}, "
-                         f"{int(used.max())}]")
+    if validate:
+        if table:
+            validate_page_table(kv, page_table, seq_lens, page_size, window=params.window,
+                                query_lens=qo_indptr.diff())
+        else:
+            used = kv_indices[: kvp[-1]]
+            if used.numel() and (int(used.min()) < 0 or int(used.max()) >= kv.num_slots):
+                raise ValueError(f"kv_indices must be slots in [0, {kv.num_slots}), got [{int(used.min())}, "
+                                 f"{int(used.max())}]")
     rb = params.rel_bias
 
     total, hq, d = q.shape
@@ -166,16 +201,15 @@ def paged_extend_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: torch.Tensor
     block_req = torch.tensor(reqs, dtype=torch.int32, device=q.device)
     block_row = torch.tensor(rows, dtype=torch.int32, device=q.device)
     fmt = kv_format(kv)
-    if fmt == KV_MXFP8:
-        ksf, vsf = kv.k_scales.view(torch.uint8), kv.v_scales.view(torch.uint8)
-        page, interleaved = kv.layout.page_size, kv.layout.interleaved
+    ksf, vsf, page, interleaved = scale_args(kv)
+    if table:
+        lens, index, stride_index_row, kv_page = seq_lens, page_table, page_table.stride(0), page_size
     else:
-        ksf = vsf = kv.k_buffer
-        page, interleaved = 1, False
+        lens, index, stride_index_row, kv_page = kv_indptr, kv_indices, 0, 0
     dummy = out
-    _extend_kernel[(len(reqs), hkv)](
+    extend_kernel[(len(reqs), hkv)](
         q, kv.k_buffer, kv.v_buffer, ksf, vsf,
-        kv_indptr, kv_indices, qo_indptr, block_req, block_row,
+        lens, index, stride_index_row, qo_indptr, block_req, block_row,
         rb if rb is not None else dummy, params.sinks if params.sinks is not None else dummy, out,
         q.stride(0), q.stride(1),
         kv.k_buffer.stride(0), kv.k_buffer.stride(1), kv.v_buffer.stride(0), kv.v_buffer.stride(1),
@@ -185,8 +219,9 @@ def paged_extend_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: torch.Tensor
         float(params.softmax_scale), float(kv.k_scale), float(kv.v_scale), float(params.logit_cap),
         params.window if params.window is not None else 0,
         G=group, BLOCK_M=block_m, BLOCK_R=block_r, D=d, HKV=hkv, BLOCK_N=block_n, KV_FORMAT=fmt, PAGE=page,
-        INTERLEAVED=interleaved, DOT_DTYPE=_dot_dtype(kv), HAS_REL_BIAS=rb is not None,
+        INTERLEAVED=interleaved, DOT_DTYPE=dot_dtype(kv), HAS_REL_BIAS=rb is not None,
         HAS_WINDOW=params.window is not None, HAS_CAP=params.logit_cap > 0, HAS_SINKS=params.sinks is not None,
+        PAGE_TABLE=table, KV_PAGE=kv_page,
         num_warps=4, num_stages=2,
     )
     return out

@@ -4,43 +4,24 @@ Byte-identical to ``mxfp8.quantize`` followed by ``ScaleLayout.scatter`` (what `
 does), including the non-finite rule: a block holding a NaN or an infinity gets the UE8M0 NaN byte and e4m3 NaNs.
 The scale exponent comes from the float's exponent and mantissa bits and e4m3 is encoded with integer operations
 (round to nearest even), never through the dtype cast: exact on the GPU and under the Triton interpreter alike
-(the interpreter's fp32 -> e4m3 cast is wrong at ties, see ``../shared/spec/mxfp8-kv.md``).
+(the interpreter's fp32 -> e4m3 cast is wrong at ties); the encoder is ``encode.mxfp8_encode_blocks``, shared with
+the decode prologue.
 """
 
 from __future__ import annotations
-
-from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
-from .. import mxfp8
 from ..checks import require_slots
 from ..reference.attention import PagedKV
-from .decode_attention import scale_offsets
+from .device import scale_offsets
+from .encode import mxfp8_encode_blocks
 
 
 @triton.jit
-def encode_e4m3(y):
-    """float32 ``y`` with |y| <= 448 -> e4m3fn byte (int32 0..255), round to nearest even, from the bits."""
-    u = y.to(tl.int32, bitcast=True)
-    sign = (u >> 24) & 0x80
-    a = u & 0x7FFFFFFF
-    exp = a >> 23
-    # normal e4m3 (|y| >= 2**-6, fp32 exponent >= 121): round the 23-bit mantissa to 3 bits (a carry moves into
-    # the exponent, as it should), then rebias 127 -> 7
-    normal = ((a + 0x7FFFF + ((a >> 20) & 1)) >> 20) - (120 << 3)
-    # subnormal e4m3: round(|y| * 2**9) to an integer 0..8 (8 is the smallest normal's code, 0x08)
-    mant = (a & 0x7FFFFF) | 0x800000
-    shift = tl.minimum(tl.maximum(141 - exp, 1), 31)  # the clamp at 1 only matters for normals
-    half_minus_one = (1 << (shift - 1)) - 1
-    sub = (mant + half_minus_one + ((mant >> shift) & 1)) >> shift
-    return tl.where(exp >= 121, normal, sub) | sign
-
-
-@triton.jit
-def _quantize_store_kernel(
+def quantize_store_kernel(
     k_ptr, v_ptr, loc_ptr, kbuf_ptr, vbuf_ptr, ksf_ptr, vsf_ptr,
     stride_kt, stride_kh, stride_vt, stride_vh, stride_buf_slot, stride_buf_head,
     HKV: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, INTERLEAVED: tl.constexpr,
@@ -58,32 +39,16 @@ def _quantize_store_kernel(
     else:
         x = tl.load(k_ptr + t * stride_kt + h * stride_kh + offs).to(tl.float32)
 
-    bits = x.to(tl.int32, bitcast=True)
-    finite = (bits & 0x7F800000) != 0x7F800000
-    block_finite = tl.min(finite.to(tl.int32), axis=1) == 1
-    amax = tl.max(tl.where(finite, tl.abs(x), 0.0), axis=1)
-    amax = tl.maximum(amax, 1e-30)
-    # smallest e with amax <= 448 * 2**(e - 127): amax = 1.m * 2**(E - 127), 448 = 1.75 * 2**8
-    abits = amax.to(tl.int32, bitcast=True)
-    e = (abits >> 23) - 8 + ((abits & 0x7FFFFF) > 0x600000).to(tl.int32)
-    e = tl.minimum(tl.maximum(e, 0), 254)
-    # x / 2**(e - 127) as a multiplication by 2**(127 - e) (exact); e == 254 needs two steps (2**-127 is subnormal)
-    inv = ((254 - tl.minimum(e, 253)) << 23).to(tl.float32, bitcast=True)
-    y = x * inv[:, None]
-    y = tl.where((e == 254)[:, None], (x * 5.421010862427522e-20) * 1.0842021724855044e-19, y)  # 2**-64 * 2**-63
-    y = tl.minimum(tl.maximum(y, -448.0), 448.0)
-    code = encode_e4m3(y)
-    code = tl.where(block_finite[:, None], code, 0x7F)
-    e = tl.where(block_finite, e, 0xFF)
+    code, e = mxfp8_encode_blocks(x)  # [NB, 32] e4m3 bytes, [NB] UE8M0 bytes
 
     data_off = slot * stride_buf_slot + h * stride_buf_head + offs
-    sf_off = scale_offsets(slot, h, HKV, NB, PAGE, INTERLEAVED) + blk
+    sf_off = scale_offsets(slot, 0, h, HKV, NB, PAGE, INTERLEAVED) + blk
     if is_v:
-        tl.store(vbuf_ptr + data_off, code.to(tl.uint8))
-        tl.store(vsf_ptr + sf_off, e.to(tl.uint8))
+        tl.store(vbuf_ptr + data_off, code)
+        tl.store(vsf_ptr + sf_off, e)
     else:
-        tl.store(kbuf_ptr + data_off, code.to(tl.uint8))
-        tl.store(ksf_ptr + sf_off, e.to(tl.uint8))
+        tl.store(kbuf_ptr + data_off, code)
+        tl.store(ksf_ptr + sf_off, e)
 
 
 def store_kv_mxfp8(kv: PagedKV, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -125,7 +90,7 @@ def store_kv_mxfp8(kv: PagedKV, loc: torch.Tensor, k: torch.Tensor, v: torch.Ten
     if n == 0:
         return
     k3, v3 = views
-    _quantize_store_kernel[(n, 2 * hkv)](
+    quantize_store_kernel[(n, 2 * hkv)](
         k3, v3, loc, kv.k_buffer.view(torch.uint8), kv.v_buffer.view(torch.uint8),
         kv.k_scales.view(torch.uint8), kv.v_scales.view(torch.uint8),
         k3.stride(0), k3.stride(1), v3.stride(0), v3.stride(1), kv.k_buffer.stride(0), kv.k_buffer.stride(1),

@@ -6,8 +6,9 @@ Same signature, semantics and argument checks as SGLang's ``inkling_attn_prologu
 reference (``sglang_inkling_backend.reference.prologue``, whose ``validate_prologue_args`` runs first: one place
 for the checks). The result is bit-identical to the reference, because every rounding is done the same way:
 
-- bf16 rounding and the e4m3 encoding are integer bit operations (round-to-nearest-even), never a dtype cast:
-  the Triton interpreter's casts truncate (bf16) or mis-round ties (e4m3), and this keeps CPU tests byte-exact;
+- bf16 rounding and the e4m3 encoding (``encode.py``) are integer bit operations (round-to-nearest-even), never
+  a dtype cast: the Triton interpreter's casts truncate (bf16) or mis-round ties (e4m3), and this keeps CPU tests
+  byte-exact;
 - the MXFP8 exponent comes from the float's exponent and mantissa bits (exact ``ceil(log2(amax / 448))``) and the
   scaling multiplies by an exact power of two;
 - the RMSNorm sum of squares is accumulated in float64 (exact for bf16 inputs, so the reduction order does not
@@ -33,6 +34,8 @@ import triton
 import triton.language as tl
 
 from ..reference.prologue import HEAD_DIM, validate_prologue_args
+from .device import scale_offsets
+from .encode import mxfp8_encode_blocks
 
 _E8M0 = getattr(torch, "float8_e8m0fnu", None)
 
@@ -43,20 +46,11 @@ _E8M0 = getattr(torch, "float8_e8m0fnu", None)
 
 # Reductions go through tl.reduce with this module's combine functions, and zeros through tl.full, not tl.sum /
 # tl.max / tl.zeros: those are @jit functions of triton.language, which stay in compiled mode when triton was
-# imported before TRITON_INTERPRET was set, while these follow this module (reloading it interpreted is enough).
+# imported before TRITON_INTERPRET was set, while these follow this module (reloading it, after .device and
+# .encode, interpreted is enough).
 @triton.jit
 def _add(a, b):
     return a + b
-
-
-@triton.jit
-def _max(a, b):
-    return tl.maximum(a, b)
-
-
-@triton.jit
-def _min(a, b):
-    return tl.minimum(a, b)
 
 
 @triton.jit
@@ -85,46 +79,11 @@ def _bf16_bits(x):
 
 
 @triton.jit
-def _e4m3_code(v):
-    """float32 with |v| <= 448 -> e4m3fn byte, round-to-nearest-even (finite input)."""
-    u = v.to(tl.uint32, bitcast=True)
-    sign = (u >> 31) << 7
-    a_bits = u & 0x7FFFFFFF
-    a = a_bits.to(tl.float32, bitcast=True)
-    # normal range (a >= 2^-6): round the 23-bit mantissa to 3 bits, then rebias the exponent 127 -> 7
-    rounded = a_bits + 0x7FFFF + ((a_bits >> 20) & 1)
-    normal_code = (rounded >> 20) - (120 << 3)
-    # subnormal range: a = m * 2^-9, m = round-half-even(a * 512) in 0..8 (8 is the smallest normal, code 8)
-    m = a * 512.0
-    m_floor = tl.floor(m)
-    frac = m - m_floor
-    m_int = m_floor.to(tl.uint32)
-    round_up = (frac > 0.5) | ((frac == 0.5) & ((m_int & 1) == 1))
-    sub_code = m_int + round_up.to(tl.uint32)
-    code = tl.where(a >= 0.015625, normal_code, sub_code)
-    return (code | sign).to(tl.uint8)
-
-
-@triton.jit
 def _mxfp8_quantize(x, ROWS: tl.constexpr):
-    """``x [ROWS, 128]`` float32 -> (e4m3 bytes [ROWS, 128], UE8M0 bytes [ROWS * 4]) per 32-channel block,
-    ``sglang_inkling_backend.mxfp8.quantize`` exactly (a block with a NaN/inf: scale 0xFF, elements 0x7F)."""
-    xb = tl.reshape(x, (ROWS * 4, 32))
-    finite = (xb.to(tl.uint32, bitcast=True) & 0x7F800000) != 0x7F800000
-    amax = tl.reduce(tl.where(finite, tl.abs(xb), 0.0), 1, _max)
-    amax = tl.maximum(amax, 1e-30)
-    block_finite = tl.reduce(finite.to(tl.int32), 1, _min) == 1
-    amax_bits = amax.to(tl.uint32, bitcast=True)
-    # amax = f * 2^(exp - 127), f in [1, 2); 448 = 1.75 * 2^8: smallest e with amax <= 448 * 2^(e - 127)
-    exp_field = (amax_bits >> 23).to(tl.int32)
-    e = exp_field - 8 + ((amax_bits & 0x7FFFFF) > 0x600000).to(tl.int32)
-    e = tl.minimum(tl.maximum(e, 0), 254)
-    inv_scale = ((254 - e).to(tl.uint32) << 23).to(tl.float32, bitcast=True)  # 2^(127 - e), exact
-    scaled = tl.minimum(tl.maximum(xb * inv_scale[:, None], -448.0), 448.0)
-    codes = _e4m3_code(scaled)
-    codes = tl.where(block_finite[:, None], codes, 0x7F)
-    scale_bytes = tl.where(block_finite, e, 0xFF).to(tl.uint8)
-    return tl.reshape(codes.to(tl.uint8), (ROWS, 128)), scale_bytes
+    """``x [ROWS, 128]`` float32 -> (e4m3 bytes [ROWS, 128], UE8M0 bytes [ROWS * 4]) per 32-channel block, by the
+    one Triton MXFP8 encoder (``encode.mxfp8_encode_blocks``: ``sglang_inkling_backend.mxfp8.quantize`` exactly)."""
+    codes, scales = mxfp8_encode_blocks(tl.reshape(x, (ROWS * 4, 32)))
+    return tl.reshape(codes, (ROWS, 128)), scales
 
 
 @triton.jit
@@ -248,10 +207,8 @@ def _inkling_prologue_decode_kernel(
                 tl.store(k_buf_ptr + dst, k_codes, mask=store_mask)
                 tl.store(v_buf_ptr + dst, v_codes, mask=store_mask)
                 # SGLang's interleaved layout: sf[page, h, po % 32, po // 32, block]
-                page = kv_slot // PAGE
-                po = kv_slot % PAGE
                 block = tl.arange(0, 4)
-                sf = (((page * HKV + kv_head) * 32 + po % 32) * (PAGE // 32) + po // 32) * 4 + block
+                sf = scale_offsets(kv_slot, 0, kv_head, HKV, 4, PAGE, True) + block
                 tl.store(sfk_ptr + sf, k_scales, mask=_lane_mask(store_row, block))
                 tl.store(sfv_ptr + sf, v_scales, mask=_lane_mask(store_row, block))
             else:

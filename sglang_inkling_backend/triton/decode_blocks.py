@@ -1,8 +1,7 @@
-"""Split-KV decode over a pool whose requests own whole pages: the kernel behind ``plan_decode(page_size=...)``.
-
-When every request's token ``t`` lives in slot ``page_table[t // P] * P + t % P`` (SGLang's paged allocator, and
-the only layout an MXFP8 pool has: page 128), a tile of ``BLOCK_N`` keys (``BLOCK_N`` divides ``P``) is one run
-of contiguous slots. The kernel reads one index per tile instead of one per key, and every address of the tile is
+"""Decode stage 1, the block kernel: ``decode_blocks_kernel``, for pools whose requests own whole pages (a page
+table, or a CSR whose token ``t`` lives in slot ``page_table[t // P] * P + t % P``: SGLang's paged allocator, and
+the only layout an MXFP8 pool has: page 128). A tile of ``BLOCK_N`` keys (``BLOCK_N`` divides ``P``) is one run of
+contiguous slots: the kernel reads one index per tile instead of one per key, and every address of the tile is
 that slot plus a constant pattern, which the software pipeline can prefetch several tiles ahead.
 
 The head dimension is processed as ``NB = D / 32`` channel blocks, each its own ``[BLOCK_N, 32]`` tile (a tuple
@@ -12,15 +11,15 @@ is taken transposed, keys and channels on the dots' M side and the G query heads
   from the exponent bits, one value per key), so K needs only the exact e4m3 -> fp16 conversion;
 - output ``[32, G] += V_j^T @ (p^T * V scales of block j)``, one accumulator per block, in units of the largest V
   scale seen in that block (the probabilities times ``2**(e - unit) <= 1`` are rounded to fp16; V in fp16 is exact
-  for e4m3).
+  for e4m3). V is loaded as ``[channels, keys]``, which Triton streams through shared memory like K.
 Heads on the N side: an mma is 8 wide in N but 16 tall in M, so G = 8 (or 4) heads fill (half) a dot instead of
-padding it to 16 rows. Against the same kernel with heads on M (session 2's, measured side by side in
-``bench/results/2026-11-29-s3-call1/`` and removed in session 4, when V loaded transposed made this one fit on one
-warp at head_dim 256 too) this halves the dots, the accumulator registers and the softmax work per key: 15% fewer
-instructions per key, 2-7% faster at head_dim 128. No step reduces across the tile except the
-softmax's max and sum over keys. bf16 / fp16 pools use the same kernel without scales; per-tensor fp8 applies its two scalars.
+padding it to 16 rows. Against the same kernel with heads on M (measured side by side in
+``bench/results/2026-11-29-s3-call1/``) this halves the dots, the accumulator registers and the softmax work per
+key: 15% fewer instructions per key, 2-7% faster at head_dim 128. No step reduces across the tile except the
+softmax's max and sum over keys. bf16 / fp16 pools use the same kernel without scales; per-tensor fp8 applies its
+two scalars.
 
-Semantics are the reference's (``reference.attention.paged_decode_attention``), like ``_decode_split_kernel``.
+Semantics are the reference's (``reference.attention.paged_decode_attention``), like ``decode_tiles_kernel``.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .decode_attention import decode_logits, fold_sinks, page_tile_scale_offsets, q_power_of_two_norm, split_bounds
+from .device import decode_logits, fold_sinks, page_tile_first_slot, q_power_of_two_norm, scale_offsets, split_bounds
 
 
 @triton.jit
@@ -58,9 +57,9 @@ def scale_columns(sf, NB: tl.constexpr):
 
 
 @triton.jit
-def _decode_paged_split_kernel(
+def decode_blocks_kernel(
     q_ptr, k_ptr, v_ptr, ksf_ptr, vsf_ptr,
-    kv_indptr_ptr, kv_indices_ptr,
+    lens_ptr, index_ptr, stride_index_row,
     rel_bias_ptr, sinks_ptr,
     out_ptr, part_o_ptr, part_lse_ptr,
     stride_qb, stride_qh,
@@ -72,15 +71,15 @@ def _decode_paged_split_kernel(
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, HKV: tl.constexpr, BLOCK_N: tl.constexpr,
     KV_FORMAT: tl.constexpr, PAGE: tl.constexpr, INTERLEAVED: tl.constexpr, PV_DTYPE: tl.constexpr,
     HAS_REL_BIAS: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr, HAS_SINKS: tl.constexpr,
-    DIRECT: tl.constexpr, LOAD_V_TRANSPOSED: tl.constexpr = False,
+    DIRECT: tl.constexpr, PAGE_TABLE: tl.constexpr, KV_PAGE: tl.constexpr,
 ):
     NB: tl.constexpr = D // 32
     b = tl.program_id(0)
     h = tl.program_id(1)
     split = tl.program_id(2)
 
-    kv_start, seq_len, first, tok_begin, tok_end = split_bounds(kv_indptr_ptr, b, split, split_len, window, BLOCK_N,
-                                                                HAS_WINDOW, True)  # page-aligned tiles
+    kv_start, seq_len, first, tok_begin, tok_end = split_bounds(lens_ptr, b, split, split_len, window, BLOCK_N,
+                                                                HAS_WINDOW, True, PAGE_TABLE)  # page-aligned tiles
     if tok_begin >= tok_end:
         return
     q_pos = seq_len - 1
@@ -117,24 +116,24 @@ def _decode_paged_split_kernel(
     offs_t = tl.arange(0, BLOCK_N)
     offs_j = tl.arange(0, NB)
     k_tile = (offs_t * stride_k_slot)[:, None] + offs_c[None, :]
-    if LOAD_V_TRANSPOSED:
-        # V^T as loaded: [32 channels, BLOCK_N keys]. Triton then streams V through shared memory with cp.async like
-        # K (a [keys, channels] load followed by a transpose is prefetched into registers instead): 158 registers
-        # against 249 at head_dim 128, 987 loop instructions against 1142 (triton 3.6 offline, 1 warp, 3 stages)
-        v_tile = (offs_t * stride_v_slot)[None, :] + offs_c[:, None]
+    # V^T as loaded: [32 channels, BLOCK_N keys]. Triton then streams V through shared memory with cp.async like
+    # K (a [keys, channels] load followed by a transpose is prefetched into registers instead): 158 registers
+    # against 249 at head_dim 128, 987 loop instructions against 1142 (triton 3.6 offline, 1 warp, 3 stages)
+    v_tile = (offs_t * stride_v_slot)[None, :] + offs_c[:, None]
+    if PAGE_TABLE:
+        idx_ptr = index_ptr + b.to(tl.int64) * stride_index_row
     else:
-        v_tile = (offs_t * stride_v_slot)[:, None] + offs_c[None, :]
-    idx_ptr = kv_indices_ptr + kv_start
+        idx_ptr = index_ptr + kv_start
     for start in range(tok_begin, tok_end, BLOCK_N):
         offs_n = start + offs_t
         mask_n = offs_n < tok_end
         if HAS_WINDOW:
             mask_n = mask_n & (offs_n >= first)
-        slot0 = tl.load(idx_ptr + start).to(tl.int64)
+        slot0 = page_tile_first_slot(idx_ptr, start, PAGE_TABLE, KV_PAGE)
         k_base = k_ptr + (slot0 * stride_k_slot + h * stride_k_head)
         v_base = v_ptr + (slot0 * stride_v_slot + h * stride_v_head)
         if KV_FORMAT == 2:
-            sf_off = page_tile_scale_offsets(slot0, offs_t, h, HKV, NB, PAGE, INTERLEAVED)
+            sf_off = scale_offsets(slot0, offs_t, h, HKV, NB, PAGE, INTERLEAVED)
 
         qk = tl.zeros([BLOCK_N, G_PAD], tl.float32)
         if KV_FORMAT == 2:  # both tiles' scale bytes, one load per key each
@@ -162,10 +161,7 @@ def _decode_paged_split_kernel(
         new_accs = ()
         new_units = ()
         for j in tl.static_range(NB):
-            if LOAD_V_TRANSPOSED:
-                vj = tl.load(v_base + v_tile + 32 * j, mask=mask_n[None, :], other=0.0)
-            else:
-                vj = tl.load(v_base + v_tile + 32 * j, mask=mask_n[:, None], other=0.0)
+            vj = tl.load(v_base + v_tile + 32 * j, mask=mask_n[None, :], other=0.0)
             acc = accs[j]
             if KV_FORMAT == 2:
                 e = v_cols[j].to(tl.int32)
@@ -175,17 +171,11 @@ def _decode_paged_split_kernel(
                 if moved or unit != units[j]:
                     acc = acc * (alpha * ((units[j] - unit + 127) << 23).to(tl.float32, bitcast=True))[None, :]
                 new_units = new_units + (unit,)
-                if LOAD_V_TRANSPOSED:
-                    new_accs = new_accs + (tl.dot(vj.to(PV_DTYPE), pj.to(PV_DTYPE), acc),)
-                else:
-                    new_accs = new_accs + (tl.dot(tl.trans(vj.to(PV_DTYPE)), pj.to(PV_DTYPE), acc),)
+                new_accs = new_accs + (tl.dot(vj.to(PV_DTYPE), pj.to(PV_DTYPE), acc),)
             else:
                 if moved:
                     acc = acc * alpha[None, :]
-                if LOAD_V_TRANSPOSED:
-                    new_accs = new_accs + (tl.dot(vj.to(PV_DTYPE), p.to(PV_DTYPE), acc),)
-                else:
-                    new_accs = new_accs + (tl.dot(tl.trans(vj.to(PV_DTYPE)), p.to(PV_DTYPE), acc),)
+                new_accs = new_accs + (tl.dot(vj.to(PV_DTYPE), p.to(PV_DTYPE), acc),)
         accs = new_accs
         if KV_FORMAT == 2:
             units = new_units

@@ -1,0 +1,349 @@
+"""Decode planning: the kernel configuration and split count for a batch (``choose_config``, ``choose_num_splits``,
+``choose_merge_block_d``, from H200 sweeps), the caller-owned split-KV workspace (``DecodeWorkspace``) and
+``plan_decode``, which ties them into a ``DecodePlan`` that every layer of a decode step reuses.
+
+Planning reads nothing from the device when the caller gives ``max_seq_len``, and allocates nothing when it gives a
+workspace: the plan's split buffers are views of it. So a plan made during CUDA-graph capture points at memory the
+caller keeps for the graph's life, and capture and replay need no cache reset. Sizing a workspace for every batch up
+to a maximum: ``DecodeWorkspace.for_max_context`` (or ``decode_workspace_splits`` and ``DecodeWorkspace.nbytes_for``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import torch
+import triton
+
+MIN_SPLIT_TOKENS = 256  # fewer keys per split and the merge costs more than the parallelism gains
+DEFAULT_BLOCK_N = 64
+KERNELS = ("tiles", "blocks")  # decode_tiles.decode_tiles_kernel, decode_blocks.decode_blocks_kernel
+WINDOW_SLACK = 63  # page-aligned tiles start up to block_n - 1 (<= 63 for planned tiles) keys before the window
+
+
+def num_sms(device: Optional[torch.device]) -> int:
+    if device is not None and torch.device(device).type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132  # the interpreter: any number works, use an H200's
+
+
+def check_max_seq_len(max_seq_len) -> None:
+    if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len <= 0:
+        raise ValueError(f"max_seq_len must be None or a positive int (the longest request's keys), "
+                         f"got {max_seq_len!r}")
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Kernel configuration for ``plan_decode`` to use instead of its own choice (benchmarks, sweeps, checks); every
+    field left at None comes from ``choose_config`` / ``choose_num_splits`` / ``choose_merge_block_d``.
+
+    ``kernel``: "tiles" or "blocks" (page-aligned tiles only); ``block_n``: keys per tile (a power of two >= 16
+    dividing the page); ``waves`` / ``min_split``: the split policy (programs per SM over all (request, KV head)
+    pairs, and the fewest keys per split); ``num_splits``: the split count itself; ``merge_block_d``: channels per
+    merge program (a power of two from 32 to head_dim)."""
+
+    kernel: Optional[str] = None
+    block_n: Optional[int] = None
+    num_warps: Optional[int] = None
+    num_stages: Optional[int] = None
+    waves: Optional[int] = None
+    min_split: Optional[int] = None
+    num_splits: Optional[int] = None
+    merge_block_d: Optional[int] = None
+
+
+class DecodeWorkspace:
+    """The split-KV scratch of ``plan_decode``, owned by the caller and allocated once, FlashInfer-style: room for
+    ``max_batch * num_q_heads * max_splits`` partial rows of ``head_dim`` float32 outputs (``part_o``) and their
+    base-2 log-sum-exps (``part_lse``). A plan's buffers are views of the front of it, so every plan of a step (all
+    windows, all layers) shares one workspace: layers run one after another on one stream, so one layer's merge
+    has read the buffers before the next layer's split kernel writes them. Any batch fits whose
+    ``batch * num_q_heads * num_splits * head_dim`` elements do (smaller batches may split more)."""
+
+    def __init__(self, max_batch: int, num_q_heads: int, head_dim: int, max_splits: int,
+                 device: Union[torch.device, str]):
+        for name, value in (("max_batch", max_batch), ("num_q_heads", num_q_heads), ("head_dim", head_dim),
+                            ("max_splits", max_splits)):
+            _positive_int(name, value)
+        self.max_batch, self.num_q_heads, self.head_dim, self.max_splits = max_batch, num_q_heads, head_dim, max_splits
+        rows = max_batch * num_q_heads * max_splits
+        self.part_o = torch.empty(rows * head_dim, dtype=torch.float32, device=device)
+        self.part_lse = torch.empty(rows, dtype=torch.float32, device=device)
+
+    @staticmethod
+    def nbytes_for(max_batch: int, num_q_heads: int, head_dim: int, max_splits: int) -> int:
+        """Bytes a workspace of these sizes allocates: ``max_batch * num_q_heads * max_splits * (head_dim + 1) * 4``."""
+        return max_batch * num_q_heads * max_splits * (head_dim + 1) * 4
+
+    @classmethod
+    def for_max_context(cls, max_batch: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
+                        max_seq_len: int, device: Union[torch.device, str]) -> "DecodeWorkspace":
+        """A workspace that holds every plan ``plan_decode`` makes on its own (no ``DecodeConfig.num_splits``) for
+        up to ``max_batch`` requests of up to ``max_seq_len`` keys, any window, page size and KV dtype."""
+        splits = decode_workspace_splits(max_batch, num_kv_heads, max_seq_len, device)
+        return cls(max_batch, num_q_heads, head_dim, splits, device)
+
+    @property
+    def device(self) -> torch.device:
+        return self.part_o.device
+
+    @property
+    def nbytes(self) -> int:
+        return (self.part_o.numel() + self.part_lse.numel()) * 4
+
+    def split_buffers(self, batch: int, num_q_heads: int, num_splits: int,
+                      head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views ``part_o [batch, Hq, num_splits, head_dim]`` and ``part_lse [batch, Hq, num_splits]``."""
+        rows = batch * num_q_heads * num_splits
+        if rows * head_dim > self.part_o.numel() or rows > self.part_lse.numel():
+            raise ValueError(
+                f"workspace too small: the plan needs batch={batch} x Hq={num_q_heads} x num_splits={num_splits} x "
+                f"head_dim={head_dim} = {rows * head_dim} partial values, the workspace holds "
+                f"{self.part_o.numel()} (max_batch={self.max_batch}, num_q_heads={self.num_q_heads}, "
+                f"head_dim={self.head_dim}, max_splits={self.max_splits}); size it with "
+                f"DecodeWorkspace.for_max_context")
+        return (self.part_o[:rows * head_dim].view(batch, num_q_heads, num_splits, head_dim),
+                self.part_lse[:rows].view(batch, num_q_heads, num_splits))
+
+
+@dataclass
+class DecodePlan:
+    """Per-batch decisions and split buffers, reused by every layer of one decode step with the same key (window,
+    head counts, head_dim, KV dtype, page size)."""
+
+    batch: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    window: Optional[int]
+    num_splits: int
+    split_len: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    part_o: Optional[torch.Tensor]  # [B, Hq, num_splits, D] float32, None when one split suffices
+    part_lse: Optional[torch.Tensor]  # [B, Hq, num_splits] float32 (base-2 log-sum-exp)
+    # Tiles are page-aligned: a page table of pages of this many slots, or a CSR whose requests own whole pages
+    # (token t in slot page_table[t // P] * P + t % P), so a tile's slots come from one index (None: any slot per
+    # token, CSR only).
+    page_size: Optional[int] = None
+    kernel: str = "tiles"  # "tiles" (decode_tiles_kernel) or "blocks" (decode_blocks_kernel, page-aligned only)
+    merge_block_d: Optional[int] = None  # stage 2: one program per (request, query head, merge_block_d channels)
+
+    @property
+    def paged(self) -> bool:
+        return self.page_size is not None
+
+
+def choose_num_splits(batch: int, num_kv_heads: int, max_keys: int, num_sms: int, block_n: int,
+                      waves: int = 8, min_split: int = MIN_SPLIT_TOKENS, resident: Optional[int] = None) -> int:
+    """Enough (request, head, split) programs to fill the GPU about ``waves`` times over (an H200 sweep: 1280
+    programs beat 640 by 13% at 4/1/256, B=128, 16k keys), never a split shorter than ``min_split`` keys.
+
+    ``resident`` (programs of this kernel that fit on one SM at once): instead, at most one round of resident
+    programs, ``resident * num_sms``, so that every program starts at once and none waits for a second, mostly
+    empty round (H200, transposed-V block kernel: one round beat 2, 3 and 32 or 64 waves' worth by 1-4% at the
+    large points and by 13-20% at B=8, 32k keys, where 2048 programs were 1.3 rounds of 1584)."""
+    programs = batch * num_kv_heads
+    if resident is not None:
+        want = max(1, resident * num_sms // programs)
+    else:
+        want = max(1, math.ceil(waves * num_sms / programs))
+    cap = max(1, math.ceil(max_keys / max(min_split, block_n)))
+    return min(want, cap)
+
+
+def choose_merge_block_d(batch: int, num_q_heads: int, head_dim: int, num_sms: int) -> int:
+    """Channels per merge program: the whole head while (request, query head) pairs give a program per SM, else
+    halved (down to 32 channels) until they do, so a single request's merge (16 heads: 16 programs, each reading
+    its splits 32 at a time) is spread over up to 4x as many programs, each reading its splits at once."""
+    block_d = head_dim
+    while block_d % 64 == 0 and batch * num_q_heads * (head_dim // block_d) < num_sms:
+        block_d //= 2
+    return block_d
+
+
+def _tiles(wide: bool) -> dict:
+    return dict(kernel="tiles", block_n=DEFAULT_BLOCK_N, num_warps=4 if wide else 2, num_stages=3 if wide else 2,
+                waves=8, min_split=MIN_SPLIT_TOKENS)
+
+
+_SMALL_TILES = dict(kernel="tiles", block_n=64, num_warps=4, num_stages=3, waves=2, min_split=64)
+_BLOCKS = dict(kernel="blocks", block_n=32, num_warps=1, num_stages=3)  # V loaded transposed
+
+
+def _resident_blocks(wide: bool) -> int:
+    # the block kernel's programs per SM at 155 (head_dim 128) / 238 (256) registers on one warp, 65536 per SM
+    # (Triton 3.6; smaller heads fit more, so 12 errs toward less than a round)
+    return 8 if wide else 12
+
+
+def choose_config(batch: int, num_kv_heads: int, head_dim: int, max_keys: int, page_size: Optional[int],
+                  kv_dtype: Optional[torch.dtype]) -> dict:
+    """Kernel configuration for a batch, from the H200 runs (bench/results/README.md, section "Decode").
+
+    With page-aligned tiles and an 8-bit pool:
+    - enough work for 512+ programs of 256-key splits: the block kernel (32-key tiles, one warp per program, no
+      block-wide barrier, K and V streamed by cp.async), split into one round of resident programs (12 per SM at
+      head_dim 128, 8 at 256). It beat the untransposed-V and heads-on-M block kernels at every large point of
+      the H200 sweeps (bench/results/2026-11-29-s4-call1/, bench/results/2026-11-29-s4-call2/);
+    - little work (under 32768 keys over all (request, KV head) pairs), or one or two pairs at head_dim 256: 64-key
+      tiles on 4 warps, two waves of splits of >= 64 keys (a short batch's time is its serial tiles plus the
+      merge; the block kernel tied or lost there, bench/results/2026-11-29-s4-call5/,
+      bench/results/2026-11-30-s5-call2/);
+    - one or two pairs over more keys (a single request at head_dim <= 128): the block kernel, one round of
+      resident programs of >= 64 keys (1.21-1.28x FlashInfer bf16 at 16/2/128, 16k and 32k keys, where the tile
+      kernel ran 1.08-1.18x, bench/results/2026-11-30-s5-call2/);
+    - in between: the same block kernel, splits of >= 64 keys for about 4 programs per SM (1.18-1.22x
+      FlashInfer bf16 where the tile kernel ran 0.97-1.03x, bench/results/2026-11-29-s4-call3/ and
+      bench/results/2026-11-29-s4-call5/; at 64/8/128, one request of 4k keys, 1.26x where the tile kernel ran
+      1.10x, bench/results/2026-11-30-s5-call2/).
+    Otherwise (per-token indices, or 16-bit pools) the tile kernel: 64-key tiles, 2 warps (4 at head_dim 256, where
+    2 spill), 8 waves of splits of >= 256 keys."""
+    eight_bit = kv_dtype is None or kv_dtype.itemsize == 1
+    wide = head_dim > 128
+    middle = _tiles(wide)
+    if page_size is not None and page_size % 64:  # small pages: the largest tile inside one (pages < 16: error)
+        return dict(middle, block_n=32 if page_size % 32 == 0 else 16)
+    if page_size is None or not eight_bit:
+        return middle
+    programs_at_256 = batch * num_kv_heads * -(-max_keys // MIN_SPLIT_TOKENS)
+    resident = _resident_blocks(wide)
+    if programs_at_256 >= 512:
+        return dict(_BLOCKS, resident=resident, waves=32, min_split=MIN_SPLIT_TOKENS)  # waves: a caller's kernel
+    pairs = batch * num_kv_heads
+    if pairs * max_keys < 32768 or (wide and pairs <= 2):
+        return dict(_SMALL_TILES)
+    if pairs <= 2:
+        return dict(_BLOCKS, resident=resident, waves=4, min_split=64)
+    return dict(_BLOCKS, waves=4, min_split=64)  # about 4 x SMs programs: 512-1024 beat 256 and 2048
+
+
+def decode_workspace_splits(max_batch: int, num_kv_heads: int, max_seq_len: int,
+                            device: Optional[Union[torch.device, str]] = None) -> int:
+    """The ``max_splits`` of a ``DecodeWorkspace(max_batch, ...)`` that holds every plan ``plan_decode`` makes on
+    its own for up to ``max_batch`` requests of up to ``max_seq_len`` keys: for each batch size, the most splits
+    any configuration ``choose_config`` can return asks for (an upper bound: it does not ask which one applies),
+    times the batch, over ``max_batch``. Host arithmetic only."""
+    for name, value in (("max_batch", max_batch), ("num_kv_heads", num_kv_heads), ("max_seq_len", max_seq_len)):
+        _positive_int(name, value)
+    sms = num_sms(device)
+    keys = max_seq_len + WINDOW_SLACK
+    policies = []
+    for wide in (False, True):
+        policies += [(c["block_n"], c["waves"], c["min_split"], None) for c in (_tiles(wide), _SMALL_TILES)]
+        r = _resident_blocks(wide)
+        policies += [(32, 1, MIN_SPLIT_TOKENS, r), (32, 1, 64, r), (32, 4, 64, None)]
+    policies.append((16, 8, MIN_SPLIT_TOKENS, None))  # small pages
+    rows = max(b * max(choose_num_splits(b, num_kv_heads, keys, sms, bn, waves=w, min_split=ms, resident=r)
+                       for bn, w, ms, r in policies)
+               for b in range(1, max_batch + 1))
+    return -(-rows // max_batch)
+
+
+def plan_decode(batch: Union[int, torch.Tensor], *, num_q_heads: int, num_kv_heads: int, head_dim: int,
+                max_seq_len: Optional[int] = None, window: Optional[int] = None, page_size: Optional[int] = None,
+                kv_dtype: Optional[torch.dtype] = None, workspace: Optional[DecodeWorkspace] = None,
+                device: Optional[Union[torch.device, str]] = None,
+                config: Optional[DecodeConfig] = None) -> DecodePlan:
+    """Pick the kernel configuration and split count for a batch of ``batch`` requests of at most ``max_seq_len``
+    keys (both host ints: no device read), and lay out the split buffers in ``workspace`` (views: nothing is
+    allocated). Without a workspace the plan allocates its own buffers (not for CUDA-graph capture: they would
+    come from whatever allocator is current and die with the plan).
+
+    ``batch`` may also be a ``kv_indptr`` tensor (``[batch + 1]``); ``max_seq_len`` is then read from it when not
+    given (one device sync). ``window``: the layer's window (visible keys including the query's own), the plan is
+    only valid for it. ``page_size``: tiles are page-aligned: the requests come as a page table of pages of this
+    many slots, or as a CSR whose requests own whole pages (``validate_slots(..., page_size=...)`` checks that);
+    each tile's slots are found from one index. ``kv_dtype``: the pool's element dtype (8-bit and 16-bit pools are
+    configured differently; None: 8-bit). ``device``: whose SM count the split policy uses and, without a
+    workspace, where the plan's own buffers go (default: the workspace's, the kv_indptr's, else the current CUDA
+    device, else the CPU). ``config``: kernel configuration overrides (``DecodeConfig``).
+    """
+    if isinstance(batch, torch.Tensor):
+        kv_indptr = batch
+        if kv_indptr.dim() != 1 or kv_indptr.dtype not in (torch.int32, torch.int64):
+            raise TypeError("kv_indptr must be a 1-D int32/int64 tensor")
+        if kv_indptr.numel() < 2:
+            raise ValueError(f"kv_indptr must have batch + 1 >= 2 entries, got {kv_indptr.numel()}")
+        batch = kv_indptr.numel() - 1
+        device = kv_indptr.device if device is None else device
+        if max_seq_len is None:
+            max_seq_len = int(kv_indptr.diff().max())
+    elif isinstance(batch, bool) or not isinstance(batch, int) or batch <= 0:
+        raise ValueError(f"batch must be a positive int (or a kv_indptr tensor), got {batch!r}")
+    if max_seq_len is None:
+        raise ValueError("max_seq_len is needed with an int batch (the longest request's keys, a host int)")
+    check_max_seq_len(max_seq_len)
+    if workspace is not None:
+        if not isinstance(workspace, DecodeWorkspace):
+            raise TypeError(f"workspace must be a DecodeWorkspace, got {type(workspace).__name__}")
+        device = workspace.device
+    if device is None:
+        device = torch.device("cuda") if torch.cuda.is_available() else None
+    for name, value in (("num_q_heads", num_q_heads), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
+        _positive_int(name, value)
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"num_q_heads ({num_q_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window <= 0):
+        raise ValueError(f"window must be None or a positive int, got {window!r}")
+    if config is None:
+        config = DecodeConfig()
+    elif not isinstance(config, DecodeConfig):
+        raise TypeError(f"config must be a DecodeConfig, got {type(config).__name__}")
+    max_keys = max(1, min(max_seq_len, window) if window is not None else max_seq_len)
+    chosen = choose_config(batch, num_kv_heads, head_dim, max_keys, page_size, kv_dtype)
+    kernel = chosen["kernel"] if config.kernel is None else config.kernel
+    block_n = chosen["block_n"] if config.block_n is None else config.block_n
+    num_warps = chosen["num_warps"] if config.num_warps is None else config.num_warps
+    num_stages = chosen["num_stages"] if config.num_stages is None else config.num_stages
+    min_split = chosen["min_split"] if config.min_split is None else config.min_split
+    # Splits by one round of resident programs only for the configuration whose residency choose_config knows;
+    # a caller's waves, or another kernel, tile or warp count, goes by waves
+    same = (kernel, block_n, num_warps) == (chosen["kernel"], chosen["block_n"], chosen["num_warps"])
+    resident = chosen.get("resident") if config.waves is None and same else None
+    waves = chosen["waves"] if config.waves is None else config.waves
+    for name, value in (("block_n", block_n), ("num_warps", num_warps), ("num_stages", num_stages),
+                        ("waves", waves), ("min_split", min_split)):
+        _positive_int(name, value)
+    if block_n < 16 or block_n & (block_n - 1):
+        raise ValueError(f"block_n must be a power of two >= 16, got {block_n}")
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be 'tiles' or 'blocks', got {kernel!r}")
+    if page_size is not None:
+        if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size <= 0 or page_size % block_n:
+            raise ValueError(f"page_size must be a positive multiple of block_n={block_n}, got {page_size!r}")
+    elif kernel != "tiles":
+        raise ValueError(f"kernel={kernel!r} needs page_size (it reads page-aligned tiles)")
+    if page_size is not None and window is not None and window < max_seq_len:
+        max_keys += block_n - 1  # page-aligned tiles start up to block_n - 1 keys before the window
+    num_splits = config.num_splits
+    if num_splits is None:
+        num_splits = choose_num_splits(batch, num_kv_heads, max_keys, num_sms(device), block_n,
+                                       waves=waves, min_split=min_split, resident=resident)
+    _positive_int("num_splits", num_splits)
+    split_len = triton.cdiv(triton.cdiv(max_keys, num_splits), block_n) * block_n
+    num_splits = triton.cdiv(max_keys, split_len)
+    merge_block_d = config.merge_block_d
+    if merge_block_d is None:
+        merge_block_d = choose_merge_block_d(batch, num_q_heads, head_dim, num_sms(device))
+    elif (isinstance(merge_block_d, bool) or not isinstance(merge_block_d, int) or merge_block_d < 32
+          or merge_block_d > head_dim or merge_block_d & (merge_block_d - 1) or head_dim % merge_block_d):
+        raise ValueError(f"merge_block_d must be a power of two in [32, head_dim={head_dim}] dividing head_dim, "
+                         f"got {merge_block_d!r}")
+    part_o = part_lse = None
+    if num_splits > 1:
+        if workspace is None:
+            workspace = DecodeWorkspace(batch, num_q_heads, head_dim, num_splits, device or "cpu")
+        part_o, part_lse = workspace.split_buffers(batch, num_q_heads, num_splits, head_dim)
+    return DecodePlan(batch, num_q_heads, num_kv_heads, head_dim, window, num_splits, split_len, block_n,
+                      num_warps, num_stages, part_o, part_lse, page_size, kernel, merge_block_d)
