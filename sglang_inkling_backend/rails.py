@@ -35,6 +35,16 @@ class KVRails:
     indptr: torch.Tensor  # int64 [B + 1]
     indices: torch.Tensor  # int64 [>= nnz]
 
+@dataclass
+class KVPages:
+    """A page table: request b's position p is in slot ``page_table[b, p // page_size] * page_size + p % page_size``
+    for ``p < seq_lens[b]``. Views of address-stable buffers under CUDA graphs."""
+
+    page_table: torch.Tensor  # int32 [B, max_pages]
+    seq_lens: torch.Tensor  # int64 [B]: keys per request, the query's own included
+    page_size: int
+
+
 def check_token_table(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor) -> None:
     if req_to_token.dim() != 2:
         raise ValueError(f"req_to_token must be 2-D [max_reqs, max_context_len], got shape {tuple(req_to_token.shape)}")

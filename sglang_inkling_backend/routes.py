@@ -2,54 +2,41 @@
 
 - ``TorchRoute``: the core's torch reference (``sglang_inkling_backend.reference.attention``): readable, float32
   inside, per-request loops. The CPU route, and the fallback anywhere else.
-- ``TritonRoute``: ``sglang_inkling_backend.triton`` kernels on CUDA/ROCm (decode split-KV kernel, extend kernel).
-  Decode plans (``plan_decode``: kernel configuration, split-KV buffers) once per step and window, in the step's
-  ``DecodePlanCache`` (``InklingForwardMetadata.decode_plans``), and runs every layer with ``run_decode``.
+- ``TritonRoute``: ``sglang_inkling_backend.triton`` kernels on CUDA/ROCm (decode split-KV kernels, extend kernel).
+  Decode plans (``plan_decode``: kernel configuration, split-KV buffers as views of the one workspace the host
+  allocated at start-up with ``make_workspace``) once per step and key, in the step's ``DecodePlanCache``, and
+  runs every layer with ``run_decode``; it reads page tables (``reads_page_tables``).
 
-A route answers ``decode(q, kv, rails, params, max_seq_len=None, plans=None)`` and
-``extend(q, kv, rails, qo_indptr, params)`` with ``[rows, Hq, D]`` (float32 or q's dtype; the backend casts to the model
-dtype).
+A route answers ``decode(q, kv, keys, params, *, max_seq_len, plans, workspace)`` (``keys``: ``KVRails``, or
+``KVPages`` where ``reads_page_tables``) and ``extend(q, kv, rails, qo_indptr, params)`` with ``[rows, Hq, D]``
+(float32 or q's dtype; the backend casts to the model dtype). The host chooses the route once
+(``choose_route``), logging which and why.
 """
 from __future__ import annotations
 
 import logging
-from typing import Callable, Hashable, Optional
+from typing import Callable, Hashable, Optional, Union
 
 import torch
 
 from sglang_inkling_backend.reference import attention as reference
 from sglang_inkling_backend.reference.attention import AttentionParams, PagedKV
-from sglang_inkling_backend.checks import stream_capturing
-from sglang_inkling_backend.rails import KVRails
+from sglang_inkling_backend.rails import KVPages, KVRails
 
 logger = logging.getLogger(__name__)
 
 
 class DecodePlanCache:
-    """The decode plans of one step (one forward metadata), keyed by everything a plan depends on besides the batch
-    (the route's key: window, head counts, head_dim, KV dtype, page size; plus batch size and max_seq_len, which are
-    fixed for a metadata anyway). Every layer with the same key shares one plan and its split-KV buffers: the layers
-    run one after another on one stream, so one layer's merge has read the buffers before the next layer's split
-    kernel writes them.
-
-    CUDA-graph capture: SGLang builds the metadata once, runs the forward eagerly twice (warm-up), then once under
-    capture. Plans from the warm-up hold buffers from the ordinary allocator; a graph that baked in those addresses
-    would write, at every replay, into memory the allocator hands out again once this metadata is dropped. So the
-    cache starts over whenever the device's capture state changes: the captured run makes its own plans, their
-    buffers come from the graph's memory pool and are sized for the capture batch, and they stay here, with the
-    captured metadata, for the rest of the capture (replays run no Python, so nothing is planned or allocated then).
-    """
+    """The decode plans of one step (one forward metadata), keyed by everything a plan depends on (window, head
+    counts, head_dim, KV dtype, page size, batch size, max_seq_len). Every layer with the same key shares one plan:
+    plans hold views of the route's one workspace, allocated at start-up, so making a plan allocates nothing, and a
+    plan made while a CUDA graph is being captured stays valid for every replay."""
 
     def __init__(self) -> None:
         self._plans: dict = {}
-        self._capturing = False
 
-    def get(self, key: Hashable, make: Callable[[], object], device: torch.device):
-        """The plan for ``key``, made with ``make()`` on first use (and again after a capture-state change)."""
-        capturing = stream_capturing(device)
-        if capturing != self._capturing:
-            self._plans.clear()
-            self._capturing = capturing
+    def get(self, key: Hashable, make: Callable[[], object]):
+        """The plan for ``key``, made with ``make()`` on first use."""
         plan = self._plans.get(key)
         if plan is None:
             plan = self._plans[key] = make()
@@ -60,7 +47,6 @@ class DecodePlanCache:
 
     def plans(self) -> list:
         return list(self._plans.values())
-
 
 
 def gather_rails_kv(kv: PagedKV, rails: KVRails) -> tuple[PagedKV, KVRails]:
@@ -75,10 +61,17 @@ def gather_rails_kv(kv: PagedKV, rails: KVRails) -> tuple[PagedKV, KVRails]:
 class TorchRoute:
     name = "torch"
     graph_capturable = False
+    reads_page_tables = False  # it reads per-token rails
     mxfp8_store = None  # kv_views.store_kv_unchecked quantizes with the torch reference
 
-    def decode(self, q: torch.Tensor, kv: PagedKV, rails: KVRails, params: AttentionParams,
-               max_seq_len: Optional[int] = None, plans: Optional[DecodePlanCache] = None) -> torch.Tensor:
+    def make_workspace(self, **limits):
+        return None  # the reference allocates per call
+
+    def decode(self, q: torch.Tensor, kv: PagedKV, rails: KVRails, params: AttentionParams, *,
+               max_seq_len: Optional[int] = None, plans: Optional[DecodePlanCache] = None,
+               workspace=None) -> torch.Tensor:
+        if not isinstance(rails, KVRails):
+            raise TypeError(f"the torch route reads per-token rails (KVRails), got {type(rails).__name__}")
         kv, rails = gather_rails_kv(kv, rails)
         return reference.paged_decode_attention(q, kv, rails.indptr, rails.indices, params)
 
@@ -91,37 +84,45 @@ class TorchRoute:
 class TritonRoute:
     name = "triton"
     graph_capturable = True
+    reads_page_tables = True
 
     def __init__(self, kernels):
         self.kernels = kernels
         self.mxfp8_store = kernels.store_kv_mxfp8
 
-    def decode(self, q: torch.Tensor, kv: PagedKV, rails: KVRails, params: AttentionParams,
-               max_seq_len: Optional[int] = None, plans: Optional[DecodePlanCache] = None) -> torch.Tensor:
-        """One layer's decode. With ``plans`` (the step's cache, from its metadata) the plan is made on the first
-        layer of each (window, shape) key and reused by the others; without, every call plans for itself."""
-        # With max_seq_len (a host int) the kernel's plan needs no device sync: what CUDA-graph capture needs.
-        # An MXFP8 pool is paged (page 128, forced by hooks.py): SGLang's paged allocator gives every request whole
-        # pages, the contract SGLang's own MXFP8 decode (FA4, which reads a page table) relies on too, so the
-        # kernel finds each tile's slots from one index. Only full rails keep that contract: they start at token 0.
-        # A window rail starts at the window (mid-page), and on a hybrid pool it holds sliding-window sub-pool
-        # slots, so windowed layers are planned per token.
-        page_size = (kv.layout.page_size if kv.is_mxfp8 and params.window is None and kv.layout.page_size % 16 == 0
-                     else None)
-        options = {"page_size": page_size} if page_size is not None else None
-        if plans is None:
-            return self.kernels.paged_decode_attention(q, kv, rails.indptr, rails.indices, params,
-                                                       max_seq_len=max_seq_len, validate=False, plan_options=options)
-        # The no-sync shape/dtype/device checks paged_decode_attention runs, on every call (not only the layer that
-        # plans): q, the pool, rel_bias and sinks are per layer. Then the key holds every input of the plan.
-        self.kernels.check_decode_inputs(q, kv, rails.indptr, rails.indices, params, None)
-        hq, hkv, d, kv_dtype = q.shape[1], kv.num_kv_heads, q.shape[2], kv.k_buffer.dtype
-        batch = rails.indptr.numel() - 1  # a host int (the tensor's shape): no sync
+    def make_workspace(self, *, max_batch: int, geometries, max_seq_len: int, device):
+        """One ``DecodeWorkspace`` for every layer shape of the model (``geometries``: ``(Hq, Hkv, D)`` per layer):
+        room for the most split rows any of them plans for up to ``max_batch`` requests of ``max_seq_len`` keys."""
+        geometries = set(geometries)
+        splits = max(self.kernels.decode_workspace_splits(max_batch, hkv, max_seq_len, device)
+                     for _, hkv, _ in geometries)
+        hq = max(g[0] for g in geometries)
+        d = max(g[2] for g in geometries)
+        return self.kernels.DecodeWorkspace(max_batch, hq, d, splits, device)
+
+    def decode(self, q: torch.Tensor, kv: PagedKV, keys: Union[KVRails, KVPages], params: AttentionParams, *,
+               max_seq_len: int, plans: DecodePlanCache, workspace) -> torch.Tensor:
+        """One layer's decode. The plan is made on the first layer of each (window, shape) key of the step and
+        reused by the others; ``max_seq_len`` is a host int, so nothing reads the device (CUDA-graph capture).
+
+        ``keys``: a page table (``KVPages``: the paged kernels, windows included, positions absolute) or per-token
+        rails (``KVRails``: any slot per token; a hybrid pool's window rails, a pool without whole pages)."""
+        pages = isinstance(keys, KVPages)
+        page_size = keys.page_size if pages else None
+        csr = (None, None) if pages else (keys.indptr, keys.indices)
+        table = (keys.page_table, keys.seq_lens) if pages else (None, None)
+        # The no-sync shape/dtype/device checks, on every call (not only the layer that plans): q, the pool,
+        # rel_bias and sinks are per layer. Then the key holds every input of the plan.
+        self.kernels.check_decode_inputs(q, kv, *csr, params, None, page_table=table[0], seq_lens=table[1],
+                                         page_size=page_size)
+        batch, hq, d = q.shape
+        hkv, kv_dtype = kv.num_kv_heads, kv.k_buffer.dtype
         key = (params.window, hq, hkv, d, kv_dtype, page_size, batch, max_seq_len)
         plan = plans.get(key, lambda: self.kernels.plan_decode(
-            rails.indptr, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, window=params.window,
-            max_seq_len=max_seq_len, page_size=page_size, kv_dtype=kv_dtype), q.device)
-        return self.kernels.run_decode(plan, q, kv, rails.indptr, rails.indices, params, out=None, check=False)
+            batch, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, window=params.window, max_seq_len=max_seq_len,
+            page_size=page_size, kv_dtype=kv_dtype, workspace=workspace))
+        return self.kernels.run_decode(plan, q, kv, *csr, params, check=False, page_table=table[0],
+                                       seq_lens=table[1])
 
     def extend(self, q: torch.Tensor, kv: PagedKV, rails: KVRails, qo_indptr: torch.Tensor,
                params: AttentionParams) -> torch.Tensor:
@@ -129,8 +130,8 @@ class TritonRoute:
                                                    validate=False)
 
 
-KERNEL_NAMES = ("paged_decode_attention", "check_decode_inputs", "plan_decode", "run_decode", "paged_extend_attention",
-                "store_kv_mxfp8")
+KERNEL_NAMES = ("check_decode_inputs", "plan_decode", "run_decode", "paged_extend_attention", "store_kv_mxfp8",
+                "DecodeWorkspace", "decode_workspace_splits")
 
 
 def triton_unavailable(err: BaseException) -> bool:

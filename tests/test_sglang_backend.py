@@ -9,14 +9,16 @@ Oracles:
 """
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import math
 from types import SimpleNamespace
 
 import pytest
 
-pytest.importorskip("sglang", reason="SGLang is not installed (scripts/setup.sh installs it; "
-                                      "the core tests run without it)")
+if importlib.util.find_spec("sglang") is None:  # found, not imported: the CPU shims must come first
+    pytest.skip("SGLang is not installed (scripts/setup.sh installs it; the core tests run without it)",
+                allow_module_level=True)
 import torch
 
 from sglang_inkling_backend.hosts.sglang.cpu_testing import prepare_sglang_cpu_import
@@ -65,6 +67,10 @@ class Harness:
         out, self.free = self.free[:n], self.free[n:]
         return torch.tensor(out, dtype=torch.int64)
 
+    def alloc_for(self, row, start, n):
+        """Slots for positions ``start .. start + n - 1`` of request ``row`` (any free slots here)."""
+        return self.alloc(n)
+
     def batch(self, rows, new_lens, decode):
         rows_t = torch.tensor(rows, dtype=torch.int64)
         prefix = torch.tensor([len(self.history.get(r, {}).get(0, ([], []))[0]) for r in rows], dtype=torch.int64)
@@ -72,7 +78,7 @@ class Harness:
         seq_lens = prefix + new
         locs = []
         for r, p, n in zip(rows, prefix.tolist(), new_lens):
-            slots = self.alloc(n)
+            slots = self.alloc_for(r, p, n)
             self.r2t_pool.req_to_token[r, p:p + n] = slots.to(torch.int32)
             if self.swa_map is not None:
                 self.swa_map[slots] = slots  # identity-sized SWA pool in these tests, but a real mapping tensor
@@ -99,6 +105,23 @@ class Harness:
             ks.extend(k[start:start + n])
             vs.extend(v[start:start + n])
             start += n
+
+
+class WholePagesHarness(Harness):
+    """SGLang's paged allocator: every request owns whole pages, position p of request r in slot
+    ``page(r, p // P) * P + p % P``, its pages in random order (page 0 holds the padding sink)."""
+
+    def __init__(self, layers, pool_factory, *, size, page_size, **kwargs):
+        super().__init__(layers, pool_factory, size=size, page_size=page_size, **kwargs)
+        self.free_pages = (torch.randperm(size // page_size - 1, generator=self.gen) + 1).tolist()
+        self.row_pages = {}
+
+    def alloc_for(self, row, start, n):
+        pages = self.row_pages.setdefault(row, [])
+        positions = torch.arange(start, start + n)
+        while len(pages) * self.page_size < start + n:
+            pages.append(self.free_pages.pop())
+        return torch.tensor(pages)[positions // self.page_size] * self.page_size + positions % self.page_size
 
 
 def dense_reference(h, fb, layer, q, kv_round_trip, rel_bias=None, sinks=None, v_round_trip=None):
@@ -416,12 +439,15 @@ def triton_backend(h, per_layer_plans=False):
     from sglang_inkling_backend import triton as kernels
     from sglang_inkling_backend.routes import TritonRoute
 
+    from sglang_inkling_backend.routes import DecodePlanCache
+
     class PerLayerPlans(TritonRoute):
-        def decode(self, q, kv, rails, params, max_seq_len=None, plans=None):
-            return super().decode(q, kv, rails, params, max_seq_len=max_seq_len, plans=None)
+        def decode(self, q, kv, keys, params, *, max_seq_len, plans, workspace):
+            return super().decode(q, kv, keys, params, max_seq_len=max_seq_len, plans=DecodePlanCache(),
+                                  workspace=workspace)
 
     backend = InklingAttnBackend(h.runner)
-    backend.route = (PerLayerPlans if per_layer_plans else TritonRoute)(kernels)
+    backend.use_route((PerLayerPlans if per_layer_plans else TritonRoute)(kernels))
     return backend
 
 
@@ -484,21 +510,23 @@ def test_triton_route_plans_decode_once_per_step_and_window(monkeypatch):
     assert worst <= 2e-2, worst  # the Triton routes' tolerance against the reference (test_sglang_graph_gpu.py)
 
 
-def test_triton_graph_metadata_plans_for_its_batch_and_restarts_at_capture(monkeypatch):
+def test_triton_graph_plans_are_views_of_the_backend_workspace(monkeypatch):
     """The decode CUDA-graph metadata path (run on the CPU: Python is the same): a capture metadata's plans are sized
-    for the capture batch and the context limit (split-KV buffers present), shared by the layers, rebuilt when the
-    stream starts capturing (SGLang warms up eagerly on the same metadata first), and a new metadata, even for the
-    same batch size, gets plans and buffers of its own."""
-    from sglang_inkling_backend.hosts.sglang import metadata
-
+    for the capture batch and the context limit, made once for its layers and its runs (SGLang warms up eagerly on
+    the capture metadata, then captures on it), and their split buffers are views of the workspace the backend
+    allocated at construction, so the capture bakes in storage that no allocator hands out again; a later metadata
+    plans afresh over the same storage."""
     calls = count_plans(monkeypatch)
     layers = make_layers(windows=MIXED)
     h = Harness(layers, bf16_pool(layers=len(MIXED)), context=600)  # graph plans use the context limit: 3 splits
     ours = triton_backend(h)
     run_script(h, [ours], steps=3)  # prefill the four requests
     ours.init_cuda_graph_state(8, 8)
-    capturing = [False]
-    monkeypatch.setattr(metadata, "stream_capturing", lambda device: capturing[0])
+    ws = ours.workspace
+    start, stop = ws.part_o.data_ptr(), ws.part_o.data_ptr() + ws.part_o.numel() * ws.part_o.element_size()
+
+    def inside_workspace(plan):
+        return plan.part_o is not None and start <= plan.part_o.data_ptr() < stop
 
     def step_inputs(fb):
         inputs = []
@@ -520,31 +548,60 @@ def test_triton_graph_metadata_plans_for_its_batch_and_restarts_at_capture(monke
     assert md.graph and md.max_seq_len == 600
     inputs = step_inputs(fb)
     n = len(calls)
-    decode_step(fb, inputs)  # warm-up run (SGLang runs two, eagerly, on this metadata)
-    warm = md.decode_plans.plans()
-    assert len(calls) - n == 2 and len(warm) == 2
-    full = next(p for p in warm if p.window is None)
+    for _ in range(3):  # two warm-up runs and the captured one, on the same metadata
+        decode_step(fb, inputs)
+    plans = md.decode_plans.plans()
+    assert len(calls) - n == 2 and len(plans) == 2  # one plan per window for four layers and three runs
+    full = next(p for p in plans if p.window is None)
     assert full.num_splits == 3 and full.part_o.shape == (4, HQ, 3, D) and full.part_lse.shape == (4, HQ, 3)
-    # the capture run: the same metadata, the stream now capturing -> fresh plans, made once for the four layers
-    capturing[0] = True
-    decode_step(fb, inputs)
-    captured = md.decode_plans.plans()
-    assert len(calls) - n == 4 and len(captured) == 2
-    assert all(c is not w for c in captured for w in warm)
-    assert next(p for p in captured if p.window is None).part_o.shape == (4, HQ, 3, D)
-    capturing[0] = False
-    # later metadata (SGLang refills the graph buffers for every replay), twice for one batch size: each starts
-    # empty and gets plans of its own, sized for its batch
-    seen = warm + captured
+    assert all(inside_workspace(p) for p in plans if p.num_splits > 1)
+    # later metadata (SGLang refills the graph buffers for every replay): plans of its own, sized for its batch,
+    # over the same storage
     for rows in ([1, 3], [0, 2]):
         fb = h.batch(rows, [1, 1], decode=True)
         ours.init_forward_metadata_out_graph(fb)
         assert len(ours.forward_metadata.decode_plans) == 0
         decode_step(fb, step_inputs(fb))
-        plans = ours.forward_metadata.decode_plans.plans()
-        assert len(plans) == 2 and all(p is not old for p in plans for old in seen)
-        new_full = next(p for p in plans if p.window is None)
-        assert new_full.part_o.shape == (2, HQ, 3, D) and new_full.part_lse.shape == (2, HQ, 3)
-        seen += plans
-    # the capture metadata still holds the captured plans (and so their buffers)
-    assert [id(p) for p in md.decode_plans.plans()] == [id(p) for p in captured]
+        new_full = next(p for p in ours.forward_metadata.decode_plans.plans() if p.window is None)
+        assert new_full.part_o.shape == (2, HQ, 3, D) and new_full.part_o.data_ptr() == ws.part_o.data_ptr()
+
+
+def test_triton_route_reads_a_page_table_for_every_layer_of_an_mxfp8_pool():
+    """MXFP8 pool, page 128, whole pages per request, windowed and full layers interleaved: decode through the
+    Triton route reads one page table for every layer (no per-token rails are built), and matches the torch route
+    on the same pool and the dense reference of the MXFP8 round trip; extend keeps the per-token rails."""
+    page = 128
+    layers = make_layers(windows=MIXED)
+
+    def mxfp8_pool():
+        return inkling_pool_class("mxfp8")(4 * page * 4, page, torch.float8_e4m3fn, HKV, D, len(MIXED), "cpu", False)
+
+    h = WholePagesHarness(layers, mxfp8_pool, size=4 * page * 4, page_size=page, kv_cache_dtype=torch.float8_e4m3fn)
+    ours = triton_backend(h)
+    torch_runner = SimpleNamespace(**vars(h.runner))
+    torch_runner.token_to_kv_pool = mxfp8_pool()
+    reference = InklingAttnBackend(torch_runner)
+    assert ours.decode_page_size == page and reference.route.name == "torch" and reference.decode_page_size is None
+    round_trip = lambda x: mxfp8.dequantize(*mxfp8.quantize(x), torch.float32)  # noqa: E731
+    script = [([0, 1], [130, 5], False), ([2], [9], False), ([2], [121], False)] + [([0, 1, 2], [1, 1, 1], True)] * 3
+    worst_route, worst_dense, decode_layers = 0.0, 0.0, 0
+    for rows, lens, decode in script:
+        fb = h.batch(rows, lens, decode)
+        for backend in (ours, reference):
+            backend.init_forward_metadata(fb)
+        md = ours.forward_metadata
+        if decode:
+            assert md.pages is not None and md.full is None and md.windows == {}
+            assert md.pages.page_table.dtype == torch.int32 and md.pages.page_table.shape == (3, 2)
+        else:
+            assert md.pages is None and md.full is not None
+        for layer in layers:
+            q, k, v = h.qkv(fb, layer)
+            h.record(fb, layer, k, v)
+            mine, theirs = ours.forward(q, k, v, layer, fb), reference.forward(q, k, v, layer, fb)
+            dense = dense_reference(h, fb, layer, q, round_trip)
+            worst_route = max(worst_route, float((mine.float() - theirs.float()).abs().max()))
+            worst_dense = max(worst_dense, float((mine.float() - dense).abs().max()))
+            decode_layers += decode
+    assert decode_layers == 3 * len(MIXED)
+    assert worst_dense <= 2e-2 and worst_route <= 2e-2, (worst_dense, worst_route)

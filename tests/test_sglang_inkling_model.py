@@ -10,6 +10,7 @@ SGLang's Inkling model module (``srt/models/inkling_common/attn.py``) cannot be 
   ``InklingAttnBackend``, against a dense float32 attention with Inkling semantics (scale 1/D, relative bias,
   local window) over the K/V history after the MXFP8 round trip.
 """
+import importlib.util
 import math
 import sys
 import types
@@ -18,8 +19,9 @@ from types import SimpleNamespace
 
 import pytest
 
-pytest.importorskip("sglang", reason="SGLang is not installed (scripts/setup.sh installs it; "
-                                      "the core tests run without it)")
+if importlib.util.find_spec("sglang") is None:  # found, not imported: the CPU shims must come first
+    pytest.skip("SGLang is not installed (scripts/setup.sh installs it; the core tests run without it)",
+                allow_module_level=True)
 import torch
 
 from sglang_inkling_backend.hosts.sglang.cpu_testing import prepare_sglang_cpu_import

@@ -4,6 +4,7 @@ Runs the real sglang 0.5.23 in-process on the CPU (no server). The package must 
 read from its dist-info): if registration through the entry point fails, ``test_sglang_loader_finds_and_runs_entry_
 point`` fails.
 """
+import importlib.util
 import json
 import logging
 import subprocess
@@ -11,8 +12,9 @@ import sys
 
 import pytest
 
-pytest.importorskip("sglang", reason="SGLang is not installed (scripts/setup.sh installs it; "
-                                      "the core tests run without it)")
+if importlib.util.find_spec("sglang") is None:  # found, not imported: the CPU shims must come first
+    pytest.skip("SGLang is not installed (scripts/setup.sh installs it; the core tests run without it)",
+                allow_module_level=True)
 
 from sglang_inkling_backend.hosts.sglang.cpu_testing import prepare_sglang_cpu_import
 

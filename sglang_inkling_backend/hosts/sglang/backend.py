@@ -101,7 +101,7 @@ class InklingAttnBackend(AttentionBackend):
             check_swa_placement(self.layer_plan, self.token_to_kv_pool.layers_mapping)
         self.windows = {self.layer_plan.window(i) for i in self.layer_plan.windowed_layer_ids}
         head_dims = {self.layer_plan.spec(i).head_dim for i in self.layer_plan.attention_layer_ids}
-        self.route = choose_route(self.device, head_dims)
+        self.use_route(choose_route(self.device, head_dims))
         self.forward_metadata: Optional[InklingForwardMetadata] = None
         self._graph_buffers: Optional[DecodeGraphBuffers] = None
         self._eager_inputs = None
@@ -110,6 +110,22 @@ class InklingAttnBackend(AttentionBackend):
         from sglang_inkling_backend.hosts.sglang import inkling_model
 
         inkling_model.install_seam_if_loaded()
+
+    def use_route(self, route) -> None:
+        """Serve through ``route`` (chosen by ``routes.choose_route`` at construction; tests pass the Triton route
+        on the CPU), with the decode key map and the workspace that route reads."""
+        self.route = route
+        # Decode reads a page table where the route takes one and the pool hands out whole pages: SGLang's paged
+        # allocator gives every request whole pages (the contract SGLang's own MXFP8 decode, FA4, relies on too),
+        # and an MXFP8 pool is always paged (page 128, forced by hooks.py).
+        self.decode_page_size = (self.page_size if self.route.reads_page_tables and self.kv_format == "mxfp8"
+                                 and self.page_size % 16 == 0 else None)
+        # The split-KV scratch of every decode plan, allocated once for the largest batch and context (plans are
+        # views of it, so capture and replay need nothing else).
+        attention = [self.layer_plan.spec(i) for i in self.layer_plan.attention_layer_ids]
+        self.workspace = self.route.make_workspace(
+            max_batch=self.req_to_token_pool.req_to_token.shape[0], max_seq_len=self.max_context_len,
+            geometries={(s.num_q_heads, s.num_kv_heads, s.head_dim) for s in attention}, device=self.device)
 
     # --- metadata ----------------------------------------------------------------------------------------------
     def _full_to_swa(self) -> Optional[torch.Tensor]:
@@ -136,16 +152,21 @@ class InklingAttnBackend(AttentionBackend):
         self._check_mode(mode)
         r2t = self.req_to_token_pool.req_to_token
         extend_seq_lens = None if mode.is_decode() else forward_batch.extend_seq_lens
+        seq_lens_cpu = getattr(forward_batch, "seq_lens_cpu", None)
+        max_seq_len = int((seq_lens_cpu if seq_lens_cpu is not None else forward_batch.seq_lens).max())
         self.forward_metadata = build_forward_metadata(
             r2t, forward_batch.req_pool_indices, forward_batch.seq_lens, extend_seq_lens=extend_seq_lens,
-            windows=self.windows, full_to_swa=self._full_to_swa(), out_cache_loc=forward_batch.out_cache_loc)
+            windows=self.windows, full_to_swa=self._full_to_swa(), out_cache_loc=forward_batch.out_cache_loc,
+            page_size=self.decode_page_size, max_seq_len=max_seq_len)
         self._eager_inputs = (forward_batch.req_pool_indices, forward_batch.seq_lens, extend_seq_lens)
-        seq_lens_cpu = getattr(forward_batch, "seq_lens_cpu", None)
-        self.forward_metadata.max_seq_len = int((seq_lens_cpu if seq_lens_cpu is not None
-                                                 else forward_batch.seq_lens).max())
+        self.forward_metadata.max_seq_len = max_seq_len
 
-    def _rails(self, layer_id: int, window: Optional[int]):
+    def _keys(self, layer_id: int, window: Optional[int]):
+        """The layer's keys: the page table where the metadata has one and the layer's slots are the full pool's
+        positions (every layer unless a hybrid SWA pool keeps windowed ones apart), else its rails."""
         md = self.forward_metadata
+        if md.pages is not None and (window is None or not self.is_swa_pool):
+            return md.pages
         if window is None:
             return md.full
         key = window
@@ -169,7 +190,7 @@ class InklingAttnBackend(AttentionBackend):
             raise RuntimeError(f"inkling: decode CUDA graphs need the Triton route; this backend runs the "
                                f"{self.route.name} route. Pass --disable-cuda-graph")
         self._graph_buffers = DecodeGraphBuffers(max_bs, self.max_context_len, self.windows, self.device,
-                                                 swa=self.is_swa_pool)
+                                                 swa=self.is_swa_pool, page_size=self.decode_page_size)
 
     def get_cuda_graph_seq_len_fill_value(self):
         return 1
@@ -262,11 +283,12 @@ class InklingAttnBackend(AttentionBackend):
         if self.route.name == "triton" and q3.dtype == torch.float32 and self.model_dtype != torch.float32:
             q3 = q3.to(self.model_dtype)
         kv = self._paged_kv(layer.layer_id, spec)
-        rails = self._rails(layer.layer_id, spec.window)
+        keys = self._keys(layer.layer_id, spec.window)
         if decode:
-            out = self.route.decode(q3, kv, rails, params, max_seq_len=md.max_seq_len, plans=md.decode_plans)
+            out = self.route.decode(q3, kv, keys, params, max_seq_len=md.max_seq_len, plans=md.decode_plans,
+                                    workspace=self.workspace)
         else:
-            out = self.route.extend(q3, kv, rails, md.qo_indptr, params)
+            out = self.route.extend(q3, kv, keys, md.qo_indptr, params)
         return out.to(self.model_dtype).reshape(rows, spec.num_q_heads * spec.head_dim)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):

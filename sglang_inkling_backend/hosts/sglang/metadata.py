@@ -1,26 +1,20 @@
 """Forward metadata for the inkling backend: which pool slots each request attends over.
 
 Host-free (only torch): the backend hands in SGLang's tensors (``req_to_token``, ``req_pool_indices``, ``seq_lens``,
-``extend_seq_lens``, ``out_cache_loc``, the full->SWA slot map) and gets rails back, so everything here is testable
-without a server.
+``extend_seq_lens``, ``out_cache_loc``, the full->SWA slot map) and gets the keys' maps back (the core's
+``rails``: per-token CSR rails and page tables), so everything here is testable without a server.
 
-A *rail* is CSR: request ``b`` attends over pool slots ``indices[indptr[b]:indptr[b+1]]``, in position order,
-ending with the newest token (the reference's convention: decode's query is the last key; extend's queries are the
-last ``qlen`` keys). Positions inside a rail are relative, so a rail may start late (a window rail) without changing
-any distance ``i - j``.
+- Decode on a paged pool read by a route that takes page tables (the Triton route on an MXFP8 pool, page 128):
+  one page table ``pages`` serves every layer whose slots are positions of the full pool (full layers, and
+  windowed layers unless a hybrid SWA pool keeps them apart); no per-token rails are built for them.
+- Otherwise, and for extend: the *full* rail ``[0, seq_len)`` and one *window* rail per window, translated to the
+  sliding-window sub-pool's slots on a hybrid SWA pool (``rails.translate_rails``).
 
-- The *full* rail covers positions ``[0, seq_len)``.
-- A *window* rail for a window of ``W`` visible keys (keys with ``0 <= i - j <= W - 1``) covers
-  ``[max(0, seq_len - qlen - (W - 1)), seq_len)``: every key any of the request's queries can see, nothing older.
-  With a hybrid SWA pool the window rail is translated to sliding-window sub-pool slots; older tokens may already be
-  gone from that sub-pool, which is why windowed layers must read window rails.
-
-Decode CUDA graphs: ``DecodeGraphBuffers`` preallocates every rail at its largest size once, and ``refill`` writes a
+Decode CUDA graphs: ``DecodeGraphBuffers`` preallocates every map at its largest size once, and ``refill`` writes a
 new batch into the same storage (addresses never change), returning metadata whose tensors are views of it.
 
-Decode plans: every metadata carries a ``DecodePlanCache``, so the Triton route plans a step's decode (kernel
-configuration, split-KV scratch) once per window and layer shape instead of once per layer; a plan dies with its
-metadata, so it never outlives its batch.
+Decode plans: every metadata carries a ``DecodePlanCache``, so the Triton route plans a step's decode once per key
+(window, layer shape) instead of once per layer; the plans are views of the backend's one workspace.
 """
 from __future__ import annotations
 
@@ -29,18 +23,18 @@ from typing import Iterable, Optional
 
 import torch
 
-from sglang_inkling_backend.rails import INDEX_DTYPE, KVRails, check_token_table, gather_rails, translate_rails, window_start
+from sglang_inkling_backend.rails import (INDEX_DTYPE, KVPages, KVRails, check_token_table, gather_rails, page_table,
+                                          translate_rails, window_start)
 from sglang_inkling_backend.routes import DecodePlanCache
-
-
 
 @dataclass
 class InklingForwardMetadata:
     is_decode: bool
     batch_size: int
     qo_indptr: torch.Tensor  # int64 [B + 1]: request b's queries are rows qo_indptr[b]:qo_indptr[b+1]
-    full: KVRails
+    full: Optional[KVRails]  # None when ``pages`` serves the full pool's layers
     windows: dict[int, KVRails] = field(default_factory=dict)  # keyed by W = visible keys
+    pages: Optional[KVPages] = None  # decode on a paged pool: the full pool's page table
     # Write slots in the SWA sub-pool for this batch's new tokens (hybrid SWA pools only). The in-tree Inkling model
     # reads it under this name from the backend's forward_metadata.
     swa_out_cache_loc: Optional[torch.Tensor] = None
@@ -54,6 +48,8 @@ class InklingForwardMetadata:
     def rails(self, window: Optional[int]) -> KVRails:
         """The rails a layer with ``window`` visible keys (None: full attention) reads."""
         if window is None:
+            if self.full is None:
+                raise KeyError("this metadata has no full rails: the page table (pages) serves full layers")
             return self.full
         try:
             return self.windows[window]
@@ -64,10 +60,13 @@ class InklingForwardMetadata:
 def build_forward_metadata(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, *,
                            extend_seq_lens: Optional[torch.Tensor] = None, windows: Iterable[int] = (),
                            full_to_swa: Optional[torch.Tensor] = None,
-                           out_cache_loc: Optional[torch.Tensor] = None) -> InklingForwardMetadata:
+                           out_cache_loc: Optional[torch.Tensor] = None, page_size: Optional[int] = None,
+                           max_seq_len: Optional[int] = None) -> InklingForwardMetadata:
     """Eager metadata. Decode when ``extend_seq_lens`` is None (one query per request, ``seq_lens`` counting it);
     extend otherwise (``seq_lens`` = cached prefix + new tokens; prefix-cache hits and chunked prefill are both just
-    a prefix)."""
+    a prefix). ``page_size`` (decode only): build the page table instead of the full rail and of the window rails
+    it serves (all windows unless ``full_to_swa`` keeps them in a sub-pool); ``max_seq_len`` (a host int, the
+    batch's longest request) then sizes it."""
     check_token_table(req_to_token, req_pool_indices, seq_lens)
     device = req_to_token.device
     bs = seq_lens.numel()
@@ -84,41 +83,62 @@ def build_forward_metadata(req_to_token: torch.Tensor, req_pool_indices: torch.T
         raise ValueError("decode seq_lens must be >= 1 (they count the new token)")
     qo_indptr = torch.zeros(bs + 1, dtype=INDEX_DTYPE, device=device)
     torch.cumsum(query_lens, dim=0, out=qo_indptr[1:])
-    full = gather_rails(req_to_token, req_pool_indices, seq_lens)
+    pages = None
+    if page_size is not None and extend_seq_lens is None:
+        if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 1:
+            raise ValueError(f"max_seq_len must be a positive int (host) with page_size, got {max_seq_len!r}")
+        pages = KVPages(page_table(req_to_token, req_pool_indices, page_size, -(-max_seq_len // page_size)),
+                        seq_lens, page_size)
+    full = gather_rails(req_to_token, req_pool_indices, seq_lens) if pages is None else None
+    rail_windows = sorted(set(windows)) if pages is None or full_to_swa is not None else []
     window_rails = {
         w: translate_rails(gather_rails(req_to_token, req_pool_indices, seq_lens,
                                         window_start(seq_lens, query_lens, w)), full_to_swa)
-        for w in sorted(set(windows))
+        for w in rail_windows
     }
     swa_loc = None
     if full_to_swa is not None and out_cache_loc is not None:
         swa_loc = full_to_swa[out_cache_loc.to(INDEX_DTYPE)]
     return InklingForwardMetadata(is_decode=extend_seq_lens is None, batch_size=bs, qo_indptr=qo_indptr, full=full,
-                                  windows=window_rails, swa_out_cache_loc=swa_loc)
+                                  windows=window_rails, pages=pages, swa_out_cache_loc=swa_loc)
 
 
 class DecodeGraphBuffers:
     """Address-stable decode metadata for CUDA-graph capture and replay: allocated once at the largest batch and
-    context, refilled in place for every batch."""
+    context, refilled in place for every batch. With ``page_size`` the full pool's layers read a page table
+    (``[max_bs, cdiv(max_context_len, page_size)]`` int32) and no per-token full rail is allocated (it would be
+    ``max_bs * max_context_len`` int64); window rails remain only for a hybrid SWA pool's windowed layers."""
 
-    def __init__(self, max_bs: int, max_context_len: int, windows: Iterable[int], device, *, swa: bool):
+    def __init__(self, max_bs: int, max_context_len: int, windows: Iterable[int], device, *, swa: bool,
+                 page_size: Optional[int] = None):
         if max_bs < 1 or max_context_len < 1:
             raise ValueError(f"max_bs and max_context_len must be >= 1, got {max_bs} and {max_context_len}")
+        if page_size is not None and (isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1):
+            raise ValueError(f"page_size must be None or a positive int, got {page_size!r}")
         self.max_bs = max_bs
         self.max_context_len = max_context_len
-        self.windows = sorted(set(windows))
+        self.page_size = page_size
+        self.windows = sorted(set(windows)) if page_size is None or swa else []
         self.swa = swa
         zeros = lambda n: torch.zeros(n, dtype=INDEX_DTYPE, device=device)  # noqa: E731
         self.qo_indptr = torch.arange(max_bs + 1, dtype=INDEX_DTYPE, device=device)
-        self.full_indptr = zeros(max_bs + 1)
-        self.full_indices = zeros(max_bs * max_context_len)
+        if page_size is None:
+            self.full_indptr = zeros(max_bs + 1)
+            self.full_indices = zeros(max_bs * max_context_len)
+            self.page_table = self.seq_lens = None
+        else:
+            self.full_indptr = self.full_indices = None
+            max_pages = -(-max_context_len // page_size)
+            self.page_table = torch.zeros(max_bs, max_pages, dtype=torch.int32, device=device)
+            self.seq_lens = torch.ones(max_bs, dtype=INDEX_DTYPE, device=device)
         self.window_indptr = {w: zeros(max_bs + 1) for w in self.windows}
         self.window_indices = {w: zeros(max_bs * min(w, max_context_len)) for w in self.windows}
         self.swa_out_cache_loc = zeros(max_bs) if swa else None
 
     def tensors(self) -> list[torch.Tensor]:
         """Every buffer (tests check their addresses never move)."""
-        out = [self.qo_indptr, self.full_indptr, self.full_indices]
+        out = [t for t in (self.qo_indptr, self.full_indptr, self.full_indices, self.page_table, self.seq_lens)
+               if t is not None]
         out += [self.window_indptr[w] for w in self.windows] + [self.window_indices[w] for w in self.windows]
         return out + ([self.swa_out_cache_loc] if self.swa_out_cache_loc is not None else [])
 
@@ -131,8 +151,16 @@ class DecodeGraphBuffers:
         if self.swa != (full_to_swa is not None):
             raise ValueError("full_to_swa must be given exactly when the buffers were built for a hybrid SWA pool")
         seq_lens = seq_lens.to(device=req_to_token.device, dtype=INDEX_DTYPE)
-        full = gather_rails(req_to_token, req_pool_indices, seq_lens, out_indptr=self.full_indptr,
-                            out_indices=self.full_indices)
+        full = pages = None
+        if self.page_size is None:
+            full = gather_rails(req_to_token, req_pool_indices, seq_lens, out_indptr=self.full_indptr,
+                                out_indices=self.full_indices)
+        else:  # the table has a fixed width: no batch size is read back (the input checks read seq_lens once)
+            check_token_table(req_to_token, req_pool_indices, seq_lens)
+            self.page_table[:bs].copy_(page_table(req_to_token, req_pool_indices, self.page_size,
+                                                  self.page_table.shape[1]))
+            self.seq_lens[:bs].copy_(seq_lens)
+            pages = KVPages(self.page_table[:bs], self.seq_lens[:bs], self.page_size)
         ones = torch.ones_like(seq_lens)
         windows = {}
         for w in self.windows:
@@ -149,4 +177,4 @@ class DecodeGraphBuffers:
             self.swa_out_cache_loc[:bs].copy_(full_to_swa[out_cache_loc.to(INDEX_DTYPE)])
             swa_loc = self.swa_out_cache_loc[:bs]
         return InklingForwardMetadata(is_decode=True, batch_size=bs, qo_indptr=self.qo_indptr[: bs + 1], full=full,
-                                      windows=windows, swa_out_cache_loc=swa_loc)
+                                      windows=windows, pages=pages, swa_out_cache_loc=swa_loc)
