@@ -1,7 +1,7 @@
 """Decode CUDA-graph path of the inkling backend on a GPU: capture once, replay for new batches.
 
-Host-free parts only (``metadata.DecodeGraphBuffers``, ``impl.store_kv_unchecked``, ``routes.TritonRoute``), so it
-runs without SGLang on any CUDA machine: the buffers are refilled in place between replays, the captured write and
+Host-free parts only (``metadata.DecodeGraphBuffers``, ``kv_views.store_kv_unchecked``, ``routes.TritonRoute``), so
+it runs without SGLang on any CUDA machine: the buffers are refilled in place between replays, the captured write and
 Triton decode read them, and every replay must equal an eager torch-reference decode of the same batch.
 Skipped without CUDA (the CPU CI covers the refill logic in test_sglang_metadata.py).
 """
@@ -46,14 +46,16 @@ def whole_pages_req_to_token(rows, ctx, page, slots, g, dev):
 
 
 def check_decode_graph_capture_and_replay(kv_format, window, cached=False):
-    """``cached``: decode through the metadata's plan cache, as the backend does (warm-up and capture on one
-    metadata): the capture must plan afresh (buffers from the graph's pool), and every layer of the capture must
-    share that plan."""
+    """Capture one decode step (the captured K/V store and one or two layers' decode) for the largest batch, then
+    replay it for smaller batches refilled in place. MXFP8 pools read a page table (windowed layers too), the other
+    formats per-token rails. ``cached``: the step's plan cache serves both layers (the backend's path); otherwise
+    each call plans for itself. Plans are views of one workspace allocated before capture, so the graph writes
+    nowhere else."""
     from sglang_inkling_backend import mxfp8
-    from sglang_inkling_backend.reference.attention import AttentionParams
-    from sglang_inkling_backend.kv_views import store_kv_unchecked
     from sglang_inkling_backend.hosts.sglang.metadata import DecodeGraphBuffers, build_forward_metadata
-    from sglang_inkling_backend.routes import TorchRoute, choose_route
+    from sglang_inkling_backend.kv_views import store_kv_unchecked
+    from sglang_inkling_backend.reference.attention import AttentionParams
+    from sglang_inkling_backend.routes import DecodePlanCache, TorchRoute, choose_route
 
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)
@@ -67,7 +69,9 @@ def check_decode_graph_capture_and_replay(kv_format, window, cached=False):
 
     route = choose_route(dev, {D})
     assert route.name == "triton"
-    buffers = DecodeGraphBuffers(max_bs, ctx, [window] if window else [], dev, swa=False)
+    page_size = page if kv_format == "mxfp8" else None
+    workspace = route.make_workspace(max_batch=max_bs, geometries={(HQ, HKV, D)}, max_seq_len=ctx, device=dev)
+    buffers = DecodeGraphBuffers(max_bs, ctx, [window] if window else [], dev, swa=False, page_size=page_size)
     params = AttentionParams(softmax_scale=1 / math.sqrt(D), window=window)
     static_rows = torch.zeros(max_bs, dtype=torch.int64, device=dev)
     static_lens = torch.ones(max_bs, dtype=torch.int64, device=dev)  # the fill value: 1
@@ -76,19 +80,17 @@ def check_decode_graph_capture_and_replay(kv_format, window, cached=False):
     static_k = torch.zeros(max_bs, HKV, D, dtype=torch.bfloat16, device=dev)
     static_v = torch.zeros_like(static_k)
 
-    def step():
-        md = buffers.refill(r2t, static_rows, static_lens)  # out of graph: host ops allowed
-        return md
-
-    md = step()
-
-    plans = md.decode_plans if cached else None
+    md = buffers.refill(r2t, static_rows, static_lens)  # out of graph: host ops allowed
+    keys = md.pages if md.pages is not None else md.rails(window)
+    assert (md.pages is not None) == (kv_format == "mxfp8")
+    plans = md.decode_plans
 
     def body():
         store_kv_unchecked(kv, static_loc, static_k, static_v, mxfp8_store=route.mxfp8_store)
-        out = route.decode(static_q, kv, md.rails(window), params, max_seq_len=ctx, plans=plans)
+        out = route.decode(static_q, kv, keys, params, max_seq_len=ctx, plans=plans if cached else DecodePlanCache(),
+                           workspace=workspace)
         if cached:  # a second layer reading the same pool: the step's plan serves it too
-            out = out + route.decode(static_q, kv, md.rails(window), params, max_seq_len=ctx, plans=plans)
+            out = out + route.decode(static_q, kv, keys, params, max_seq_len=ctx, plans=plans, workspace=workspace)
         return out
 
     torch.cuda.synchronize()
@@ -97,19 +99,15 @@ def check_decode_graph_capture_and_replay(kv_format, window, cached=False):
     with torch.cuda.stream(s):
         body()  # warm up (compiles the kernels)
     torch.cuda.current_stream().wait_stream(s)
-    warm = plans.plans() if cached else []
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         static_out = body()
     if cached:
-        (captured,) = plans.plans()
-        assert len(warm) == 1 and captured is not warm[0]  # planned again under capture, once for both layers
-        assert captured.batch == max_bs and (captured.part_o is None) == (captured.num_splits == 1)
-        # the warm-up plan's buffers go back to the allocator, which hands the blocks out again for tensors of the
-        # same sizes: filled with NaN, they would show in every replay's output if the graph wrote to them
-        shapes = [t.shape for t in (warm[0].part_o, warm[0].part_lse) if t is not None]
-        del warm
-        junk = [torch.full(shape, float("nan"), device=dev) for shape in shapes]
+        (plan,) = plans.plans()  # planned once, on the warm-up, for both runs and both layers
+        assert plan.batch == max_bs and (plan.part_o is None) == (plan.num_splits == 1)
+        if plan.part_o is not None:
+            start = workspace.part_o.data_ptr()
+            assert start <= plan.part_o.data_ptr() < start + workspace.part_o.numel() * 4
 
     for trial, bs in enumerate((3, 8, 5)):
         rows = torch.randperm(9, device=dev, generator=g)[:bs]
@@ -118,7 +116,7 @@ def check_decode_graph_capture_and_replay(kv_format, window, cached=False):
         static_rows[:bs], static_lens[:bs] = rows, lens
         static_loc[:bs] = r2t[rows, lens - 1].long()
         static_q.normal_(generator=g); static_k.normal_(generator=g); static_v.normal_(generator=g)
-        step()  # refill in place, then replay
+        buffers.refill(r2t, static_rows, static_lens)  # in place, then replay
         graph.replay()
         torch.cuda.synchronize()
         # eager reference on the same pool state
@@ -127,8 +125,6 @@ def check_decode_graph_capture_and_replay(kv_format, window, cached=False):
         got = static_out[:bs].float() / (2 if cached else 1)  # cached: the sum of two identical layers
         err = (got - ref).abs().max().item()
         assert err < 2e-2, (trial, err)
-        if cached:
-            assert all(torch.isnan(t).all() for t in junk)  # nobody wrote into the freed warm-up buffers
         # the captured store wrote the new tokens (bytes equal to an eager quantization)
         got = kv.read(static_loc[:bs])[0]
         if kv_format == "mxfp8":
@@ -142,11 +138,11 @@ def check_decode_graph_capture_and_replay(kv_format, window, cached=False):
 
 def check_eager_triton_route_matches_torch_route(kv_format, window):
     """Eager extend (mixed prefix / chunk lengths) and decode with relative bias, sinks and logit cap: the Triton
-    route against the torch reference route on the same pool and rails."""
-    from sglang_inkling_backend.reference.attention import AttentionParams
+    route against the torch reference route on the same pool; MXFP8 decode through the page table too."""
+    from sglang_inkling_backend.hosts.sglang.metadata import build_forward_metadata
     from sglang_inkling_backend.kv_views import store_kv_unchecked
-    from sglang_inkling_backend.hosts.sglang.metadata import DecodePlanCache, build_forward_metadata
-    from sglang_inkling_backend.routes import TorchRoute, choose_route
+    from sglang_inkling_backend.reference.attention import AttentionParams
+    from sglang_inkling_backend.routes import DecodePlanCache, TorchRoute, choose_route
 
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(1)
@@ -156,10 +152,12 @@ def check_eager_triton_route_matches_torch_route(kv_format, window):
     store_kv_unchecked(kv, r2t.reshape(-1).long(), torch.randn(4 * ctx, HKV, D, device=dev, generator=g),
                        torch.randn(4 * ctx, HKV, D, device=dev, generator=g))
     triton_route, torch_route = choose_route(dev, {D}), TorchRoute()
+    workspace = triton_route.make_workspace(max_batch=4, geometries={(HQ, HKV, D)}, max_seq_len=ctx, device=dev)
     rows = torch.tensor([2, 0, 3], device=dev)
     for extend_lens, seq_lens in ((torch.tensor([300, 7, 1], device=dev), torch.tensor([300, 150, 599], device=dev)),
                                   (None, torch.tensor([600, 33, 129], device=dev))):
-        md = build_forward_metadata(r2t, rows, seq_lens, extend_seq_lens=extend_lens, windows=[window] if window else [])
+        windows = [window] if window else []
+        md = build_forward_metadata(r2t, rows, seq_lens, extend_seq_lens=extend_lens, windows=windows)
         n = int(md.qo_indptr[-1])
         q = torch.randn(n, HQ, D, device=dev, generator=g).to(torch.bfloat16)
         params = AttentionParams(softmax_scale=1 / D, window=window, logit_cap=30.0,
@@ -167,18 +165,25 @@ def check_eager_triton_route_matches_torch_route(kv_format, window):
                                  sinks=torch.randn(HQ, device=dev, generator=g))
         rails = md.rails(window)
         if extend_lens is None:
-            got = triton_route.decode(q, kv, rails, params, max_seq_len=int(seq_lens.max()))
-            plans = DecodePlanCache()  # the backend's path: the step's plan, twice (two layers), same bytes
-            for _ in range(2):
-                assert torch.equal(triton_route.decode(q, kv, rails, params, max_seq_len=int(seq_lens.max()),
-                                                       plans=plans), got)
-            assert len(plans) == 1
             want = torch_route.decode(q.float(), kv, rails, params)
+            longest = int(seq_lens.max())
+            keys = [rails]
+            if kv_format == "mxfp8":
+                keys.append(build_forward_metadata(r2t, rows, seq_lens, windows=windows, page_size=page,
+                                                   max_seq_len=longest).pages)
+            for k in keys:
+                plans = DecodePlanCache()  # the backend's path: the step's plan, twice (two layers), same bytes
+                got = triton_route.decode(q, kv, k, params, max_seq_len=longest, plans=plans, workspace=workspace)
+                assert torch.equal(triton_route.decode(q, kv, k, params, max_seq_len=longest, plans=plans,
+                                                       workspace=workspace), got)
+                assert len(plans) == 1
+                err = (got.float() - want).abs().max().item()
+                assert err < 2e-2, (kv_format, window, type(k).__name__, err)
         else:
             got = triton_route.extend(q, kv, rails, md.qo_indptr, params)
             want = torch_route.extend(q.float(), kv, rails, md.qo_indptr, params)
-        err = (got.float() - want).abs().max().item()
-        assert err < 2e-2, (kv_format, window, extend_lens is None, err)
+            err = (got.float() - want).abs().max().item()
+            assert err < 2e-2, (kv_format, window, "extend", err)
 
 
 if pytest is not None:
