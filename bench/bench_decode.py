@@ -20,7 +20,7 @@ Ours reads the page table (``run_decode(..., page_table=, seq_lens=)``) with ``p
 kv_dtype=...)``'s own configuration (``choose_config``) and split buffers in a ``DecodeWorkspace``; kernel variants
 are compared in ``bench/sweep_decode_variants.py``.
 
-Run on the GPU machine (FlashInfer 0.5.3 from carried wheels, see bench/results/README.md):
+Run on the GPU machine (FlashInfer 0.5.3 from carried wheels, see bench/results/current/README.md):
     python bench/bench_decode.py --out $OUT
 """
 
@@ -148,7 +148,7 @@ def row(kernel, name, case, ms, gbps, **extra):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
+    ap.add_argument("--out", default=os.environ.get("OUT", "bench/results/current"))
     ap.add_argument("--no-grid", action="store_true")
     ap.add_argument("--quick", action="store_true", help="a few grid points only")
     args = ap.parse_args()

@@ -11,7 +11,8 @@ Variants with whole pages read the Case's page table (``run_decode(..., page_tab
 per-token CSR. The variants of options the kernels no longer have (the block kernel with V loaded untransposed,
 ``b*``; register caps through Triton's ``maxnreg``, ``*r144`` / ``*r128``; the tile kernel's register prefetch and
 float32 dequantization) and the per-launch register report are in commit 77424c7 (their rows stay in the results
-they wrote, bench/results/2026-11-29-s4-call1/ and later); ``tools/compile_sm90.py`` reports registers and spills.
+they wrote, bench/results/history/2026-11-29-decode-v-transposed/ and later); ``tools/compile_sm90.py`` reports
+registers and spills.
 """
 
 from __future__ import annotations
@@ -81,8 +82,9 @@ for _st in (2, 3, 4, 5):
         VARIANTS[f"v32/1/{_st}r{_r}"] = dict(V, num_stages=_st, rounds=_r)
 for _m in (64, 128, 256):  # one round, splits of at least _m keys
     VARIANTS[f"v32/1/3r1m{_m}"] = dict(V, num_stages=3, rounds=1, min_split=_m)
-# Removed after they timed slower than the planned kernel at equal splits (bench/results/README.md; the code is in
-# git history at 31e060a): p32/* (V rows permuted), k32/*, kp32/* (K loaded as whole rows), w32/* (V loaded as
+# Removed after they timed slower than the planned kernel at equal splits
+# (bench/results/history/2026-11-30-decode-merge-channel-blocks, -decode-single-requests, -decode-v-words; the code
+# is in git history at 31e060a): p32/* (V rows permuted), k32/*, kp32/* (K loaded as whole rows), w32/* (V loaded as
 # 32-bit words)
 VARIANTS["v64/1/3r1"] = dict(V, block_n=64, num_stages=3, rounds=1)
 VARIANTS["v64/1/3r2"] = dict(V, block_n=64, num_stages=3, rounds=2)

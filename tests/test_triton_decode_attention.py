@@ -189,7 +189,8 @@ def test_plan_decode_splits_large_batches_into_one_round_of_resident_programs():
 ])
 def test_plan_decode_middle_batches_take_the_block_kernel_at_four_programs_per_sm(batch, hq, hkv, d, keys, splits):
     """Between the large batches and the small ones the transposed-V block kernel runs about 4 x 132 programs
-    (the split counts timed in bench/results/2026-11-29-s4-call3/ and bench/results/2026-11-29-s4-call5/)."""
+    (the split counts timed in bench/results/history/2026-11-29-decode-mid-grid-block-kernel/ and
+    bench/results/history/2026-11-29-decode-small-batch-splits/)."""
     indptr = torch.arange(0, (batch + 1) * keys, keys, dtype=torch.int32)
     plan = plan_decode(indptr, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, max_seq_len=keys, page_size=128)
     assert (plan.kernel, plan.num_splits) == ("blocks", splits)

@@ -244,7 +244,7 @@ def test_plan_rejects_bad_merge_block_d():
     (128, 2, 128, 32768, torch.bfloat16, dict(kernel="tiles", block_n=64, num_warps=2)),
 ])
 def test_choose_config(batch, hkv, d, keys, dtype, expect):
-    """Configurations from the H200 sweeps (bench/results/README.md: section "Decode")."""
+    """Configurations from the H200 sweeps (bench/results/current/README.md, section "Decode grid")."""
     got = choose_config(batch, hkv, d, keys, 128, dtype)
     assert {k: got[k] for k in expect} == expect
     assert choose_config(batch, hkv, d, keys, None, dtype)["kernel"] == "tiles"  # per-token indices: tiles only

@@ -11,7 +11,7 @@ can be read here at no device time (the numbers are this Triton's, which may dif
 
 The signature is marked as Triton's JIT specializes a real launch (pointers and ints divisible by 16); the
 registers, shared memory and loop length matched the GPU machine's JIT for four kernels
-(bench/results/2026-11-30-s5-call5/).
+(bench/results/history/2026-11-30-offline-vs-jit-registers/).
 
 Use the GPU machine's Triton (3.6) for numbers that match it: ``pip install --target /tmp/t36 triton==3.6.0`` (the
 wheel for this Python) and ``PYTHONPATH=/tmp/t36``.
@@ -70,7 +70,7 @@ def compile_decode(D=128, G=8, HKV=2, fmt="mxfp8", block_n=64, warps=2, stages=2
         # time every stride, split_len (whole tiles), window and rel_extent (0 when unused) are multiples of 16;
         # max_splits (the split count) need not be. Without the marks on stride_qh / stride_oh, q's load took
         # another layout and some variants compiled with 30 fewer registers than launched (124 against 154,
-        # bench/results/2026-11-30-s5-call5/).
+        # bench/results/history/2026-11-30-offline-vs-jit-registers/).
         # COMPILE_UNMARKED (comma-separated names) leaves arguments unmarked, as do_not_specialize would.
         unmarked = ("max_splits",) + tuple(os.environ.get("COMPILE_UNMARKED", "").split(","))
         if sig[name].startswith("*") or sig[name] == "i32" and name not in unmarked:

@@ -189,24 +189,27 @@ def _resident_blocks(wide: bool) -> int:
 
 def choose_config(batch: int, num_kv_heads: int, head_dim: int, max_keys: int, page_size: Optional[int],
                   kv_dtype: Optional[torch.dtype]) -> dict:
-    """Kernel configuration for a batch, from the H200 runs (bench/results/README.md, section "Decode").
+    """Kernel configuration for a batch, from the H200 runs (bench/results/current/README.md, section "Decode
+    grid"; the runs behind each choice in bench/results/history/).
 
     With page-aligned tiles and an 8-bit pool:
     - enough work for 512+ programs of 256-key splits: the block kernel (32-key tiles, one warp per program, no
       block-wide barrier, K and V streamed by cp.async), split into one round of resident programs (12 per SM at
       head_dim 128, 8 at 256). It beat the untransposed-V and heads-on-M block kernels at every large point of
-      the H200 sweeps (bench/results/2026-11-29-s4-call1/, bench/results/2026-11-29-s4-call2/);
+      the H200 sweeps (bench/results/history/2026-11-29-decode-v-transposed/,
+      bench/results/history/2026-11-29-decode-resident-splits/);
     - little work (under 32768 keys over all (request, KV head) pairs), or one or two pairs at head_dim 256: 64-key
       tiles on 4 warps, two waves of splits of >= 64 keys (a short batch's time is its serial tiles plus the
-      merge; the block kernel tied or lost there, bench/results/2026-11-29-s4-call5/,
-      bench/results/2026-11-30-s5-call2/);
+      merge; the block kernel tied or lost there, bench/results/history/2026-11-29-decode-small-batch-splits/,
+      bench/results/history/2026-11-30-decode-single-requests/);
     - one or two pairs over more keys (a single request at head_dim <= 128): the block kernel, one round of
       resident programs of >= 64 keys (1.21-1.28x FlashInfer bf16 at 16/2/128, 16k and 32k keys, where the tile
-      kernel ran 1.08-1.18x, bench/results/2026-11-30-s5-call2/);
+      kernel ran 1.08-1.18x, bench/results/history/2026-11-30-decode-single-requests/);
     - in between: the same block kernel, splits of >= 64 keys for about 4 programs per SM (1.18-1.22x
-      FlashInfer bf16 where the tile kernel ran 0.97-1.03x, bench/results/2026-11-29-s4-call3/ and
-      bench/results/2026-11-29-s4-call5/; at 64/8/128, one request of 4k keys, 1.26x where the tile kernel ran
-      1.10x, bench/results/2026-11-30-s5-call2/).
+      FlashInfer bf16 where the tile kernel ran 0.97-1.03x,
+      bench/results/history/2026-11-29-decode-mid-grid-block-kernel/ and
+      bench/results/history/2026-11-29-decode-small-batch-splits/; at 64/8/128, one request of 4k keys, 1.26x where
+      the tile kernel ran 1.10x, bench/results/history/2026-11-30-decode-single-requests/).
     Otherwise (per-token indices, or 16-bit pools) the tile kernel: 64-key tiles, 2 warps (4 at head_dim 256, where
     2 spill), 8 waves of splits of >= 256 keys."""
     eight_bit = kv_dtype is None or kv_dtype.itemsize == 1

@@ -26,7 +26,7 @@ def metal_runner(tmp_path_factory):
     if ON_DEVICE:
         yield "metal"
         return
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "check_metal_on_cpu"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "check_metal_on_cpu"))
     metal_cpu = pytest.importorskip("metal_cpu")
     if not metal_cpu.compiler_available():
         pytest.skip("no Metal device and no C++ compiler to stand in for it")

@@ -11,7 +11,7 @@ import pytest
 
 mx = pytest.importorskip("mlx.core")
 torch = pytest.importorskip("torch")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "check_metal_on_cpu"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "check_metal_on_cpu"))
 metal_cpu = pytest.importorskip("metal_cpu")
 if not metal_cpu.compiler_available():
     pytest.skip("no C++ compiler (g++) to build the Metal sources on the CPU", allow_module_level=True)
