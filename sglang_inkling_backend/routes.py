@@ -94,11 +94,11 @@ class TritonRoute:
         """One ``DecodeWorkspace`` for every layer shape of the model (``geometries``: ``(Hq, Hkv, D)`` per layer):
         room for the most split rows any of them plans for up to ``max_batch`` requests of ``max_seq_len`` keys."""
         geometries = set(geometries)
-        splits = max(self.kernels.decode_workspace_splits(max_batch, hkv, max_seq_len, device)
-                     for _, hkv, _ in geometries)
-        hq = max(g[0] for g in geometries)
-        d = max(g[2] for g in geometries)
-        return self.kernels.DecodeWorkspace(max_batch, hq, d, splits, device)
+        shapes = [self.kernels.decode_workspace_shape(max_batch, hkv, max_seq_len, device) for _, hkv, _ in geometries]
+        batch, splits = max(shapes, key=lambda shape: shape[0] * shape[1])
+        rows = max(b * s for b, s in shapes)
+        return self.kernels.DecodeWorkspace(batch, max(g[0] for g in geometries), max(g[2] for g in geometries),
+                                            -(-rows // batch), device)
 
     def decode(self, q: torch.Tensor, kv: PagedKV, keys: Union[KVRails, KVPages], params: AttentionParams, *,
                max_seq_len: int, plans: DecodePlanCache, workspace) -> torch.Tensor:
@@ -131,7 +131,7 @@ class TritonRoute:
 
 
 KERNEL_NAMES = ("check_decode_inputs", "plan_decode", "run_decode", "paged_extend_attention", "store_kv_mxfp8",
-                "DecodeWorkspace", "decode_workspace_splits")
+                "DecodeWorkspace", "decode_workspace_shape")
 
 
 def triton_unavailable(err: BaseException) -> bool:

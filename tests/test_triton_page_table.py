@@ -27,9 +27,9 @@ from sglang_inkling_backend.reference.attention import AttentionParams, PagedKV 
 from sglang_inkling_backend.reference.attention import paged_decode_attention as reference_decode  # noqa: E402
 from sglang_inkling_backend.reference.attention import paged_extend_attention as reference_extend  # noqa: E402
 from sglang_inkling_backend.scale_layout import ScaleLayout  # noqa: E402
-from sglang_inkling_backend.triton import (DecodeConfig, DecodeWorkspace, decode_workspace_splits,  # noqa: E402
-                                           paged_decode_attention, paged_extend_attention, plan_decode,
-                                           run_decode)
+from sglang_inkling_backend.triton import (DecodeConfig, DecodeWorkspace, decode_workspace_shape,  # noqa: E402
+                                           decode_workspace_splits, paged_decode_attention, paged_extend_attention,
+                                           plan_decode, run_decode)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 NULL = -1  # the table's entry for a page the kernels must not read
@@ -173,15 +173,22 @@ def test_workspace_sizes():
         plan_decode(4, num_q_heads=16, num_kv_heads=2, head_dim=128, max_seq_len=4096, workspace=ws,
                     config=DecodeConfig(num_splits=8))
     # for_max_context holds every plan plan_decode makes by itself up to that batch and context
-    for max_batch, hkv, ctx in ((8, 2, 32768), (32, 1, 4096), (3, 8, 1000)):
+    for max_batch, hkv, ctx in ((8, 2, 32768), (32, 1, 4096), (3, 8, 1000), (600, 8, 4096)):
         splits = decode_workspace_splits(max_batch, hkv, ctx)
-        for batch in range(1, max_batch + 1):
+        ws = DecodeWorkspace.for_max_context(max_batch, hkv * 2, hkv, 64, ctx, "cpu")
+        for batch in sorted({1, 2, 3, 5, 8, 17, 32, 100, 255, 256, 257, 600} & set(range(1, max_batch + 1))):
             for seq in (1, 64, 1000, ctx):
                 for page_size, window, dtype in ((128, None, torch.float8_e4m3fn), (None, None, torch.bfloat16),
                                                  (128, 100, torch.float8_e4m3fn), (32, None, torch.uint8)):
-                    plan = plan_decode(batch, num_q_heads=hkv * 2, num_kv_heads=hkv, head_dim=64, max_seq_len=seq,
-                                       window=window, page_size=page_size, kv_dtype=dtype)
+                    kw = dict(num_q_heads=hkv * 2, num_kv_heads=hkv, head_dim=64, max_seq_len=seq, window=window,
+                              page_size=page_size, kv_dtype=dtype)
+                    plan = plan_decode(batch, **kw)
                     assert batch * plan.num_splits <= max_batch * splits, (batch, seq, page_size, window)
+                    assert plan_decode(batch, workspace=ws, **kw).num_splits == plan.num_splits  # it fits
+    # only batches that split need room: the shape stops growing once batches split once
+    assert decode_workspace_shape(600, 8, 4096) == decode_workspace_shape(4096, 8, 4096)
+    big = DecodeWorkspace.for_max_context(4096, 64, 8, 128, 4096, "cpu")
+    assert big.nbytes < DecodeWorkspace.nbytes_for(4096, 64, 128, 1)  # smaller than one row per request
 
 
 def test_page_table_bad_input_raises_before_any_write():

@@ -89,8 +89,8 @@ class DecodeWorkspace:
                         max_seq_len: int, device: Union[torch.device, str]) -> "DecodeWorkspace":
         """A workspace that holds every plan ``plan_decode`` makes on its own (no ``DecodeConfig.num_splits``) for
         up to ``max_batch`` requests of up to ``max_seq_len`` keys, any window, page size and KV dtype."""
-        splits = decode_workspace_splits(max_batch, num_kv_heads, max_seq_len, device)
-        return cls(max_batch, num_q_heads, head_dim, splits, device)
+        batch, splits = decode_workspace_shape(max_batch, num_kv_heads, max_seq_len, device)
+        return cls(batch, num_q_heads, head_dim, splits, device)
 
     @property
     def device(self) -> torch.device:
@@ -231,26 +231,49 @@ def choose_config(batch: int, num_kv_heads: int, head_dim: int, max_keys: int, p
     return dict(_BLOCKS, waves=4, min_split=64)  # about 4 x SMs programs: 512-1024 beat 256 and 2048
 
 
-def decode_workspace_splits(max_batch: int, num_kv_heads: int, max_seq_len: int,
-                            device: Optional[Union[torch.device, str]] = None) -> int:
-    """The ``max_splits`` of a ``DecodeWorkspace(max_batch, ...)`` that holds every plan ``plan_decode`` makes on
-    its own for up to ``max_batch`` requests of up to ``max_seq_len`` keys: for each batch size, the most splits
-    any configuration ``choose_config`` can return asks for (an upper bound: it does not ask which one applies),
-    times the batch, over ``max_batch``. Host arithmetic only."""
-    for name, value in (("max_batch", max_batch), ("num_kv_heads", num_kv_heads), ("max_seq_len", max_seq_len)):
-        _positive_int(name, value)
-    sms = num_sms(device)
-    keys = max_seq_len + WINDOW_SLACK
+def _most_splits(batch: int, num_kv_heads: int, keys: int, sms: int) -> int:
+    """The most splits any configuration ``choose_config`` can return asks for at this batch (an upper bound: it
+    does not ask which one applies)."""
     policies = []
     for wide in (False, True):
         policies += [(c["block_n"], c["waves"], c["min_split"], None) for c in (_tiles(wide), _SMALL_TILES)]
         r = _resident_blocks(wide)
         policies += [(32, 1, MIN_SPLIT_TOKENS, r), (32, 1, 64, r), (32, 4, 64, None)]
     policies.append((16, 8, MIN_SPLIT_TOKENS, None))  # small pages
-    rows = max(b * max(choose_num_splits(b, num_kv_heads, keys, sms, bn, waves=w, min_split=ms, resident=r)
-                       for bn, w, ms, r in policies)
-               for b in range(1, max_batch + 1))
+    return max(choose_num_splits(batch, num_kv_heads, keys, sms, bn, waves=w, min_split=ms, resident=r)
+               for bn, w, ms, r in policies)
+
+
+def decode_workspace_splits(max_batch: int, num_kv_heads: int, max_seq_len: int,
+                            device: Optional[Union[torch.device, str]] = None) -> int:
+    """The ``max_splits`` of a ``DecodeWorkspace(max_batch, ...)`` that holds every plan ``plan_decode`` makes on
+    its own for up to ``max_batch`` requests of up to ``max_seq_len`` keys: for each batch size, the most splits
+    any configuration ``choose_config`` can return asks for, times the batch, over ``max_batch``. Host arithmetic
+    only."""
+    for name, value in (("max_batch", max_batch), ("num_kv_heads", num_kv_heads), ("max_seq_len", max_seq_len)):
+        _positive_int(name, value)
+    sms, keys = num_sms(device), max_seq_len + WINDOW_SLACK
+    rows = max(b * _most_splits(b, num_kv_heads, keys, sms) for b in range(1, max_batch + 1))
     return -(-rows // max_batch)
+
+
+def decode_workspace_shape(max_batch: int, num_kv_heads: int, max_seq_len: int,
+                           device: Optional[Union[torch.device, str]] = None) -> tuple[int, int]:
+    """``(batch, max_splits)`` of the smallest ``DecodeWorkspace`` that holds every plan ``plan_decode`` makes on
+    its own for up to ``max_batch`` requests of up to ``max_seq_len`` keys. A plan of one split uses no buffers, so
+    only the batches that split count: ``batch`` is the largest of them, ``max_splits`` their most split rows over
+    it. Large batches split once, so this does not grow with ``max_batch`` beyond the last batch that splits
+    (``(1, 1)`` when none does)."""
+    for name, value in (("max_batch", max_batch), ("num_kv_heads", num_kv_heads), ("max_seq_len", max_seq_len)):
+        _positive_int(name, value)
+    sms, keys = num_sms(device), max_seq_len + WINDOW_SLACK
+    splits = {b: _most_splits(b, num_kv_heads, keys, sms) for b in range(1, max_batch + 1)}
+    splitting = [b for b, n in splits.items() if n > 1]
+    if not splitting:
+        return 1, 1
+    batch = max(splitting)
+    rows = max(b * splits[b] for b in splitting)
+    return batch, -(-rows // batch)
 
 
 def plan_decode(batch: Union[int, torch.Tensor], *, num_q_heads: int, num_kv_heads: int, head_dim: int,
