@@ -4,8 +4,8 @@ to 16 rows), K and V read as ``[BLOCK_N, D]`` tiles.
 
 Slots come one index per key from the CSR (``kv_indptr``, ``kv_indices``: any slot per token), or with
 ``PAGED`` from one index per page-aligned tile: the CSR entry of the tile's first key when requests own whole
-pages, or the page table's page id (``PAGE_TABLE``). Choose_config picks it for pools read per token, 16-bit
-pools and small 8-bit batches; the block kernel (``decode_blocks``) takes the larger page-aligned batches.
+pages, or the page table's page id (``PAGE_TABLE``). ``plan.choose_config`` picks it for pools read per token,
+16-bit pools and small 8-bit batches; the block kernel (``decode_blocks``) takes the larger page-aligned batches.
 
 8-bit tiles go to fp16 (``FP16_TILES``; exact for e4m3): MXFP8 blocks times ``2**(e - e_max)`` relative to the
 tile's largest scale, ``2**(e_max - 127)`` applied to the dot's result (``dequant_tile_relative``); q normalised
