@@ -31,8 +31,9 @@ RELATIVE_PATH = re.compile(r"`(\.\./" + _PATH_CHARS + r"+)`")
 def _source_files():
     """Walks the checkout, never descending into a skipped folder (a set-up .venv holds tens of thousands of files)."""
     for folder, subfolders, files in os.walk(ROOT):
+        # hidden folders (.git, .venv, the device tool's carried copies) are not the repository's sources
         subfolders[:] = [d for d in subfolders
-                         if d not in SKIP_DIRS and not d.endswith(".egg-info") and not d.startswith(".pytest")]
+                         if d not in SKIP_DIRS and not d.endswith(".egg-info") and not d.startswith(".")]
         for name in files:
             if Path(name).suffix in SUFFIXES:
                 yield Path(folder) / name
@@ -87,7 +88,7 @@ NAMED = _named_paths()
 def test_the_scan_finds_the_results_index_and_current_grid():
     """The scan itself works: it sees paths that are known to be named (the README's grid and this index)."""
     written = {path for _, path, _ in NAMED}
-    assert "bench/results/current/2026-11-30-h200.json" in written
+    assert "bench/results/current/2026-12-01-h200.json" in written
     assert any(path.startswith("../history/") for path in written)
     assert len(NAMED) > 40
 
