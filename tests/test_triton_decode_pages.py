@@ -260,41 +260,50 @@ def test_plan_decode_takes_a_callers_kernel(kernel):
     assert plan.kernel == kernel and plan.block_n == 32
 
 
-def test_sglang_triton_route_decodes_mxfp8_pools_by_whole_pages(monkeypatch):
-    """The SGLang host's Triton route passes the pool's page size for MXFP8 pools (SGLang's paged allocator gives
-    whole pages) and still matches the reference; per-token plans are used for other pools."""
+def test_triton_route_reads_page_tables_paged_and_rails_per_token(monkeypatch):
+    """The core's Triton route plans by whole pages for a page table (``KVPages``: what the SGLang adapter gives for
+    an MXFP8 pool, whose requests own whole pages) and per token for rails (``KVRails``), and both match the
+    reference, for MXFP8 and bf16 pools."""
     from sglang_inkling_backend import triton as kernels
-    from sglang_inkling_backend.hosts.sglang.metadata import KVRails
-    from sglang_inkling_backend.routes import TritonRoute
+    from sglang_inkling_backend.rails import KVPages, KVRails
+    from sglang_inkling_backend.routes import DecodePlanCache, TritonRoute
 
     seen = []
-    real_plan = kernels.decode_attention.plan_decode
-    monkeypatch.setattr(kernels.decode_attention, "plan_decode",
+    real_plan = kernels.plan_decode
+    monkeypatch.setattr(kernels, "plan_decode",
                         lambda *a, **kw: seen.append(kw.get("page_size")) or real_plan(*a, **kw))
     gen = torch.Generator().manual_seed(13)
-    indptr, indices, slots = whole_pages_batch([150, 20], 128, gen)
+    lens, page = [150, 20], 128
+    indptr, indices, slots = whole_pages_batch(lens, page, gen)
     rails = KVRails(indptr.long(), indices.long())
+    first_slots = [indices[int(indptr[b]):int(indptr[b + 1])][::page] for b in range(2)]
+    table = torch.zeros(2, 2, dtype=torch.int32)
+    for b, firsts in enumerate(first_slots):
+        table[b, :len(firsts)] = (firsts // page).to(torch.int32)
+    pages = KVPages(table.to(DEV), torch.tensor(lens, device=DEV), page)
     params = MODES["inkling"](2, 8, 64, gen)
     route = TritonRoute(kernels)
-    for fmt, expect in (("mxfp8", 128), ("bfloat16", None)):
-        pool = make_pool(fmt, slots, 2, 64, 128, gen)
+    for fmt in ("mxfp8", "bfloat16"):
+        pool = make_pool(fmt, slots, 2, 64, page, gen)
         q = torch.randn(2, 8, 64, generator=gen).bfloat16().to(DEV)
-        out = route.decode(q, pool, rails, params, max_seq_len=150)
-        assert seen[-1] == expect
-        assert rel_err(out, reference_decode(q, pool, indptr, indices, params)) < 4e-3  # bf16 output
+        want = reference_decode(q, pool, indptr, indices, params)
+        for keys, expect in ((pages, page), (rails, None)):
+            out = route.decode(q, pool, keys, params, max_seq_len=150, plans=DecodePlanCache(), workspace=None)
+            assert seen[-1] == expect, (fmt, type(keys).__name__)
+            assert rel_err(out, want) < 4e-3  # bf16 output
 
 
-def test_sglang_triton_route_plans_window_rails_per_token(monkeypatch):
-    """A window rail starts at the window, mid-page (metadata.window_start), so it breaks the whole-pages contract:
-    the route must not pass page_size for it. With page_size the kernel reads the tile from the rail's first slot
-    rounded to a tile, the wrong keys (rel err ~1 against the reference)."""
+def test_triton_route_plans_window_rails_per_token(monkeypatch):
+    """A window rail starts at the window, mid-page (rails.window_start), so it cannot be read by whole pages: the
+    route plans it per token. With page_size the kernel would read the tile from the rail's first slot rounded to a
+    tile, the wrong keys (rel err ~1 against the reference)."""
     from sglang_inkling_backend import triton as kernels
-    from sglang_inkling_backend.hosts.sglang.metadata import KVRails, window_start
-    from sglang_inkling_backend.routes import TritonRoute
+    from sglang_inkling_backend.rails import KVRails, window_start
+    from sglang_inkling_backend.routes import DecodePlanCache, TritonRoute
 
     seen = []
-    real_plan = kernels.decode_attention.plan_decode
-    monkeypatch.setattr(kernels.decode_attention, "plan_decode",
+    real_plan = kernels.plan_decode
+    monkeypatch.setattr(kernels, "plan_decode",
                         lambda *a, **kw: seen.append(kw.get("page_size")) or real_plan(*a, **kw))
     gen = torch.Generator().manual_seed(17)
     lens, window = [150, 70], 48
@@ -306,7 +315,8 @@ def test_sglang_triton_route_plans_window_rails_per_token(monkeypatch):
     params = AttentionParams(1.0 / 64, window=window, rel_bias=torch.randn(2, 8, window, generator=gen).to(DEV))
     pool = make_pool("mxfp8", slots, 2, 64, 128, gen)
     q = torch.randn(2, 8, 64, generator=gen).bfloat16().to(DEV)
-    out = TritonRoute(kernels).decode(q, pool, rails, params, max_seq_len=window)
+    out = TritonRoute(kernels).decode(q, pool, rails, params, max_seq_len=window, plans=DecodePlanCache(),
+                                      workspace=None)
     assert seen[-1] is None
     ref = reference_decode(q, pool, indptr.long(), indices.long(), params)  # the whole rails, the window masks
     assert rel_err(out, ref) < 4e-3
