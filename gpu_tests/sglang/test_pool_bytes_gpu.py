@@ -1,4 +1,5 @@
-"""GPU only (not run yet): for the same bf16 K/V rows, SGLang 0.5.23's own MXFP8 pool writer and ours produce
+"""GPU only (3 passed on the H200: bench/results/current/sglang-h200/pool_bytes.log): for the same bf16 K/V rows,
+SGLang 0.5.23's own MXFP8 pool writer and ours produce
 identical fp8 bytes and UE8M0 scale bytes, so pages one writes the other reads.
 
 SGLang's writer is ``quant_store_kv_mxfp8`` (sglang/kernels/ops/kvcache/mxfp8_quant_store_kv.py), the kernel
