@@ -101,16 +101,20 @@ def test_decode_matches_reference(fmt, page, mode):
         assert rel_err(out, ref) < tol_for(fmt), (num_splits, rel_err(out, ref))
 
 
-@pytest.mark.parametrize("hq,hkv,d", [(4, 1, 128), (6, 2, 64), (32, 1, 32)])
-def test_decode_head_geometries(hq, hkv, d):
-    """GQA groups of 1..32 (padded to the dot's 16 rows or more, non-powers of two), head_dim 32..128."""
-    gen = torch.Generator().manual_seed(hq * 1000 + d)
+def inkling_mxfp8_case(hq, hkv, d, lens, seed):
+    """An MXFP8 pool, a batch of ``lens`` keys, q and Inkling-mode params, and the reference decode of them."""
+    gen = torch.Generator().manual_seed(seed)
     pool = make_pool("mxfp8", hkv, d, gen=gen)
-    lens = [100, 3]
     indptr, indices = make_batch(lens, pool.num_slots, gen)
     q = torch.randn(len(lens), hq, d, generator=gen).bfloat16().to(DEV)
     params = MODES["inkling"](len(lens), hq, d, gen)
-    ref = reference_decode(q, pool, indptr, indices, params)
+    return pool, indptr, indices, q, params, reference_decode(q, pool, indptr, indices, params)
+
+
+@pytest.mark.parametrize("hq,hkv,d", [(4, 1, 128), (6, 2, 64), (32, 1, 32)])
+def test_decode_head_geometries(hq, hkv, d):
+    """GQA groups of 1..32 (padded to the dot's 16 rows or more, non-powers of two), head_dim 32..128."""
+    pool, indptr, indices, q, params, ref = inkling_mxfp8_case(hq, hkv, d, [100, 3], seed=hq * 1000 + d)
     out = torch.full(q.shape, float("nan"), device=DEV)
     paged_decode_attention(q, pool, indptr, indices, params, out=out)
     assert rel_err(out, ref) < TOL
@@ -119,14 +123,8 @@ def test_decode_head_geometries(hq, hkv, d):
 @pytest.mark.parametrize("variant", [dict(block_n=32, num_stages=1), dict(block_n=16, num_warps=1)])
 def test_decode_kernel_variants(variant):
     """The configurations the benchmark sweeps compute the same function."""
-    gen = torch.Generator().manual_seed(7)
     hq, hkv, d = 8, 2, 64
-    pool = make_pool("mxfp8", hkv, d, gen=gen)
-    lens = [1, 129]
-    indptr, indices = make_batch(lens, pool.num_slots, gen)
-    q = torch.randn(len(lens), hq, d, generator=gen).bfloat16().to(DEV)
-    params = MODES["inkling"](len(lens), hq, d, gen)
-    ref = reference_decode(q, pool, indptr, indices, params)
+    pool, indptr, indices, q, params, ref = inkling_mxfp8_case(hq, hkv, d, [1, 129], seed=7)
     for num_splits in (1, 4):
         plan = plan_decode(indptr, num_q_heads=hq, num_kv_heads=hkv, head_dim=d,
                            config=DecodeConfig(num_splits=num_splits, **variant))

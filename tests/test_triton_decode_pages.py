@@ -260,6 +260,15 @@ def test_plan_decode_takes_a_callers_kernel(kernel):
     assert plan.kernel == kernel and plan.block_n == 32
 
 
+def page_sizes_planned(monkeypatch, kernels) -> list:
+    """The ``page_size`` of every ``plan_decode`` call the route makes from now on."""
+    seen = []
+    real_plan = kernels.plan_decode
+    monkeypatch.setattr(kernels, "plan_decode",
+                        lambda *a, **kw: seen.append(kw.get("page_size")) or real_plan(*a, **kw))
+    return seen
+
+
 def test_triton_route_reads_page_tables_paged_and_rails_per_token(monkeypatch):
     """The core's Triton route plans by whole pages for a page table (``KVPages``: what the SGLang adapter gives for
     an MXFP8 pool, whose requests own whole pages) and per token for rails (``KVRails``), and both match the
@@ -268,10 +277,7 @@ def test_triton_route_reads_page_tables_paged_and_rails_per_token(monkeypatch):
     from sglang_inkling_backend.rails import KVPages, KVRails
     from sglang_inkling_backend.routes import DecodePlanCache, TritonRoute
 
-    seen = []
-    real_plan = kernels.plan_decode
-    monkeypatch.setattr(kernels, "plan_decode",
-                        lambda *a, **kw: seen.append(kw.get("page_size")) or real_plan(*a, **kw))
+    seen = page_sizes_planned(monkeypatch, kernels)
     gen = torch.Generator().manual_seed(13)
     lens, page = [150, 20], 128
     indptr, indices, slots = whole_pages_batch(lens, page, gen)
@@ -301,10 +307,7 @@ def test_triton_route_plans_window_rails_per_token(monkeypatch):
     from sglang_inkling_backend.rails import KVRails, window_start
     from sglang_inkling_backend.routes import DecodePlanCache, TritonRoute
 
-    seen = []
-    real_plan = kernels.plan_decode
-    monkeypatch.setattr(kernels, "plan_decode",
-                        lambda *a, **kw: seen.append(kw.get("page_size")) or real_plan(*a, **kw))
+    seen = page_sizes_planned(monkeypatch, kernels)
     gen = torch.Generator().manual_seed(17)
     lens, window = [150, 70], 48
     indptr, indices, slots = whole_pages_batch(lens, 128, gen)

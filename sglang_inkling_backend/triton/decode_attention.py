@@ -37,7 +37,7 @@ from .decode_merge import decode_merge_kernel
 from .decode_tiles import decode_tiles_kernel
 from .device import KV_FLOAT
 from .inputs import (check_decode_inputs, check_kv_map, check_query_and_pool, dot_dtype, interpreting, kv_format,
-                     scale_args, validate_page_table, validate_slots)
+                     launch_scalars, launch_strides, scale_args, validate_page_table, validate_slots)
 from .plan import DecodeConfig, DecodePlan, DecodeWorkspace, plan_decode
 
 logger = logging.getLogger(__name__)

@@ -25,8 +25,8 @@ import triton.language as tl
 
 from ..reference.attention import AttentionParams, PagedKV
 from .device import add_logit_bias, cap_logits, load_kv_tile, scale_logits
-from .inputs import (check_index_tensor, check_kv_map, check_query_and_pool, dot_dtype, kv_format, scale_args,
-                     validate_page_table)
+from .inputs import (check_index_tensor, check_kv_map, check_query_and_pool, dot_dtype, kv_format, launch_scalars,
+                     launch_strides, scale_args, validate_page_table)
 
 
 @triton.jit
@@ -211,13 +211,7 @@ def paged_extend_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: Optional[tor
         q, kv.k_buffer, kv.v_buffer, ksf, vsf,
         lens, index, stride_index_row, qo_indptr, block_req, block_row,
         rb if rb is not None else dummy, params.sinks if params.sinks is not None else dummy, out,
-        q.stride(0), q.stride(1),
-        kv.k_buffer.stride(0), kv.k_buffer.stride(1), kv.v_buffer.stride(0), kv.v_buffer.stride(1),
-        rb.stride(0) if rb is not None else 0, rb.stride(1) if rb is not None else 0,
-        rb.shape[2] if rb is not None else 0,
-        out.stride(0), out.stride(1),
-        float(params.softmax_scale), float(kv.k_scale), float(kv.v_scale), float(params.logit_cap),
-        params.window if params.window is not None else 0,
+        *launch_strides(q, kv, rb, out), *launch_scalars(params, kv),
         G=group, BLOCK_M=block_m, BLOCK_R=block_r, D=d, HKV=hkv, BLOCK_N=block_n, KV_FORMAT=fmt, PAGE=page,
         INTERLEAVED=interleaved, DOT_DTYPE=dot_dtype(kv), HAS_REL_BIAS=rb is not None,
         HAS_WINDOW=params.window is not None, HAS_CAP=params.logit_cap > 0, HAS_SINKS=params.sinks is not None,

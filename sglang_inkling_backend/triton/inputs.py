@@ -241,3 +241,23 @@ def validate_slots(kv: PagedKV, kv_indptr: torch.Tensor, kv_indices: torch.Tenso
             raise ValueError(f"kv_indices are not whole pages of page_size={page_size}: entry {t} (token "
                              f"{int(pos[t])} of its request) is slot {int(used[t])}; token t must be in slot "
                              f"page * {page_size} + t % {page_size} with one page per {page_size} tokens")
+
+
+def launch_strides(q: torch.Tensor, kv: PagedKV, rel_bias: Optional[torch.Tensor], out: torch.Tensor) -> tuple:
+    """The stride arguments the decode and extend kernels share, in their order: q's row and head strides, K's and
+    V's slot and head strides, the relative bias's row and head strides and its extent (0 without one), out's row
+    and head strides."""
+    rb = rel_bias
+    return (q.stride(0), q.stride(1),
+            kv.k_buffer.stride(0), kv.k_buffer.stride(1), kv.v_buffer.stride(0), kv.v_buffer.stride(1),
+            rb.stride(0) if rb is not None else 0, rb.stride(1) if rb is not None else 0,
+            rb.shape[2] if rb is not None else 0,
+            out.stride(0), out.stride(1))
+
+
+def launch_scalars(params: AttentionParams, kv: PagedKV) -> tuple:
+    """The scalar arguments the decode and extend kernels share, in their order: softmax scale, per-tensor K and V
+    scales, logit cap, window (0: none)."""
+    return (float(params.softmax_scale), float(kv.k_scale), float(kv.v_scale), float(params.logit_cap),
+            params.window if params.window is not None else 0)
+
