@@ -54,7 +54,7 @@ def store_kv_unchecked(kv: PagedKV, loc: torch.Tensor, k: torch.Tensor, v: torch
     """Write K/V at ``loc`` with no host sync (CUDA-graph capture). The caller guarantees valid slots; shapes are
     still checked (host metadata, no sync). ``mxfp8_store(kv, loc, k, v, validate=False)`` quantizes and stores
     bf16 K/V into an MXFP8 pool in one kernel (the route's, e.g. the Triton ``store_kv_mxfp8``); without it the
-    torch quantizer runs (the same bytes away from e4m3 ties: ``tests/test_triton_decode_attention.py::
+    torch quantizer runs (the same bytes away from e4m3 ties: ``tests/triton_tests/test_triton_decode_attention.py::
     test_store_bytes_identical_to_quantize_and_scatter``, ``gpu_tests/check_triton_gpu.py``)."""
     n, hkv, d = loc.numel(), kv.num_kv_heads, kv.head_dim
     k, v = k.reshape(n, hkv, d), v.reshape(n, hkv, d)

@@ -6,7 +6,7 @@ Where the UE8M0 scale byte of (slot, KV head, 32-channel block) lives: SGLang's 
 ``inkling_scale_offset`` in ``mlx/metal/inkling_common.metal`` (Metal, called by every kernel that touches pool
 scales). The Triton version is checked in the Triton tests. The Metal function runs here through a one-line probe
 kernel: on the CPU under ``tools/check_metal_on_cpu`` (the Metal source compiled as C++, as in
-tests/mlx/test_mlx_metal_on_cpu.py), and on the real device when this is Apple silicon with Metal.
+tests/mlx_tests/test_mlx_metal_on_cpu.py), and on the real device when this is Apple silicon with Metal.
 """
 
 from __future__ import annotations

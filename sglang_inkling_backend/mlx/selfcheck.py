@@ -1,7 +1,7 @@
 """``python -m sglang_inkling_backend.mlx.selfcheck``: the MLX path against the core, on this machine.
 
 On Apple silicon it runs the Metal kernels (and their MLX-ops twins); elsewhere the twins only (the Metal sources
-are checked on Linux by tests/mlx/test_mlx_metal_on_cpu.py). Prints the errors and byte mismatches, plus wall times
+are checked on Linux by tests/mlx_tests/test_mlx_metal_on_cpu.py). Prints the errors and byte mismatches, plus wall times
 (informational, never a pass criterion); exits 1 on any byte mismatch or an error above its bound.
 """
 
@@ -45,7 +45,7 @@ def main() -> int:
     implementations = ["mlx_ops"] + (["metal"] if mk.metal_available() else [])
     print(f"mlx {mx.__version__}, device {mx.default_device()}, Metal available: {mk.metal_available()}")
     if not mk.metal_available():
-        print("  (no Metal here: twins only; the Metal sources are checked by tests/mlx/test_mlx_metal_on_cpu.py)")
+        print("  (no Metal here: twins only; the Metal sources are checked by tests/mlx_tests/test_mlx_metal_on_cpu.py)")
     g = torch.Generator().manual_seed(0)
 
     print("MXFP8 quantize, 4096 x 8 x 128 bf16 values spanning 1e-6..1e6")

@@ -29,7 +29,7 @@ def e8m0_to_float(byte):
 def scale_offsets(slot0, offs, h, HKV: tl.constexpr, NB: tl.constexpr, PAGE: tl.constexpr,
                   INTERLEAVED: tl.constexpr):
     """Offset of the first of the ``NB`` scale bytes of (slot ``slot0 + offs``, head ``h``) in an MXFP8 pool's
-    scale buffer: ``ScaleLayout``'s formula (``scale_layout.py``; tests/test_triton_scale_offsets.py checks they
+    scale buffer: ``ScaleLayout``'s formula (``scale_layout.py``; tests/triton_tests/test_triton_scale_offsets.py checks they
     agree). The one Triton copy of it: decode, extend, the K/V store and the prologue all call it.
 
     ``slot0`` is int64 (a vector of slots with ``offs = 0``, or one page-aligned tile's first slot with

@@ -3,7 +3,7 @@ byte ``sglang_inkling_backend.mxfp8.quantize`` (used by the fused K/V store and 
 
 Every rounding is an integer bit operation (round to nearest even), never a dtype cast: exact on the GPU and under
 the Triton interpreter alike (the interpreter's fp32 -> e4m3 cast rounds ties wrongly: 124 -> 64, 84 -> 88;
-``tests/test_triton_prologue.py`` feeds it those ties). The scale exponent is ``ceil(log2(amax / 448))`` from the
+``tests/triton_tests/test_triton_prologue.py`` feeds it those ties). The scale exponent is ``ceil(log2(amax / 448))`` from the
 float's exponent and mantissa bits, and the scaling multiplies by an exact power of two. A block holding a NaN or
 an infinity gets the UE8M0 NaN byte 0xFF and e4m3 NaNs (0x7F), as the core quantizer.
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -30,6 +32,7 @@ if not all(isinstance(fn, triton.runtime.interpreter.InterpretedFunction)
     importlib.reload(device)
     importlib.reload(encode)
     fused = importlib.reload(fused)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the reference prologue's cases
 from test_reference_prologue import ERROR_CASES, clone_args, make_case  # noqa: E402
 
 DEVICE = "cpu"
