@@ -35,6 +35,7 @@ class KVRails:
     indptr: torch.Tensor  # int64 [B + 1]
     indices: torch.Tensor  # int64 [>= nnz]
 
+
 @dataclass
 class KVPages:
     """A page table: request b's position p is in slot ``page_table[b, p // page_size] * page_size + p % page_size``
@@ -59,11 +60,13 @@ def check_token_table(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor
         raise ValueError(f"req_pool_indices must lie in [0, {req_to_token.shape[0]}), got "
                          f"[{int(req_pool_indices.min())}, {int(req_pool_indices.max())}]")
 
+
 def window_start(seq_lens: torch.Tensor, query_lens: torch.Tensor, window: int) -> torch.Tensor:
     """First position any query of the request can see with ``window`` visible keys."""
     if window < 1:
         raise ValueError(f"window must be >= 1 visible key, got {window}")
     return torch.clamp(seq_lens - query_lens - (window - 1), min=0)
+
 
 def gather_rails(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
                  start: Optional[torch.Tensor] = None, *, out_indptr: Optional[torch.Tensor] = None,

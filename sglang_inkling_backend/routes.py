@@ -95,10 +95,9 @@ class TritonRoute:
         room for the most split rows any of them plans for up to ``max_batch`` requests of ``max_seq_len`` keys."""
         geometries = set(geometries)
         shapes = [self.kernels.decode_workspace_shape(max_batch, hkv, max_seq_len, device) for _, hkv, _ in geometries]
-        batch, splits = max(shapes, key=lambda shape: shape[0] * shape[1])
-        rows = max(b * s for b, s in shapes)
+        batch, splits = max(shapes, key=lambda shape: shape[0] * shape[1])  # the most split rows
         return self.kernels.DecodeWorkspace(batch, max(g[0] for g in geometries), max(g[2] for g in geometries),
-                                            -(-rows // batch), device)
+                                            splits, device)
 
     def decode(self, q: torch.Tensor, kv: PagedKV, keys: Union[KVRails, KVPages], params: AttentionParams, *,
                max_seq_len: int, plans: DecodePlanCache, workspace) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """``InklingAttnBackend``: SGLang's ``AttentionBackend`` for ``--attention-backend inkling``.
 
-This module only adapts SGLang's objects; the rails come from ``metadata``, the work from ``impl`` and the route
-(torch reference or Triton, chosen once here, at construction) from ``routes``.
+This module only adapts SGLang's objects: the per-layer record comes from ``layers`` (built once, here, at
+construction), the keys' maps from ``metadata``, the call's parameters from ``call_args``, the pool views from the
+core's ``kv_views`` and the work from the core's ``routes`` (torch reference or Triton, chosen once here).
 
 What SGLang expects of a backend and where it is met:
 - ``token_to_kv_pool`` / ``req_to_token_pool`` attributes (read by models through the forward context);
@@ -28,17 +29,12 @@ from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 from sglang_inkling_backend import kv_views, mxfp8
 from sglang_inkling_backend.hosts.sglang import call_args
 from sglang_inkling_backend.hosts.sglang.layers import layer_plan_of, radix_layers
-from sglang_inkling_backend.layer_plan import LayerSpec
-from sglang_inkling_backend.hosts.sglang.metadata import (
-    DecodeGraphBuffers,
-    InklingForwardMetadata,
-    build_forward_metadata,
-    gather_rails,
-    window_start,
-)
+from sglang_inkling_backend.hosts.sglang.metadata import (DecodeGraphBuffers, InklingForwardMetadata,
+                                                          build_forward_metadata)
 from sglang_inkling_backend.hosts.sglang.pool import InklingMHATokenToKVPool
-from sglang_inkling_backend.routes import choose_route
 from sglang_inkling_backend.hosts.sglang.version import check_sglang_version
+from sglang_inkling_backend.layer_plan import LayerSpec
+from sglang_inkling_backend.routes import choose_route
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +100,6 @@ class InklingAttnBackend(AttentionBackend):
         self.use_route(choose_route(self.device, head_dims))
         self.forward_metadata: Optional[InklingForwardMetadata] = None
         self._graph_buffers: Optional[DecodeGraphBuffers] = None
-        self._eager_inputs = None
         logger.info("inkling: backend ready: %s KV, route %s, windows %s, %s pool", self.kv_format, self.route.name,
                     sorted(self.windows) or "none", type(self.token_to_kv_pool).__name__)
         from sglang_inkling_backend.hosts.sglang import inkling_model
@@ -158,31 +153,14 @@ class InklingAttnBackend(AttentionBackend):
             r2t, forward_batch.req_pool_indices, forward_batch.seq_lens, extend_seq_lens=extend_seq_lens,
             windows=self.windows, full_to_swa=self._full_to_swa(), out_cache_loc=forward_batch.out_cache_loc,
             page_size=self.decode_page_size, max_seq_len=max_seq_len)
-        self._eager_inputs = (forward_batch.req_pool_indices, forward_batch.seq_lens, extend_seq_lens)
-        self.forward_metadata.max_seq_len = max_seq_len
 
-    def _keys(self, layer_id: int, window: Optional[int]):
-        """The layer's keys: the page table where the metadata has one and the layer's slots are the full pool's
-        positions (every layer unless a hybrid SWA pool keeps windowed ones apart), else its rails."""
+    def _keys(self, window: Optional[int]):
+        """The layer's keys: its window's rails where the metadata built them (a hybrid SWA pool's windowed layers,
+        extend, pools without a page table), else the page table."""
         md = self.forward_metadata
-        if md.pages is not None and (window is None or not self.is_swa_pool):
+        if md.pages is not None and window not in md.windows:
             return md.pages
-        if window is None:
-            return md.full
-        key = window
-        if key not in md.windows:
-            if md.graph:
-                raise RuntimeError(f"inkling: window {window} of layer {layer_id} was not known when the CUDA "
-                                   f"graph buffers were built (known: {sorted(self.windows)})")
-            rows, seq_lens, extend_seq_lens = self._eager_inputs
-            seq_lens = seq_lens.to(torch.int64)
-            qlens = torch.ones_like(seq_lens) if extend_seq_lens is None else extend_seq_lens.to(torch.int64)
-            rails = gather_rails(self.req_to_token_pool.req_to_token, rows, seq_lens,
-                                 window_start(seq_lens, qlens, window))
-            if self.is_swa_pool:
-                rails.indices = self._full_to_swa()[rails.indices]
-            md.windows[key] = rails
-        return md.windows[key]
+        return md.rails(window)
 
     # --- CUDA graphs (decode) -----------------------------------------------------------------------------------
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
@@ -283,7 +261,7 @@ class InklingAttnBackend(AttentionBackend):
         if self.route.name == "triton" and q3.dtype == torch.float32 and self.model_dtype != torch.float32:
             q3 = q3.to(self.model_dtype)
         kv = self._paged_kv(layer.layer_id, spec)
-        keys = self._keys(layer.layer_id, spec.window)
+        keys = self._keys(spec.window)
         if decode:
             out = self.route.decode(q3, kv, keys, params, max_seq_len=md.max_seq_len, plans=md.decode_plans,
                                     workspace=self.workspace)

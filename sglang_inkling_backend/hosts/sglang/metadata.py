@@ -38,9 +38,10 @@ class InklingForwardMetadata:
     # Write slots in the SWA sub-pool for this batch's new tokens (hybrid SWA pools only). The in-tree Inkling model
     # reads it under this name from the backend's forward_metadata.
     swa_out_cache_loc: Optional[torch.Tensor] = None
-    # CUDA-graph metadata: tensors are views of DecodeGraphBuffers, writes must not sync, and max_seq_len (a host
-    # int, the context limit) sizes the decode kernel's grid the same at capture and at replay.
+    # CUDA-graph metadata: tensors are views of DecodeGraphBuffers and writes must not sync.
     graph: bool = False
+    # The longest request's keys, a host int: sizes the decode plan without a device read (the batch's maximum
+    # eagerly; under CUDA graphs the context limit, so capture and replay plan the same grid).
     max_seq_len: Optional[int] = None
     # This step's decode plans (the Triton route's), shared by its layers; a new metadata starts with an empty cache.
     decode_plans: DecodePlanCache = field(default_factory=DecodePlanCache, repr=False, compare=False)
@@ -100,7 +101,8 @@ def build_forward_metadata(req_to_token: torch.Tensor, req_pool_indices: torch.T
     if full_to_swa is not None and out_cache_loc is not None:
         swa_loc = full_to_swa[out_cache_loc.to(INDEX_DTYPE)]
     return InklingForwardMetadata(is_decode=extend_seq_lens is None, batch_size=bs, qo_indptr=qo_indptr, full=full,
-                                  windows=window_rails, pages=pages, swa_out_cache_loc=swa_loc)
+                                  windows=window_rails, pages=pages, swa_out_cache_loc=swa_loc,
+                                  max_seq_len=max_seq_len)
 
 
 class DecodeGraphBuffers:
