@@ -33,6 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..checks import stream_capturing
 from ..reference.prologue import HEAD_DIM, validate_prologue_args
 from .device import scale_offsets
 from .encode import mxfp8_encode_blocks
@@ -216,10 +217,6 @@ def _inkling_prologue_decode_kernel(
                 tl.store(v_buf_ptr + dst, _bf16_bits(v), mask=store_mask)
 
 
-def _capturing(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-
-
 def inkling_attn_prologue_decode(
     qkvr: torch.Tensor,
     k_cache: torch.Tensor,
@@ -256,7 +253,7 @@ def inkling_attn_prologue_decode(
     ``check_values`` (ours, keyword-only): check slot values before launching; default: yes, except during
     CUDA-graph capture."""
     if check_values is None:
-        check_values = not _capturing(qkvr.device if isinstance(qkvr, torch.Tensor) else torch.device("cpu"))
+        check_values = not stream_capturing(qkvr.device if isinstance(qkvr, torch.Tensor) else torch.device("cpu"))
     geo = validate_prologue_args(
         qkvr, k_cache, v_cache, cache_indices, cache_mask, k_weight, v_weight, q_gamma, k_gamma, eps, loc,
         k_buf, v_buf, q_off, k_off, v_off, dq, dkv, activation, use_residual, track_mask, track_indices,
