@@ -125,3 +125,19 @@ def page_table(token_to_slot: torch.Tensor, rows: torch.Tensor, page_size: int,
         raise ValueError(f"max_pages must be an int in [1, {width}] (the table's width in pages), got {max_pages!r}")
     first_slots = token_to_slot[rows.to(token_to_slot.device, INDEX_DTYPE)][:, : max_pages * page_size : page_size]
     return torch.div(first_slots, page_size, rounding_mode="floor").to(PAGE_ID_DTYPE)
+
+
+def block_table_token_table(block_table: torch.Tensor, block_size: int) -> torch.Tensor:
+    """A token-to-slot table ``[B, max_blocks * block_size]`` (int64) from a block table ``[B, max_blocks]`` (vLLM's
+    ``block_table_tensor``): position ``p`` of request ``b`` is slot ``block_table[b, p // block_size] * block_size
+    + p % block_size``. It feeds ``gather_rails`` with ``rows = arange(B)``. No host sync."""
+    if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2 \
+            or block_table.dtype not in (torch.int32, torch.int64):
+        desc = f"{tuple(block_table.shape)} {block_table.dtype}" if isinstance(block_table, torch.Tensor) \
+            else type(block_table).__name__
+        raise TypeError(f"block_table must be a 2-D int32/int64 tensor [batch, max_blocks], got {desc}")
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
+        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    offsets = torch.arange(block_size, dtype=INDEX_DTYPE, device=block_table.device)
+    slots = block_table.to(INDEX_DTYPE).unsqueeze(2) * block_size + offsets
+    return slots.reshape(block_table.shape[0], -1)

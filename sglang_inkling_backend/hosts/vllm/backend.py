@@ -1,0 +1,262 @@
+"""The vLLM v1 attention backend: ``InklingVllmBackend`` (static facts), ``InklingVllmMetadataBuilder`` (one per
+KV-cache group and step: vLLM's batch as the core's keys) and ``InklingVllmImpl`` (one per layer: the per-layer
+record, the K/V store, attention through the core's routes).
+
+KV formats (``--kv-cache-dtype``): ``auto``/``bfloat16``/``float16`` (unquantized), ``fp8``/``fp8_e4m3`` (per-tensor
+fp8, the checkpoint's scales) and, on vLLM 0.32, ``fp8_per_token_head``, which with this backend selected means
+MXFP8 (vLLM 0.32 has no way for a plugin to add a KV dtype; ``fp8_per_token_head`` is the one whose cache is raw
+bytes sized by the backend, with no checkpoint scales). Without this backend the flag keeps vLLM's own meaning:
+only this backend's ``customize_spec`` and impl read it as MXFP8.
+
+Routes: the torch reference on CPU, the Triton kernels on CUDA/ROCm (``routes.choose_route``, logged once per device
+and head sizes). CUDA graphs: decode-only batches (``UNIFORM_SINGLE_TOKEN_DECODE``) on the Triton route, whose plans
+are views of one workspace the builder allocates at start-up; never on the torch route.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import replace
+from typing import ClassVar, Optional
+
+import torch
+from vllm.config import VllmConfig, get_current_vllm_config, get_layers_from_vllm_config
+from vllm.model_executor.layers.attention import Attention
+from vllm.v1.attention.backend import (AttentionBackend, AttentionCGSupport, AttentionImpl,
+                                       AttentionMetadataBuilder, AttentionType, CommonAttentionMetadata,
+                                       MultipleOf)
+from vllm.v1.attention.backends.utils import split_decodes_and_prefills
+from vllm.v1.kv_cache_interface import (AttentionSpec, FullAttentionSpec, KVCacheLayout, KVQuantMode,
+                                        SlidingWindowSpec)
+
+from sglang_inkling_backend import checks, kv_views, mxfp8
+from sglang_inkling_backend.hosts.vllm import BACKEND_NAME
+from sglang_inkling_backend.hosts.vllm.batch import VllmBatch, padded_slots
+from sglang_inkling_backend.hosts.vllm.block_cache import MXFP8_BLOCK_SIZE, BlockCacheLayout, cell_bytes
+from sglang_inkling_backend.layer_plan import LayerSpec, attention_params
+from sglang_inkling_backend.routes import choose_route, triton_head_dim_ok
+
+logger = logging.getLogger(__name__)
+
+# --kv-cache-dtype -> the core's KV format ("auto" follows the model dtype).
+KV_FORMAT_OF_CACHE_DTYPE = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "fp8": "fp8_e4m3",
+                            "fp8_e4m3": "fp8_e4m3", "fp8_per_token_head": "mxfp8"}
+KV_FORMAT_OF_MODEL_DTYPE = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+MXFP8_CACHE_DTYPE = "fp8_per_token_head"  # vLLM 0.32's flag that carries MXFP8 to this backend
+
+
+def kv_format_of(kv_cache_dtype: str, model_dtype: torch.dtype) -> str:
+    if kv_cache_dtype == "auto":
+        if model_dtype not in KV_FORMAT_OF_MODEL_DTYPE:
+            raise ValueError(f"--dtype {model_dtype} is not served; expected one of "
+                             f"{sorted(str(d) for d in KV_FORMAT_OF_MODEL_DTYPE)}")
+        return KV_FORMAT_OF_MODEL_DTYPE[model_dtype]
+    if kv_cache_dtype not in KV_FORMAT_OF_CACHE_DTYPE:
+        raise ValueError(f"--kv-cache-dtype {kv_cache_dtype!r} is not served by --attention-backend {BACKEND_NAME} "
+                         f"(sglang-inkling-backend); expected one of {sorted(['auto', *KV_FORMAT_OF_CACHE_DTYPE])}")
+    return KV_FORMAT_OF_CACHE_DTYPE[kv_cache_dtype]
+
+
+@functools.lru_cache(maxsize=None)
+def route_for(device: torch.device, head_dims: tuple[int, ...]):
+    """The route for ``device`` and the layers' head sizes, chosen (and logged) once per process."""
+    return choose_route(device, head_dims)
+
+
+class InklingVllmBackend(AttentionBackend):
+    forward_includes_kv_cache_update: bool = False  # vLLM calls do_kv_cache_update before forward
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.bfloat16, torch.float16, torch.float32]
+    supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto", *KV_FORMAT_OF_CACHE_DTYPE]
+
+    @staticmethod
+    def get_name() -> str:
+        return BACKEND_NAME
+
+    @staticmethod
+    def get_impl_cls() -> type["InklingVllmImpl"]:
+        return InklingVllmImpl
+
+    @staticmethod
+    def get_builder_cls() -> type["InklingVllmMetadataBuilder"]:
+        return InklingVllmMetadataBuilder
+
+    @staticmethod
+    def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list:
+        if kv_cache_spec is not None and getattr(kv_cache_spec, "kv_quant_mode", None) == \
+                KVQuantMode.FP8_PER_TOKEN_HEAD:
+            return [MXFP8_BLOCK_SIZE]
+        return [MultipleOf(16)]  # the Triton kernels' smallest tile; the torch route takes any
+
+    @classmethod
+    def customize_spec(cls, spec: AttentionSpec) -> AttentionSpec:
+        """MXFP8 pages: ``cell_bytes('mxfp8', D)`` per (head, token), e4m3 K and V plus one scale byte per 32."""
+        if spec.kv_quant_mode != KVQuantMode.FP8_PER_TOKEN_HEAD or spec.state_content_bytes is not None:
+            return spec
+        if spec.head_size_v != spec.head_size:
+            raise ValueError(f"MXFP8 KV needs equal K and V head sizes, got {spec.head_size} and {spec.head_size_v}")
+        mxfp8.require_head_dim(spec.head_size, "head_size")
+        return replace(spec, state_content_bytes=cell_bytes("mxfp8", spec.head_size))
+
+    @classmethod
+    def supported_kv_cache_layouts(cls) -> tuple:
+        return (KVCacheLayout.LBHNC,)  # each layer's blocks one dense region (block_cache.py)
+
+    @classmethod
+    def supports_sliding_window(cls) -> bool:
+        return True
+
+    @classmethod
+    def supports_sink(cls) -> bool:
+        return True
+
+    @classmethod
+    def supports_kv_connector(cls) -> bool:
+        return False  # connectors move blocks as byte runs; this backend's blocks are not one run (block_cache.py)
+
+    @classmethod
+    def supports_combination(cls, head_size, dtype, kv_cache_dtype, block_size, use_mla, has_sink, use_sparse,
+                             use_mm_prefix, device_capability) -> Optional[str]:
+        reasons = []
+        if head_size < 1:
+            reasons.append(f"head_size {head_size} must be positive")
+        if kv_cache_dtype == MXFP8_CACHE_DTYPE:
+            if not mxfp8.head_dim_ok(head_size):
+                reasons.append(f"MXFP8 KV (--kv-cache-dtype {MXFP8_CACHE_DTYPE}) needs a head_size that is a "
+                               f"multiple of {mxfp8.BLOCK}, got {head_size}")
+            if block_size is not None and block_size != MXFP8_BLOCK_SIZE:
+                reasons.append(f"MXFP8 KV needs --block-size {MXFP8_BLOCK_SIZE}, got {block_size}")
+        if device_capability is not None and not triton_head_dim_ok(head_size):
+            reasons.append(f"the Triton kernels need a power-of-two head_size >= 32, got {head_size}")
+        return "; ".join(reasons) or None
+
+
+class InklingVllmMetadataBuilder(AttentionMetadataBuilder[VllmBatch]):
+    reorder_batch_threshold: int = 1  # decodes first: they take the decode kernels and page tables
+
+    @classmethod
+    def get_cudagraph_support(cls, vllm_config: VllmConfig, kv_cache_spec) -> AttentionCGSupport:
+        device = torch.device(vllm_config.device_config.device)
+        route = route_for(device, (kv_cache_spec.head_size,))
+        return AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE if route.graph_capturable else AttentionCGSupport.NEVER
+
+    def __init__(self, kv_cache_spec: AttentionSpec, layer_names: list[str], vllm_config: VllmConfig,
+                 device: torch.device):
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        self._init_reorder_batch_threshold(1)
+        if not isinstance(kv_cache_spec, (FullAttentionSpec, SlidingWindowSpec)):
+            raise ValueError(f"--attention-backend {BACKEND_NAME} serves full and sliding-window decoder attention; "
+                             f"this KV-cache group is a {type(kv_cache_spec).__name__}")
+        if vllm_config.cache_config.kv_cache_dtype_skip_layers:
+            raise ValueError(f"--attention-backend {BACKEND_NAME} needs one KV format for every layer (mixed "
+                             f"formats make vLLM zero blocks as byte runs); got kv_cache_dtype_skip_layers="
+                             f"{vllm_config.cache_config.kv_cache_dtype_skip_layers}")
+        if getattr(vllm_config.model_config, "is_hybrid", False):
+            raise ValueError(f"--attention-backend {BACKEND_NAME} does not serve hybrid attention/Mamba models "
+                             f"(vLLM zeroes their blocks as byte runs)")
+        self.block_size = kv_cache_spec.block_size
+        self.max_model_len = vllm_config.model_config.max_model_len
+        layers = get_layers_from_vllm_config(vllm_config, Attention, layer_names)
+        specs = [layer.impl.spec for layer in layers.values() if isinstance(layer.impl, InklingVllmImpl)]
+        if not specs:
+            raise ValueError(f"no {BACKEND_NAME} attention layer in this KV-cache group ({layer_names[:3]}...)")
+        self.route = route_for(torch.device(device), tuple(sorted({s.head_dim for s in specs})))
+        self.workspace = self.route.make_workspace(
+            max_batch=vllm_config.scheduler_config.max_num_seqs, max_seq_len=self.max_model_len,
+            geometries={(s.num_q_heads, s.num_kv_heads, s.head_dim) for s in specs}, device=torch.device(device))
+
+    def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
+              fast_build: bool = False) -> VllmBatch:
+        cm = common_attn_metadata
+        num_decodes, _, num_decode_tokens, _ = split_decodes_and_prefills(cm, decode_threshold=1)
+        return VllmBatch(num_reqs=cm.num_reqs, num_actual_tokens=cm.num_actual_tokens, num_decodes=num_decodes,
+                         num_decode_tokens=num_decode_tokens, query_start_loc=cm.query_start_loc,
+                         seq_lens=cm.seq_lens, block_table=cm.block_table_tensor, slot_mapping=cm.slot_mapping,
+                         block_size=self.block_size, max_seq_len=cm.max_seq_len, workspace=self.workspace,
+                         route=self.route)
+
+    def build_for_cudagraph_capture(self, common_attn_metadata: CommonAttentionMetadata) -> VllmBatch:
+        batch = self.build(0, common_attn_metadata)
+        batch.max_seq_len = self.max_model_len  # a captured plan serves every replay, up to the longest request
+        return batch
+
+
+class InklingVllmImpl(AttentionImpl[VllmBatch]):
+    def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: Optional[int] = None,
+                 alibi_slopes: Optional[list] = None, sliding_window: Optional[int] = None,
+                 kv_cache_dtype: str = "auto", logits_soft_cap: Optional[float] = None,
+                 attn_type: str = AttentionType.DECODER, kv_sharing_target_layer_name: Optional[str] = None,
+                 sinks: Optional[torch.Tensor] = None) -> None:
+        if attn_type != AttentionType.DECODER:
+            raise ValueError(f"--attention-backend {BACKEND_NAME} serves decoder attention, got attn_type={attn_type}")
+        if alibi_slopes is not None:
+            raise ValueError(f"--attention-backend {BACKEND_NAME} does not serve ALiBi (alibi_slopes given)")
+        if kv_sharing_target_layer_name is not None:
+            raise ValueError(f"--attention-backend {BACKEND_NAME} does not serve cross-layer KV sharing "
+                             f"(kv_sharing_target_layer_name={kv_sharing_target_layer_name!r})")
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        self.kv_cache_dtype = kv_cache_dtype
+        model_dtype = get_current_vllm_config().model_config.dtype
+        self.kv_format = kv_format_of(kv_cache_dtype, model_dtype)
+        self.model_dtype = model_dtype
+        # The per-layer record; the fp8 scales are the checkpoint's, known after loading (bound on first use).
+        self.spec = LayerSpec(window=sliding_window, num_q_heads=num_heads, num_kv_heads=num_kv_heads,
+                              head_dim=head_size, softmax_scale=float(scale), logit_cap=float(logits_soft_cap or 0.0))
+        self.sinks = sinks
+        self._scales_bound = self.kv_format != "fp8_e4m3"
+        self._layouts: dict = {}
+
+    # --- the layer's cache ---------------------------------------------------------------------------------------
+    def _bind_scales(self, layer) -> None:
+        if not self._scales_bound:
+            self.spec = replace(self.spec, k_scale=float(layer._k_scale_float), v_scale=float(layer._v_scale_float))
+            self._scales_bound = True
+
+    def _paged_kv(self, layer, kv_cache: torch.Tensor):
+        self._bind_scales(layer)
+        block_size = kv_cache.shape[2]
+        layout = self._layouts.get(block_size)
+        if layout is None:
+            layout = self._layouts[block_size] = BlockCacheLayout(self.kv_format, self.spec.num_kv_heads,
+                                                                  self.spec.head_dim, block_size)
+        return layout.paged_kv(kv_cache, k_scale=self.spec.k_scale, v_scale=self.spec.v_scale)
+
+    def do_kv_cache_update(self, layer, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                           slot_mapping: torch.Tensor) -> None:
+        kv = self._paged_kv(layer, kv_cache)
+        n = min(slot_mapping.shape[0], key.shape[0])
+        slots = padded_slots(slot_mapping[:n])
+        if not checks.stream_capturing(slots.device):
+            checks.require_slots(slots, "slot_mapping", kv.num_slots)
+        route = route_for(kv_cache.device, (self.spec.head_dim,))
+        kv_views.store_kv_unchecked(kv, slots, key[:n], value[:n], mxfp8_store=route.mxfp8_store)
+
+    # --- attention -----------------------------------------------------------------------------------------------
+    def forward(self, layer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                attn_metadata: Optional[VllmBatch], output: torch.Tensor, output_scale=None,
+                output_block_scale=None) -> torch.Tensor:
+        if output_scale is not None or output_block_scale is not None:
+            raise NotImplementedError(f"--attention-backend {BACKEND_NAME} does not fuse output quantization")
+        if attn_metadata is None:
+            return output  # vLLM's profiling run
+        batch = attn_metadata
+        spec, route = self.spec, batch.route
+        n, nd = batch.num_actual_tokens, batch.num_decode_tokens
+        if kv_cache.shape[2] != batch.block_size:
+            raise ValueError(f"kv_cache blocks hold {kv_cache.shape[2]} tokens, the batch's block table "
+                             f"{batch.block_size}")
+        kv = self._paged_kv(layer, kv_cache)
+        q = query[:n].reshape(n, spec.num_q_heads, spec.head_dim)
+        if route.name == "triton" and q.dtype != self.model_dtype:
+            q = q.to(self.model_dtype)
+        out = output[:n].view(n, spec.num_q_heads, spec.head_dim)
+        sinks = None if self.sinks is None else self.sinks.float()
+        if nd:
+            keys = batch.decode_pages() if route.reads_page_tables else batch.decode_rails(spec.window)
+            params = attention_params(spec, rows=nd, sinks=sinks)
+            out[:nd] = route.decode(q[:nd], kv, keys, params, max_seq_len=batch.max_seq_len, plans=batch.plans,
+                                    workspace=batch.workspace)
+        if n > nd:
+            rails, qo_indptr = batch.prefill_rails(spec.window)
+            params = attention_params(spec, rows=n - nd, sinks=sinks)
+            out[nd:] = route.extend(q[nd:], kv, rails, qo_indptr, params)
+        return output

@@ -1,0 +1,86 @@
+"""One vLLM step's batch as the core's keys: page tables for decode, per-token rails where a route or a prefill
+needs them. Host-free (only torch): built from the tensors of vLLM's ``CommonAttentionMetadata``, so GPU tests run
+it without vLLM.
+
+vLLM orders a batch decodes first (the builder's ``reorder_batch_threshold = 1``): requests ``[0, num_decodes)``
+have one query token each; the rest are prefills or chunked-prefill extends. Sequence lengths count every key,
+the new tokens included; a windowed layer reads only ``[seq_len - query_len - (W - 1), seq_len)``, so the null
+blocks vLLM puts where a window has moved on are never read.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from sglang_inkling_backend import rails as rails_mod
+from sglang_inkling_backend.rails import KVPages, KVRails
+from sglang_inkling_backend.routes import DecodePlanCache
+
+
+@dataclass
+class VllmBatch:
+    num_reqs: int
+    num_actual_tokens: int
+    num_decodes: int
+    num_decode_tokens: int
+    query_start_loc: torch.Tensor  # int32 [num_reqs + 1]
+    seq_lens: torch.Tensor  # int32 [num_reqs]
+    block_table: torch.Tensor  # int32 [num_reqs, max_blocks]
+    slot_mapping: torch.Tensor  # int64 [>= num_actual_tokens], -1 for padding
+    block_size: int
+    max_seq_len: int  # host int: the decode plans' bound (the model's max length under CUDA-graph capture)
+    workspace: object = None  # the route's decode workspace (the builder's, allocated once)
+    route: object = None  # routes.TorchRoute | routes.TritonRoute, chosen by the builder
+    plans: DecodePlanCache = field(default_factory=DecodePlanCache)
+    _rails: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not 0 <= self.num_decodes <= self.num_reqs:
+            raise ValueError(f"num_decodes must lie in [0, {self.num_reqs}], got {self.num_decodes}")
+        if self.num_decode_tokens != self.num_decodes:
+            raise ValueError(f"decodes have one query token each: num_decode_tokens {self.num_decode_tokens} != "
+                             f"num_decodes {self.num_decodes}")
+        if self.block_table.dim() != 2 or self.block_table.shape[0] < self.num_reqs:
+            raise ValueError(f"block_table must be [>= {self.num_reqs}, max_blocks], got "
+                             f"{tuple(self.block_table.shape)}")
+
+    @property
+    def num_prefills(self) -> int:
+        return self.num_reqs - self.num_decodes
+
+    def decode_pages(self) -> KVPages:
+        """The decode requests' page table: vLLM's block table and sequence lengths as they are (no copy, no sync;
+        under CUDA graphs these are vLLM's persistent buffers)."""
+        nd = self.num_decodes
+        return KVPages(self.block_table[:nd], self.seq_lens[:nd], self.block_size)
+
+    def decode_rails(self, window: Optional[int]) -> KVRails:
+        return self._rails_of(window, 0, self.num_decodes)
+
+    def prefill_rails(self, window: Optional[int]) -> tuple[KVRails, torch.Tensor]:
+        """The prefill requests' rails and their query offsets (``qo_indptr`` from 0)."""
+        nd = self.num_decodes
+        qsl = self.query_start_loc[nd: self.num_reqs + 1].to(torch.int64)
+        return self._rails_of(window, nd, self.num_reqs), qsl - qsl[0]
+
+    def _rails_of(self, window: Optional[int], first: int, last: int) -> KVRails:
+        key = (window, first, last)
+        found = self._rails.get(key)
+        if found is None:
+            seq_lens = self.seq_lens[first:last].to(torch.int64)
+            table = rails_mod.block_table_token_table(self.block_table[first:last], self.block_size)
+            start = None
+            if window is not None:
+                qsl = self.query_start_loc[first: last + 1].to(torch.int64)
+                start = rails_mod.window_start(seq_lens, qsl[1:] - qsl[:-1], window)
+            rows = torch.arange(last - first, device=table.device)
+            found = self._rails[key] = rails_mod.gather_rails(table, rows, seq_lens, start)
+        return found
+
+
+def padded_slots(slot_mapping: torch.Tensor) -> torch.Tensor:
+    """vLLM's slot mapping with padding (-1) sent to slot 0: block 0 is vLLM's null block, never given to a request,
+    so writes there are never read (no host sync, so CUDA graphs can capture it)."""
+    return torch.clamp(slot_mapping.to(torch.int64), min=0)
