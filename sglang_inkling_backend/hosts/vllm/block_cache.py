@@ -94,3 +94,16 @@ class BlockCacheLayout:
                              f"LBHNC), got byte strides {cache.stride()} for shape {tuple(cache.shape)}")
         span = (num_blocks - 1) * s0 + want  # >= num_blocks * want, since s0 >= want
         return torch.as_strided(cache, (span,), (1,)), num_blocks
+
+
+def vllm_layer_view(layout: BlockCacheLayout, num_blocks: int, *, device="cpu", dtype: torch.dtype = torch.uint8,
+                    pad: int = 0) -> torch.Tensor:
+    """A zeroed stand-in for what vLLM hands one layer: the ``[num_blocks, H, N, C]`` LBHNC view of a flat byte
+    buffer (C in ``dtype`` elements), ``pad`` bytes after each page (vLLM's padded pages). For tests and benchmarks
+    that run without vLLM."""
+    cell = cell_bytes(layout.kv_format, layout.head_dim)
+    stride = layout.page_bytes + pad
+    raw = torch.zeros(num_blocks * stride, dtype=torch.uint8, device=device)
+    view = torch.as_strided(raw, (num_blocks, layout.num_kv_heads, layout.block_size, cell),
+                            (stride, layout.block_size * cell, cell, 1))
+    return view if dtype == torch.uint8 else view.view(dtype)

@@ -1,0 +1,65 @@
+"""vLLM's batch as the core's keys (host-free): rails from block tables, windows that never reach the null blocks
+vLLM leaves behind a moving window, the decode page table passed through, padding slots sent to the null block."""
+
+import pytest
+import torch
+
+from sglang_inkling_backend.hosts.vllm.batch import VllmBatch, padded_slots
+from sglang_inkling_backend.rails import block_table_token_table
+
+BS = 16
+
+
+def batch(query_lens, seq_lens, block_table, num_decodes, max_seq_len=None):
+    qsl = torch.zeros(len(query_lens) + 1, dtype=torch.int32)
+    qsl[1:] = torch.cumsum(torch.tensor(query_lens), 0)
+    return VllmBatch(num_reqs=len(query_lens), num_actual_tokens=int(qsl[-1]), num_decodes=num_decodes,
+                     num_decode_tokens=num_decodes, query_start_loc=qsl,
+                     seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+                     block_table=torch.tensor(block_table, dtype=torch.int32),
+                     slot_mapping=torch.zeros(int(qsl[-1]), dtype=torch.int64), block_size=BS,
+                     max_seq_len=max_seq_len or max(seq_lens))
+
+
+def test_token_table_from_block_table():
+    table = block_table_token_table(torch.tensor([[3, 1]], dtype=torch.int32), 4)
+    assert table.tolist() == [[12, 13, 14, 15, 4, 5, 6, 7]]
+    with pytest.raises(TypeError, match="block_table must be a 2-D int32/int64"):
+        block_table_token_table(torch.tensor([1.0, 2.0]), 4)
+    with pytest.raises(ValueError, match="block_size must be a positive int"):
+        block_table_token_table(torch.tensor([[1]], dtype=torch.int32), 0)
+
+
+def test_decode_rails_and_window_skip_the_null_blocks():
+    # Request 0 (decode): 40 keys in blocks 5, 6, 7; a window of 10 sees positions 30..39 (blocks 1 and 2 of the
+    # request), so vLLM has already replaced its first block with the null block 0.
+    # Request 1 (prefill of 3 new tokens after 17 cached): 20 keys in blocks 2, 9.
+    b = batch([1, 3], [40, 20], [[0, 6, 7], [2, 9, 0]], num_decodes=1)
+    full = b.decode_rails(None)
+    assert full.indptr.tolist() == [0, 40]
+    window = b.decode_rails(10)
+    assert window.indices.tolist() == [6 * BS + 14, 6 * BS + 15] + [7 * BS + i for i in range(8)]
+    assert all(int(s) >= BS for s in window.indices)  # nothing in the null block
+    rails, qo = b.prefill_rails(4)
+    # queries at positions 17..19 see keys 14..19 with a window of 4 (distance <= 3)
+    assert qo.tolist() == [0, 3]
+    assert rails.indices.tolist() == [2 * BS + 14, 2 * BS + 15, 9 * BS + 0, 9 * BS + 1, 9 * BS + 2, 9 * BS + 3]
+    assert b.decode_rails(10) is window  # one gather per window and step
+
+
+def test_decode_pages_are_vllms_own_buffers():
+    b = batch([1, 1], [40, 3], [[5, 6, 7], [2, 0, 0]], num_decodes=2)
+    pages = b.decode_pages()
+    assert pages.page_table.data_ptr() == b.block_table.data_ptr()
+    assert pages.seq_lens.data_ptr() == b.seq_lens.data_ptr() and pages.page_size == BS
+
+
+def test_padding_slots_go_to_the_null_block():
+    assert padded_slots(torch.tensor([-1, 5, 130, -1])).tolist() == [0, 5, 130, 0]
+
+
+def test_inconsistent_batches_are_refused():
+    with pytest.raises(ValueError, match="num_decodes must lie in"):
+        batch([1], [4], [[1]], num_decodes=2)
+    with pytest.raises(ValueError, match="block_table must be"):
+        batch([1, 1], [4, 4], [[1]], num_decodes=2)
