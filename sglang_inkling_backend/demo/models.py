@@ -6,9 +6,9 @@ safetensors, which SGLang loads on a CPU.
 Layout under the cache dir: ``wheels/`` (downloaded wheels), ``gguf/`` (GGUF files), ``<model name>/`` (converted).
 
 Reuse is checked too: a cached GGUF is re-hashed before it is converted, and the converted model's marker
-(``inkling_prepared.json``) records the size and SHA-256 of every file, which each ``prepare_model`` verifies (a
-marker without them, written before they were recorded, gets them on first use). A file that does not match is
-prepared again. Cheap enough for every call: hashlib's SHA-256 ran at about 1 GB/s with the files in the page cache
+(``inkling_prepared.json``) records the size and SHA-256 of every file and the converter's version, which each
+``prepare_model`` verifies. A file that does not match, or a model from another converter version, is prepared
+again. Cheap enough for every call: hashlib's SHA-256 ran at about 1 GB/s with the files in the page cache
 on the 2-core CI machine (0.56 s for gemma-3-270m's 536 MB model.safetensors, 0.24 s for its 253 MB GGUF).
 """
 import hashlib
@@ -27,6 +27,9 @@ from .cpu_host import cpu_env, shims_dir
 
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "sglang-inkling-backend" / "models"
 MARKER = "inkling_prepared.json"  # written last, in a converted model's directory
+# Bumped when the converter's output changes; a model converted by another version is converted again.
+# 2: the tokenizer adds <bos> where the GGUF says so (Gemma-3).
+CONVERTER_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -156,11 +159,10 @@ def prepare_model(name: str, root: Path | None = None, progress: Progress = prin
     done_marker = out_dir / MARKER
     if done_marker.is_file():
         marker = json.loads(done_marker.read_text())
-        if "files" not in marker:  # a marker from before digests were recorded: record them now
-            marker["files"] = _file_digests(out_dir)
-            _write_marker(done_marker, marker)
-            return out_dir
-        problem = _prepared_problem(out_dir, marker["files"])
+        if marker.get("converter_version") != CONVERTER_VERSION:
+            problem = f"converted by converter version {marker.get('converter_version', 1)}, not {CONVERTER_VERSION}"
+        else:
+            problem = _prepared_problem(out_dir, marker["files"])
         if problem is None:
             return out_dir
         progress(f"{model.name}: the prepared model does not match its marker ({problem}); preparing it again")
@@ -188,7 +190,8 @@ def prepare_model(name: str, root: Path | None = None, progress: Progress = prin
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp_dir.rename(out_dir)
     _write_marker(done_marker, {"source": list(model.requirements), "gguf": model.gguf_name,
-                                "gguf_sha256": model.sha256, "convert_seconds": round(time.time() - start, 1),
+                                "gguf_sha256": model.sha256, "converter_version": CONVERTER_VERSION,
+                                "convert_seconds": round(time.time() - start, 1),
                                 "files": _file_digests(out_dir)})
     progress(f"{model.name} ready in {out_dir} ({time.time() - start:.0f} s)")
     return out_dir

@@ -1,4 +1,5 @@
 """Start the real SGLang server (``python -m sglang.launch_server``) on a CPU, talk to it, and always stop it.
+``ServerProcess`` is the part every host's server shares (``vllm_server.py`` is the other).
 
 The server runs in its own process group with its output in a log file; start-up is bounded by a timeout and a
 server that dies during start-up raises with the tail of its log (SGLang SIGKILLs its own tree when a child fails,
@@ -34,7 +35,7 @@ class ServerStartError(RuntimeError):
         self.log = log
 
 
-_RUNNING: dict[int, "SGLangServer"] = {}  # id -> server whose process group may still be alive
+_RUNNING: dict[int, "ServerProcess"] = {}  # id -> server whose process group may still be alive
 
 
 def stop_running_servers() -> None:
@@ -46,38 +47,19 @@ def stop_running_servers() -> None:
 atexit.register(stop_running_servers)
 
 
-class SGLangServer:
-    """One ``sglang.launch_server`` process on 127.0.0.1. Use as a context manager, or ``start()`` / ``stop()``."""
+class ServerProcess:
+    """A server process on 127.0.0.1 (``args``, ``env``, ``port``, ``log_path``, ``owns_log`` set by the subclass)
+    with a ``/health`` endpoint. Use as a context manager, or ``start()`` / ``stop()``."""
 
-    def __init__(self, model_path: Path | str, attention_backend: str, kv_cache_dtype: str = "auto",
-                 tp_size: int = 1, max_total_tokens: int = 4096, extra_args: tuple[str, ...] = (),
-                 log_path: Path | None = None, env_overrides: dict | None = None, startup_timeout_s: float = 300.0):
-        self.model_path = str(model_path)
-        self.attention_backend = attention_backend
-        self.kv_cache_dtype = kv_cache_dtype
-        self.tp_size = tp_size
-        self.port = free_port()
-        self.startup_timeout_s = startup_timeout_s
-        self.args = [
-            sys.executable, "-m", "sglang.launch_server",
-            "--model-path", self.model_path, "--device", "cpu", "--dtype", "bfloat16",
-            "--attention-backend", attention_backend, "--kv-cache-dtype", kv_cache_dtype,
-            "--tp-size", str(tp_size), "--max-total-tokens", str(max_total_tokens),
-            "--host", "127.0.0.1", "--port", str(self.port), "--skip-server-warmup", *extra_args,
-        ]
-        # tp ranks get one core each ("0|1"); a single rank keeps SGLang's default binding.
-        bind = "|".join(str(rank) for rank in range(tp_size)) if tp_size > 1 else None
-        self.env = cpu_env(omp_threads_bind=bind)
-        self.env.update(env_overrides or {})
-        self.owns_log = log_path is None  # a temporary log: removed by stop() unless start-up failed
-        if log_path is None:
-            fd, name = tempfile.mkstemp(prefix=f"sglang-{attention_backend}-{kv_cache_dtype}-tp{tp_size}-",
-                                        suffix=".log")
-            os.close(fd)
-            log_path = Path(name)
-        self.log_path = Path(log_path)
-        self.process: subprocess.Popen | None = None
-        self.startup_seconds: float | None = None
+    name = "server"
+    port: int
+    args: list
+    env: dict
+    log_path: Path
+    owns_log: bool
+    startup_timeout_s: float
+    process = None
+    startup_seconds = None
 
     @property
     def url(self) -> str:
@@ -89,11 +71,12 @@ class SGLangServer:
         except FileNotFoundError:
             return ""
 
-    def start(self, on_wait: Callable[[float], None] | None = None) -> "SGLangServer":
+    def start(self, on_wait: Callable[[float], None] | None = None) -> "ServerProcess":
         started = time.monotonic()
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(self.args, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, start_new_session=True)
+                                            stdin=subprocess.DEVNULL, start_new_session=True,
+                                            cwd=getattr(self, "cwd", None))
         _RUNNING[id(self)] = self
         deadline = started + self.startup_timeout_s
         while True:
@@ -101,7 +84,7 @@ class SGLangServer:
                 log = self.log_text()
                 self.owns_log = False  # the error names the log: keep it
                 self.stop()
-                raise ServerStartError(f"SGLang server exited with rc {self.process.returncode} during start-up "
+                raise ServerStartError(f"{self.name} exited with rc {self.process.returncode} during start-up "
                                        f"(log {self.log_path}):\n{log[-6000:]}", log)
             if self._healthy():
                 self.startup_seconds = time.monotonic() - started
@@ -110,7 +93,7 @@ class SGLangServer:
                 log = self.log_text()
                 self.owns_log = False  # the error names the log: keep it
                 self.stop()
-                raise ServerStartError(f"SGLang server not healthy after {self.startup_timeout_s:.0f} s "
+                raise ServerStartError(f"{self.name} not healthy after {self.startup_timeout_s:.0f} s "
                                        f"(log {self.log_path}):\n{log[-6000:]}", log)
             if on_wait is not None:
                 on_wait(time.monotonic() - started)
@@ -146,25 +129,60 @@ class SGLangServer:
                 self.process.wait(timeout=wait_s)
             except subprocess.TimeoutExpired:
                 continue
-            # The leader is gone; make sure no scheduler / detokenizer child is left in the group.
+            # The leader is gone; make sure no child (scheduler, engine core, worker) is left in the group.
             try:
                 os.killpg(pgid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
             break
 
-    def __enter__(self) -> "SGLangServer":
+    def __enter__(self):
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    # --- requests -------------------------------------------------------------------------------------------
     def _post(self, path: str, body: dict, timeout_s: float) -> dict:
         request = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
                                          headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return json.loads(response.read())
+
+
+def temporary_log(prefix: str) -> Path:
+    fd, name = tempfile.mkstemp(prefix=prefix, suffix=".log")
+    os.close(fd)
+    return Path(name)
+
+
+class SGLangServer(ServerProcess):
+    """One ``sglang.launch_server`` process on 127.0.0.1."""
+
+    name = "SGLang server"
+
+    def __init__(self, model_path: Path | str, attention_backend: str, kv_cache_dtype: str = "auto",
+                 tp_size: int = 1, max_total_tokens: int = 4096, extra_args: tuple[str, ...] = (),
+                 log_path: Path | None = None, env_overrides: dict | None = None, startup_timeout_s: float = 300.0):
+        self.model_path = str(model_path)
+        self.attention_backend = attention_backend
+        self.kv_cache_dtype = kv_cache_dtype
+        self.tp_size = tp_size
+        self.port = free_port()
+        self.startup_timeout_s = startup_timeout_s
+        self.args = [
+            sys.executable, "-m", "sglang.launch_server",
+            "--model-path", self.model_path, "--device", "cpu", "--dtype", "bfloat16",
+            "--attention-backend", attention_backend, "--kv-cache-dtype", kv_cache_dtype,
+            "--tp-size", str(tp_size), "--max-total-tokens", str(max_total_tokens),
+            "--host", "127.0.0.1", "--port", str(self.port), "--skip-server-warmup", *extra_args,
+        ]
+        # tp ranks get one core each ("0|1"); a single rank keeps SGLang's default binding.
+        bind = "|".join(str(rank) for rank in range(tp_size)) if tp_size > 1 else None
+        self.env = cpu_env(omp_threads_bind=bind)
+        self.env.update(env_overrides or {})
+        self.owns_log = log_path is None  # a temporary log: removed by stop() unless start-up failed
+        self.log_path = Path(log_path) if log_path is not None else \
+            temporary_log(f"sglang-{attention_backend}-{kv_cache_dtype}-tp{tp_size}-")
 
     def tokenize(self, prompt: str, timeout_s: float = 60.0) -> list[int]:
         """The token ids the server's own tokenizer gives ``prompt`` (special tokens such as ``<bos>`` included, as

@@ -10,8 +10,13 @@ Needs transformers + accelerate + gguf; with the PyPI torchvision on a CPU torch
 as the server (SGLANG_USE_CPU_ENGINE=1, PYTHONPATH=<this dir>/pythonpath).
 
     python convert_gguf.py GGUF_FILE OUT_DIR [--dtype bfloat16]
+
+The tokenizer adds ``<bos>`` where the GGUF says so (``tokenizer.ggml.add_bos_token``, true for Gemma-3): the
+tokenizer transformers builds from a GGUF drops it, and Gemma without ``<bos>`` answers degenerate text
+(``'::::::::'``, in HF transformers and vLLM alike; SGLang restores the flag itself).
 """
 import argparse
+import json
 import os
 import sys
 import time
@@ -42,8 +47,37 @@ def convert(gguf_file: Path, out_dir: Path, dtype_name: str = "bfloat16") -> Non
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
+    if gguf_adds_bos(gguf_file):
+        add_bos_to_saved_tokenizer(out_dir, tokenizer.bos_token, tokenizer.bos_token_id)
     if getattr(dequantized.generation_config, "eos_token_id", None) is not None:
         dequantized.generation_config.save_pretrained(out_dir)
+
+
+def gguf_adds_bos(gguf_file: Path) -> bool:
+    from gguf import GGUFReader
+
+    field = GGUFReader(str(gguf_file)).fields.get("tokenizer.ggml.add_bos_token")
+    return bool(field is not None and field.parts[field.data[0]].tolist() == [True])
+
+
+def add_bos_to_saved_tokenizer(out_dir: Path, bos_token: str, bos_token_id: int) -> None:
+    """Make the saved tokenizer prepend ``bos_token`` (its post-processor and the ``add_bos_token`` flag)."""
+    if bos_token is None or bos_token_id is None:
+        raise RuntimeError("the GGUF asks for a <bos> token but the tokenizer has none")
+    path = out_dir / "tokenizer.json"
+    spec = json.loads(path.read_text())
+    bos = {"SpecialToken": {"id": bos_token, "type_id": 0}}
+    spec["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [bos, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [bos, {"Sequence": {"id": "A", "type_id": 0}}, bos, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {bos_token: {"id": bos_token, "ids": [bos_token_id], "tokens": [bos_token]}},
+    }
+    path.write_text(json.dumps(spec, ensure_ascii=False))
+    config_path = out_dir / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["add_bos_token"] = True
+    config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False))
 
 
 def main(argv=None) -> int:

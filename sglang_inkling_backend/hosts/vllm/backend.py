@@ -29,11 +29,12 @@ from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 from vllm.v1.kv_cache_interface import (AttentionSpec, FullAttentionSpec, KVCacheLayout, KVQuantMode,
                                         SlidingWindowSpec)
 
-from sglang_inkling_backend import checks, kv_views, mxfp8
+from sglang_inkling_backend import mxfp8
 from sglang_inkling_backend.hosts.vllm import BACKEND_NAME
-from sglang_inkling_backend.hosts.vllm.batch import VllmBatch, padded_slots
-from sglang_inkling_backend.hosts.vllm.block_cache import MXFP8_BLOCK_SIZE, BlockCacheLayout, cell_bytes
-from sglang_inkling_backend.layer_plan import LayerSpec, attention_params
+from sglang_inkling_backend.hosts.vllm.attention import LayerAttention
+from sglang_inkling_backend.hosts.vllm.batch import VllmBatch
+from sglang_inkling_backend.hosts.vllm.block_cache import MXFP8_BLOCK_SIZE, cell_bytes
+from sglang_inkling_backend.layer_plan import LayerSpec
 from sglang_inkling_backend.routes import choose_route, triton_head_dim_ok
 
 logger = logging.getLogger(__name__)
@@ -196,41 +197,25 @@ class InklingVllmImpl(AttentionImpl[VllmBatch]):
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         self.kv_cache_dtype = kv_cache_dtype
         model_dtype = get_current_vllm_config().model_config.dtype
-        self.kv_format = kv_format_of(kv_cache_dtype, model_dtype)
-        self.model_dtype = model_dtype
-        # The per-layer record; the fp8 scales are the checkpoint's, known after loading (bound on first use).
-        self.spec = LayerSpec(window=sliding_window, num_q_heads=num_heads, num_kv_heads=num_kv_heads,
-                              head_dim=head_size, softmax_scale=float(scale), logit_cap=float(logits_soft_cap or 0.0))
-        self.sinks = sinks
-        self._scales_bound = self.kv_format != "fp8_e4m3"
-        self._layouts: dict = {}
+        # The per-layer record; per-tensor fp8 scales are the checkpoint's, bound on first use (after loading).
+        spec = LayerSpec(window=sliding_window, num_q_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_size,
+                         softmax_scale=float(scale), logit_cap=float(logits_soft_cap or 0.0))
+        self.attention = LayerAttention(spec, kv_format_of(kv_cache_dtype, model_dtype), model_dtype, sinks)
 
-    # --- the layer's cache ---------------------------------------------------------------------------------------
-    def _bind_scales(self, layer) -> None:
-        if not self._scales_bound:
-            self.spec = replace(self.spec, k_scale=float(layer._k_scale_float), v_scale=float(layer._v_scale_float))
-            self._scales_bound = True
+    @property
+    def spec(self) -> LayerSpec:
+        return self.attention.spec
 
-    def _paged_kv(self, layer, kv_cache: torch.Tensor):
-        self._bind_scales(layer)
-        block_size = kv_cache.shape[2]
-        layout = self._layouts.get(block_size)
-        if layout is None:
-            layout = self._layouts[block_size] = BlockCacheLayout(self.kv_format, self.spec.num_kv_heads,
-                                                                  self.spec.head_dim, block_size)
-        return layout.paged_kv(kv_cache, k_scale=self.spec.k_scale, v_scale=self.spec.v_scale)
+    def _bind(self, layer) -> None:
+        if self.attention.kv_format == "fp8_e4m3":
+            self.attention.bind_fp8_scales(layer._k_scale_float, layer._v_scale_float)
 
     def do_kv_cache_update(self, layer, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                            slot_mapping: torch.Tensor) -> None:
-        kv = self._paged_kv(layer, kv_cache)
-        n = min(slot_mapping.shape[0], key.shape[0])
-        slots = padded_slots(slot_mapping[:n])
-        if not checks.stream_capturing(slots.device):
-            checks.require_slots(slots, "slot_mapping", kv.num_slots)
+        self._bind(layer)
         route = route_for(kv_cache.device, (self.spec.head_dim,))
-        kv_views.store_kv_unchecked(kv, slots, key[:n], value[:n], mxfp8_store=route.mxfp8_store)
+        self.attention.store(key, value, kv_cache, slot_mapping, mxfp8_store=route.mxfp8_store)
 
-    # --- attention -----------------------------------------------------------------------------------------------
     def forward(self, layer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                 attn_metadata: Optional[VllmBatch], output: torch.Tensor, output_scale=None,
                 output_block_scale=None) -> torch.Tensor:
@@ -238,25 +223,5 @@ class InklingVllmImpl(AttentionImpl[VllmBatch]):
             raise NotImplementedError(f"--attention-backend {BACKEND_NAME} does not fuse output quantization")
         if attn_metadata is None:
             return output  # vLLM's profiling run
-        batch = attn_metadata
-        spec, route = self.spec, batch.route
-        n, nd = batch.num_actual_tokens, batch.num_decode_tokens
-        if kv_cache.shape[2] != batch.block_size:
-            raise ValueError(f"kv_cache blocks hold {kv_cache.shape[2]} tokens, the batch's block table "
-                             f"{batch.block_size}")
-        kv = self._paged_kv(layer, kv_cache)
-        q = query[:n].reshape(n, spec.num_q_heads, spec.head_dim)
-        if route.name == "triton" and q.dtype != self.model_dtype:
-            q = q.to(self.model_dtype)
-        out = output[:n].view(n, spec.num_q_heads, spec.head_dim)
-        sinks = None if self.sinks is None else self.sinks.float()
-        if nd:
-            keys = batch.decode_pages() if route.reads_page_tables else batch.decode_rails(spec.window)
-            params = attention_params(spec, rows=nd, sinks=sinks)
-            out[:nd] = route.decode(q[:nd], kv, keys, params, max_seq_len=batch.max_seq_len, plans=batch.plans,
-                                    workspace=batch.workspace)
-        if n > nd:
-            rails, qo_indptr = batch.prefill_rails(spec.window)
-            params = attention_params(spec, rows=n - nd, sinks=sinks)
-            out[nd:] = route.extend(q[nd:], kv, rails, qo_indptr, params)
-        return output
+        self._bind(layer)
+        return self.attention.forward(query, kv_cache, attn_metadata, output)

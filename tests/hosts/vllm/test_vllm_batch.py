@@ -47,11 +47,12 @@ def test_decode_rails_and_window_skip_the_null_blocks():
     assert b.decode_rails(10) is window  # one gather per window and step
 
 
-def test_decode_pages_are_vllms_own_buffers():
-    b = batch([1, 1], [40, 3], [[5, 6, 7], [2, 0, 0]], num_decodes=2)
+def test_decode_pages_are_vllms_block_table_with_padding_rows_read_as_one_key():
+    b = batch([1, 1, 0], [40, 3, 0], [[5, 6, 7], [2, 0, 0], [9, 9, 9]], num_decodes=3)  # row 2: graph padding
     pages = b.decode_pages()
-    assert pages.page_table.data_ptr() == b.block_table.data_ptr()
-    assert pages.seq_lens.data_ptr() == b.seq_lens.data_ptr() and pages.page_size == BS
+    assert pages.page_table.data_ptr() == b.block_table.data_ptr() and pages.page_size == BS
+    assert pages.seq_lens.tolist() == [40, 3, 1]
+    assert b.decode_pages() is pages  # once per step
 
 
 def test_padding_slots_go_to_the_null_block():

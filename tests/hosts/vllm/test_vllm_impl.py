@@ -92,7 +92,7 @@ def run_layer(kv_format, window=None, cap=None, with_sinks=False, seed=0):
     q = torch.randn(7, hq, d, generator=g).bfloat16()
     out = torch.full((7, hq * d), 7.0, dtype=torch.bfloat16)
     impl.forward(layer, q, new_k, new_v, cache, batch, out)
-    kv = impl._paged_kv(layer, cache)
+    kv = impl.attention.paged_kv(cache)
     expected = []
     for r, n in enumerate(seq_lens):
         k, v = kv.read(torch.tensor([slot_of(r, p) for p in range(n)]))  # the stored (quantized) K/V

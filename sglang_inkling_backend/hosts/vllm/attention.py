@@ -1,0 +1,75 @@
+"""One layer's attention over vLLM's block cache, host-free (only torch and the core), so the GPU tests run exactly
+this code without vLLM: the per-layer record, the layer's cache view, the K/V store at vLLM's slot mapping, and
+attention for a batch (decodes through the route's decode, the rest through its extend). ``backend.InklingVllmImpl``
+adapts vLLM's calls to it."""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Optional
+
+import torch
+
+from sglang_inkling_backend import checks, kv_views
+from sglang_inkling_backend.hosts.vllm.batch import VllmBatch, padded_slots
+from sglang_inkling_backend.hosts.vllm.block_cache import BlockCacheLayout
+from sglang_inkling_backend.layer_plan import LayerSpec, attention_params
+from sglang_inkling_backend.reference.attention import PagedKV
+
+
+class LayerAttention:
+    def __init__(self, spec: LayerSpec, kv_format: str, model_dtype: torch.dtype,
+                 sinks: Optional[torch.Tensor] = None):
+        self.spec = spec
+        self.kv_format = kv_format
+        self.model_dtype = model_dtype
+        self.sinks = sinks
+        self._layouts: dict[int, BlockCacheLayout] = {}
+
+    def bind_fp8_scales(self, k_scale: float, v_scale: float) -> None:
+        """The checkpoint's per-tensor fp8 scales, known once weights are loaded (``LayerSpec`` checks them)."""
+        if (k_scale, v_scale) != (self.spec.k_scale, self.spec.v_scale):
+            self.spec = replace(self.spec, k_scale=float(k_scale), v_scale=float(v_scale))
+
+    def paged_kv(self, kv_cache: torch.Tensor) -> PagedKV:
+        block_size = kv_cache.shape[2] if kv_cache.dim() == 4 else 0
+        layout = self._layouts.get(block_size)
+        if layout is None:
+            layout = self._layouts[block_size] = BlockCacheLayout(self.kv_format, self.spec.num_kv_heads,
+                                                                  self.spec.head_dim, block_size)
+        return layout.paged_kv(kv_cache, k_scale=self.spec.k_scale, v_scale=self.spec.v_scale)
+
+    def store(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+              mxfp8_store=None) -> None:
+        """Write the step's K/V at ``slot_mapping`` (padding -1 to the null block). Slots are checked against the
+        cache unless a CUDA graph is being captured (nothing can be read back then)."""
+        kv = self.paged_kv(kv_cache)
+        n = min(slot_mapping.shape[0], key.shape[0])
+        slots = padded_slots(slot_mapping[:n])
+        if not checks.stream_capturing(slots.device):
+            checks.require_slots(slots, "slot_mapping", kv.num_slots)
+        kv_views.store_kv_unchecked(kv, slots, key[:n], value[:n], mxfp8_store=mxfp8_store)
+
+    def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, batch: VllmBatch,
+                output: torch.Tensor) -> torch.Tensor:
+        """Attention of the batch's ``num_actual_tokens`` query rows into ``output`` (rows past them untouched)."""
+        spec, route = self.spec, batch.route
+        n, nd = batch.num_actual_tokens, batch.num_decode_tokens
+        if kv_cache.dim() != 4 or kv_cache.shape[2] != batch.block_size:
+            raise ValueError(f"kv_cache blocks must hold the batch's block_size {batch.block_size} tokens, got "
+                             f"shape {tuple(kv_cache.shape)}")
+        kv = self.paged_kv(kv_cache)
+        q = query[:n].reshape(n, spec.num_q_heads, spec.head_dim)
+        if route.name == "triton" and q.dtype != self.model_dtype:
+            q = q.to(self.model_dtype)
+        out = output[:n].view(n, spec.num_q_heads, spec.head_dim)
+        sinks = None if self.sinks is None else self.sinks.float()
+        if nd:
+            keys = batch.decode_pages() if route.reads_page_tables else batch.decode_rails(spec.window)
+            params = attention_params(spec, rows=nd, sinks=sinks)
+            out[:nd] = route.decode(q[:nd], kv, keys, params, max_seq_len=batch.max_seq_len, plans=batch.plans,
+                                    workspace=batch.workspace)
+        if n > nd:
+            rails, qo_indptr = batch.prefill_rails(spec.window)
+            params = attention_params(spec, rows=n - nd, sinks=sinks)
+            out[nd:] = route.extend(q[nd:], kv, rails, qo_indptr, params)
+        return output
