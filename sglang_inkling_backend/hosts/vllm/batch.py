@@ -35,7 +35,6 @@ class VllmBatch:
     route: object = None  # routes.TorchRoute | routes.TritonRoute, chosen by the builder
     plans: DecodePlanCache = field(default_factory=DecodePlanCache)
     _rails: dict = field(default_factory=dict)
-    _pages: Optional[KVPages] = None
 
     def __post_init__(self):
         if not 0 <= self.num_decodes <= self.num_reqs:
@@ -53,13 +52,11 @@ class VllmBatch:
 
     def decode_pages(self) -> KVPages:
         """The decode requests' page table: vLLM's block table as it is, and its sequence lengths with vLLM's
-        CUDA-graph padding rows (length 0) read as one key (no host sync; computed once per step, under CUDA graphs
-        from vLLM's persistent buffers). A padded row then reads its table's first entry, an in-bounds block, and
-        its output is discarded."""
-        if self._pages is None:
-            nd = self.num_decodes
-            self._pages = KVPages(self.block_table[:nd], torch.clamp(self.seq_lens[:nd], min=1), self.block_size)
-        return self._pages
+        CUDA-graph padding rows (length 0) read as one key: a padded row reads its table's first entry, an in-bounds
+        block, and its output is discarded. No host sync. Made on every call, not cached: a CUDA graph must capture
+        the clamp, or a replay would read the lengths of the step that was warmed up before capture."""
+        nd = self.num_decodes
+        return KVPages(self.block_table[:nd], torch.clamp(self.seq_lens[:nd], min=1), self.block_size)
 
     def decode_rails(self, window: Optional[int]) -> KVRails:
         return self._rails_of(window, 0, self.num_decodes)
