@@ -24,11 +24,15 @@ def test_wheel_entry_points_and_layout(tmp_path):
     assert not any(n.startswith("entry_points/") for n in names)
     metal = sorted(Path(n).name for n in names if n.endswith(".metal"))
     assert metal == sorted(p.name for p in (ROOT / "sglang_inkling_backend/mlx/metal").glob("*.metal")) != []
-    wheel_eps = dict(parser["sglang.srt.plugins"])
-    assert wheel_eps == {"inkling": "sglang_inkling_backend.entry_points.sglang:register"}
-    installed = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="sglang.srt.plugins")
-                 if ep.value.startswith("sglang_inkling_backend")}
-    assert installed == wheel_eps
+    assert "sglang_inkling_backend/hosts/vllm/backend.py" in names
+    expected = {"sglang.srt.plugins": {"inkling": "sglang_inkling_backend.entry_points.sglang:register"},
+                "vllm.general_plugins": {"inkling": "sglang_inkling_backend.entry_points.vllm:register"},
+                "vllm.platform_plugins": {"inkling_cpu": "sglang_inkling_backend.entry_points.vllm:cpu_platform"}}
+    for group, eps in expected.items():
+        assert dict(parser[group]) == eps, group
+        installed = {ep.name: ep.value for ep in importlib.metadata.entry_points(group=group)
+                     if ep.value.startswith("sglang_inkling_backend")}
+        assert installed == eps, f"{group}: the editable install's metadata differs from the wheel's (reinstall)"
 
 
 def test_core_imports_with_torch_only():
