@@ -1,6 +1,7 @@
 """The real vLLM OpenAI server on the CPU with ``--attention-backend CUSTOM`` (this backend, found through its entry
 points), next to vLLM's own CPU_ATTN on the same model and prompts (``workloads.py``: a prompt past Gemma-3's
-512-token window, 4 concurrent requests of mixed lengths, a repeated long prefix that hits vLLM's prefix cache).
+512-token window, 4 concurrent requests of mixed lengths, a repeated long prefix that hits vLLM's prefix cache;
+prompts over 512 tokens are prefilled in chunks, ``vllm_server.MAX_NUM_BATCHED_TOKENS``).
 
 - bf16 KV: greedy tokens against CPU_ATTN, each divergence decided on the model's own margin (``margins.py``);
 - MXFP8 KV (``--kv-cache-dtype fp8_per_token_head`` with this backend) and per-tensor fp8 against bf16: greedy
@@ -17,7 +18,7 @@ import pytest
 from harness import REPORT
 from margins import compare_on_margins
 from sglang_inkling_backend.demo.server import ServerStartError
-from sglang_inkling_backend.demo.vllm_server import VllmServer
+from sglang_inkling_backend.demo.vllm_server import MAX_NUM_BATCHED_TOKENS, VllmServer
 from workloads import REFERENCE_TOKENS, common_prefix, logprob_deltas, token_agreement
 
 MODEL = "gemma-3-270m"  # 5 sliding-window (512) : 1 full layers, head_dim 256: vLLM makes 6 KV-cache groups
@@ -65,6 +66,7 @@ def test_workload_covers_the_window_concurrency_and_a_prefix_cache_hit(vllm_work
     assert run.answers["long"].prompt_tokens > 512  # past the sliding window
     assert len({len(run.answers[f"concurrent{i}"].prompt_ids) for i in range(4)}) == 4  # mixed lengths
     assert run.answers["prefix1"].cached_tokens >= 512, run.answers["prefix1"]  # whole blocks from the cache
+    assert run.answers["long"].prompt_tokens > MAX_NUM_BATCHED_TOKENS  # prefilled in two chunks
 
 
 def paired_z(a: list[float], b: list[float]) -> float:

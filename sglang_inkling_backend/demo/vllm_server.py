@@ -19,6 +19,9 @@ from .cpu_host import REPO_ROOT
 from .server import ServerProcess, free_port, temporary_log
 
 MAX_MODEL_LEN = 2048
+# Prompts longer than this are prefilled in chunks (vLLM's chunked prefill), so the integration workload's long
+# prompts (about 900 tokens) take two steps, the second extending over the first's cached K/V.
+MAX_NUM_BATCHED_TOKENS = 512
 # --kv-cache-dtype per KV format, with --attention-backend CUSTOM (this backend): MXFP8 rides on vLLM 0.32's
 # fp8_per_token_head (hosts/vllm/backend.py says why).
 VLLM_KV_CACHE_DTYPE = {"mxfp8": "fp8_per_token_head", "fp8_e4m3": "fp8_e4m3", "auto": "auto", "bf16": "auto"}
@@ -66,7 +69,8 @@ class VllmServer(ServerProcess):
             str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", self.model_path,
             "--served-model-name", served_model_name, "--host", "127.0.0.1", "--port", str(self.port),
             "--dtype", "bfloat16", "--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager",
-            "--max-num-seqs", str(max_num_seqs), "--kv-cache-dtype", kv_cache_dtype, "--seed", "0",
+            "--max-num-seqs", str(max_num_seqs), "--max-num-batched-tokens", str(MAX_NUM_BATCHED_TOKENS),
+            "--kv-cache-dtype", kv_cache_dtype, "--seed", "0",
             "--enable-prompt-tokens-details", *backend, *extra_args,
         ]
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}

@@ -11,6 +11,7 @@ from vllm.v1.attention.backends.registry import AttentionBackendEnum
 from sglang_inkling_backend.hosts.vllm import BACKEND_NAME
 
 logger = logging.getLogger(__name__)
+_logged: set = set()
 
 
 class InklingCpuPlatform(CpuPlatform):
@@ -24,5 +25,7 @@ class InklingCpuPlatform(CpuPlatform):
         if reasons:
             raise ValueError(f"--attention-backend {BACKEND_NAME} ({path}) is not valid for this configuration: "
                              f"{'; '.join(reasons)}")
-        logger.info("inkling: using --attention-backend %s on CPU: %s", BACKEND_NAME, path)
+        if path not in _logged:  # vLLM asks once per kind of layer (sliding, full)
+            _logged.add(path)
+            logger.info("inkling: using --attention-backend %s on CPU: %s", BACKEND_NAME, path)
         return path
