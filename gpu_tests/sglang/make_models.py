@@ -2,6 +2,8 @@
 
 Models (all bf16, vocab 49152 = the tokenizer's, max positions 40960 so 32k contexts fit):
 - ``llama-gqa4``: LlamaForCausalLM, 8 query / 2 KV heads (GQA 4), head_dim 128, 4 layers;
+- ``llama-gqa4-l16``: the same with 16 layers (for decode-speed runs: attention is a larger share of a decode step
+  at long contexts; not made unless named in ``--models``);
 - ``gemma3-swa``: Gemma3ForCausalLM, 4 query / 1 KV head, head_dim 256, 6 layers (5 sliding : 1 full),
   sliding window 256.
 
@@ -20,7 +22,8 @@ llama-gqa4 0.13% as run, 9.1% with ``--strong-tokens 64 --qk-scale 3``; gemma3-s
 ``--strong-tokens 64 --qk-scale 3``. Untied output embedding: tied ones would make "repeat the input token" the answer
 whatever attention does.
 
-    python gpu_tests/sglang/make_models.py --tokenizer DIR --out DIR [--models llama-gqa4,gemma3-swa] [--tiny]
+    python gpu_tests/sglang/make_models.py --tokenizer DIR --out DIR [--models llama-gqa4,gemma3-swa,llama-gqa4-l16]
+        [--tiny]
 """
 from __future__ import annotations
 
@@ -36,10 +39,10 @@ STRONG_SCALE = 8.0
 SEED = 20261201
 
 
-def llama_config(tiny: bool) -> dict:
+def llama_config(tiny: bool, layers: int = 4) -> dict:
     return dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=VOCAB,
                 hidden_size=256 if tiny else 1024, intermediate_size=512 if tiny else 2816,
-                num_hidden_layers=2 if tiny else 4, num_attention_heads=8, num_key_value_heads=2, head_dim=128,
+                num_hidden_layers=2 if tiny else layers, num_attention_heads=8, num_key_value_heads=2, head_dim=128,
                 max_position_embeddings=40960, rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
                 hidden_act="silu", bos_token_id=1, eos_token_id=2, torch_dtype="bfloat16", attention_bias=False)
 
@@ -57,7 +60,9 @@ def gemma3_config(tiny: bool) -> dict:
                 attn_logit_softcapping=None, final_logit_softcapping=None)
 
 
-CONFIGS = {"llama-gqa4": llama_config, "gemma3-swa": gemma3_config}
+CONFIGS = {"llama-gqa4": llama_config, "gemma3-swa": gemma3_config,
+           "llama-gqa4-l16": lambda tiny: llama_config(tiny, layers=16)}
+DEFAULT_MODELS = ("llama-gqa4", "gemma3-swa")
 
 
 def make(name: str, out: Path, tokenizer: Path, tiny: bool, device: str, strong_tokens: int = STRONG_TOKENS,
@@ -97,7 +102,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokenizer", type=Path, required=True, help="folder with tokenizer.json")
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--models", default=",".join(CONFIGS))
+    parser.add_argument("--models", default=",".join(DEFAULT_MODELS), help=f"comma-separated, of {list(CONFIGS)}")
     parser.add_argument("--tiny", action="store_true", help="small widths, for a CPU check of this script")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--strong-tokens", type=int, default=STRONG_TOKENS,
