@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Device call: one_batch_speed.py (one process per entry BACKEND:KV, on one model), in order, while the call's
+# budget lasts. Writes $OUT/speed.json (one record per entry; a failed entry: its rc and the log's last lines) and
+# $OUT/speed.log (every entry's full log).
+#   cd .h16 && bash gpu_tests/sglang/run_speed.sh inkling:mxfp8 triton:auto inkling:auto triton:fp8_e4m3
+# Environment: SPEED_MODEL (llama-gqa4-l16), SPEED_POINTS (1x4096,32x4096,128x4096,1x32768,32x32768),
+# SPEED_STEPS (64), SPEED_MEM (0.3, --mem-fraction-static), SPEED_BUDGET_S (540), SPEED_TIMEOUT_S (240, per entry),
+# SPEED_ARGS (more one_batch_speed.py arguments, e.g. "--warmup-steps 8"). Exit status: 1 if any entry failed.
+. gpu_tests/sglang/gpu_env.sh || exit 1
+START=$SECONDS
+MODEL=${SPEED_MODEL:-llama-gqa4-l16}
+POINTS=${SPEED_POINTS:-1x4096,32x4096,128x4096,1x32768,32x32768}
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+set -o pipefail
+python3 gpu_tests/sglang/make_models.py --tokenizer tok --out /tmp/models --models "$MODEL" --device cuda 2>&1 \
+    | grep -v Writing || { echo "make_models.py failed"; exit 1; }
+set +o pipefail
+rm -rf /tmp/speed && mkdir -p /tmp/speed
+for entry in "$@"; do
+  IFS=: read -r b kv <<< "$entry"
+  name=${b}_${kv}
+  left=$(( ${SPEED_BUDGET_S:-540} - (SECONDS - START) ))
+  if [ $left -lt 60 ]; then echo "skip $name: ${left}s left" | tee -a /tmp/speed/skipped.txt; continue; fi
+  limit=${SPEED_TIMEOUT_S:-240}; [ $left -lt $limit ] && limit=$left
+  t0=$SECONDS
+  timeout $limit python3 gpu_tests/sglang/one_batch_speed.py --model /tmp/models/$MODEL --attention-backend $b \
+      --kv-cache-dtype $kv --points "$POINTS" --steps ${SPEED_STEPS:-64} --mem-fraction-static ${SPEED_MEM:-0.3} \
+      --label $name --out /tmp/speed/$name.json $SPEED_ARGS > /tmp/speed/$name.log 2>&1
+  rc=$?
+  echo "$rc" > /tmp/speed/$name.rc
+  echo "== $name: rc=$rc, $((SECONDS - t0)) s (limit $limit s)"
+  grep -a "^$name" /tmp/speed/$name.log | cut -c1-300
+  [ $rc -ne 0 ] && grep -av "Ignore import error" /tmp/speed/$name.log | tail -15 | cut -c1-400
+done
+python3 - "$OUT" "$@" <<'EOF'
+import json, sys
+from pathlib import Path
+out, entries = Path(sys.argv[1]), sys.argv[2:]
+records = []
+for entry in entries:
+    name = entry.replace(":", "_")
+    base = Path("/tmp/speed") / name
+    rc = base.with_suffix(".rc")
+    if not rc.exists():
+        records.append({"label": name, "skipped": True})
+        continue
+    record = json.loads(base.with_suffix(".json").read_text()) if base.with_suffix(".json").exists() else {"label": name}
+    record["rc"] = int(rc.read_text())
+    if record["rc"] != 0:
+        record["log_tail"] = base.with_suffix(".log").read_text(errors="replace").splitlines()[-40:]
+    records.append(record)
+(out / "speed.json").write_text(json.dumps(records, indent=1))
+with open(out / "speed.log", "w") as log:
+    for entry in entries:
+        path = Path("/tmp/speed") / (entry.replace(":", "_") + ".log")
+        if path.exists():
+            log.write(f"===== {entry}\n" + path.read_text(errors="replace"))
+sys.exit(1 if any(r.get("rc", 0) != 0 for r in records) else 0)
+EOF
