@@ -1,5 +1,6 @@
 """CPU checks of the test-only GPU server harness (gpu_tests/sglang/): the CUDA sgl_kernel stand-in's numbers and
-its refusal of what it does not implement, and the parity comparison's divergence / near-tie bookkeeping."""
+its refusal of what it does not implement, the parity comparison's divergence / near-tie bookkeeping, and the
+one-batch speed script's argument handling."""
 import importlib.util
 import json
 import subprocess
@@ -50,11 +51,15 @@ def test_sgl_kernel_stand_in_numbers_and_refusals():
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
 
 
-def _compare_module():
-    spec = importlib.util.spec_from_file_location("harness_compare", HARNESS / "compare.py")
+def _harness_module(name):
+    spec = importlib.util.spec_from_file_location(f"harness_{name}", HARNESS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _compare_module():
+    return _harness_module("compare")
 
 
 def _record(ids, gaps, logprobs=None):
@@ -92,3 +97,22 @@ def test_compare_counts_teacher_forced_flips():
     assert result == {"positions": 3, "top1_flips": 2, "top1_flips_not_near_tie": 1,
                       "mean_abs_dlogprob": pytest.approx(0.5 / 3)}
     assert compare.compare_prompt_logprobs(ref, {"prompt_logprobs": None}) is None
+
+
+def test_one_batch_speed_points_and_server_args():
+    speed = _harness_module("one_batch_speed")  # imports neither torch nor sglang at module level
+    assert speed.parse_points("1x4096, 32X32768") == [(1, 4096), (32, 32768)]
+    for bad in ("32", "0x4096", "1x", "ax2", "1x2x3"):
+        with pytest.raises(ValueError):
+            speed.parse_points(bad)
+    args, extra = speed.parse_args(["--model", "m", "--attention-backend", "inkling", "--kv-cache-dtype", "mxfp8",
+                                    "--points", "1x256,4x128", "--steps", "8", "--out", "o.json", "--", "--foo"])
+    argv = speed.server_argv(args, extra)
+    assert argv[argv.index("--max-running-requests") + 1] == "4" and argv[-1] == "--foo"
+    assert "--disable-cuda-graph" not in argv and "--max-total-tokens" not in argv
+    args.device = "cpu"
+    argv = speed.server_argv(args, [])
+    assert "--disable-cuda-graph" in argv
+    assert int(argv[argv.index("--max-total-tokens") + 1]) >= 2 * 4 * (128 + 4 + 8 + 1)
+    with pytest.raises(SystemExit):
+        speed.parse_args(["--model", "m", "--attention-backend", "inkling", "--points", "4", "--out", "o.json"])
