@@ -45,7 +45,7 @@ def pytest_collection_modifyitems(config, items):
         parents = Path(str(item.fspath)).resolve().parents
         if HERE in parents:
             item.add_marker(pytest.mark.integration)
-            if SGLANG_MISSING and HERE / "vllm" not in parents:  # vllm/ runs vLLM's server (its own conftest)
+            if SGLANG_MISSING and HERE / "vllm_host" not in parents:  # vllm_host/: vLLM's server (own conftest)
                 item.add_marker(skip)
 
 

@@ -32,7 +32,8 @@ def vllm_python() -> Path:
     configured = os.environ.get("INKLING_VLLM_PYTHON")
     if configured:
         return Path(configured)
-    if importlib.util.find_spec("vllm") is not None:
+    spec = importlib.util.find_spec("vllm")
+    if spec is not None and spec.origin is not None:  # a namespace package (a folder named vllm on sys.path) is not vLLM
         return Path(sys.executable)
     return REPO_ROOT / ".venv-vllm" / "bin" / "python"
 
