@@ -127,7 +127,7 @@ def run_decode(plan: DecodePlan, q: torch.Tensor, kv: PagedKV, kv_indptr: Option
             # up to 4096 partial values per load round (32 per thread on 4 warps): all splits at once when the
             # merge is spread over channel blocks
             SPLIT_BLOCK=min(max(32, 4096 // block_d), triton.next_power_of_2(plan.num_splits)),
-            ALIGN=plan.block_n if plan.paged else 1, BLOCK_D=block_d, PAGE_TABLE=table,
+            ALIGN=plan.block_n if plan.paged else 1, BLOCK_D=block_d, PAGE_TABLE=table, BLOCK_N=plan.block_n,
             num_warps=4 if d >= 128 or block_d < d else 2,
         )
     return out

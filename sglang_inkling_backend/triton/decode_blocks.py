@@ -78,8 +78,8 @@ def decode_blocks_kernel(
     h = tl.program_id(1)
     split = tl.program_id(2)
 
-    kv_start, seq_len, first, tok_begin, tok_end = split_bounds(lens_ptr, b, split, split_len, window, BLOCK_N,
-                                                                HAS_WINDOW, True, PAGE_TABLE)  # page-aligned tiles
+    kv_start, seq_len, first, tok_begin, tok_end = split_bounds(lens_ptr, b, split, split_len, max_splits, window,
+                                                                BLOCK_N, HAS_WINDOW, True, PAGE_TABLE)  # page-aligned tiles
     if tok_begin >= tok_end:
         return
     q_pos = seq_len - 1

@@ -9,6 +9,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .device import request_split_len
+
 
 @triton.jit
 def decode_merge_kernel(
@@ -16,6 +18,7 @@ def decode_merge_kernel(
     stride_ob, stride_oh, window, split_len, max_splits,
     HQ: tl.constexpr, D: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr,
     SPLIT_BLOCK: tl.constexpr, ALIGN: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_TABLE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     # ALIGN: stage 1's splits start at a multiple of ALIGN keys before the window (block_n for page-aligned tiles).
     # One program per (request, query head, BLOCK_D channels): small batches spread the merge over more programs.
@@ -29,7 +32,8 @@ def decode_merge_kernel(
     n_keys = seq_len
     if HAS_WINDOW:
         n_keys = seq_len - (tl.maximum(seq_len - window, 0) // ALIGN) * ALIGN
-    n_splits = (n_keys + split_len - 1) // split_len
+    length = request_split_len(n_keys, split_len, max_splits, BLOCK_N)  # stage 1's split length for this request
+    n_splits = (n_keys + length - 1) // length
     offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
     offs_s = tl.arange(0, SPLIT_BLOCK)
     row0 = (b * HQ + hq).to(tl.int64) * max_splits

@@ -50,8 +50,8 @@ def decode_tiles_kernel(
 
     # PAGED (whole pages): tiles start at multiples of BLOCK_N (a divisor of the page), so a tile is one run of
     # contiguous slots found from one index
-    kv_start, seq_len, first, tok_begin, tok_end = split_bounds(lens_ptr, b, split, split_len, window, BLOCK_N,
-                                                                HAS_WINDOW, PAGED, PAGE_TABLE)
+    kv_start, seq_len, first, tok_begin, tok_end = split_bounds(lens_ptr, b, split, split_len, max_splits, window,
+                                                                BLOCK_N, HAS_WINDOW, PAGED, PAGE_TABLE)
     if tok_begin >= tok_end:
         return
     q_pos = seq_len - 1

@@ -180,14 +180,25 @@ def decode_logits(qk, qk_scale, start, offs_n, mask_n, q_pos, bias_row_ptr, head
 
 
 @triton.jit
-def split_bounds(lens_ptr, b, split, split_len, window, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                 PAGE_ALIGNED: tl.constexpr, PAGE_TABLE: tl.constexpr):
+def request_split_len(n_keys, split_len, num_splits, BLOCK_N: tl.constexpr):
+    """One request's split length: its ``n_keys`` keys spread over the plan's ``num_splits`` splits in whole tiles,
+    at most the plan's ``split_len``. The plan sizes ``split_len`` for its longest request (under CUDA graphs, the
+    context limit); sizing each request's splits by its own keys keeps every split busy on shorter requests
+    instead of leaving one split to do all of a short request's work."""
+    per = (n_keys + num_splits - 1) // num_splits
+    per = ((per + BLOCK_N - 1) // BLOCK_N) * BLOCK_N
+    return tl.minimum(tl.maximum(per, BLOCK_N), split_len)
+
+
+@triton.jit
+def split_bounds(lens_ptr, b, split, split_len, num_splits, window, BLOCK_N: tl.constexpr,
+                 HAS_WINDOW: tl.constexpr, PAGE_ALIGNED: tl.constexpr, PAGE_TABLE: tl.constexpr):
     """Request ``b``'s first rail entry, its key count, the first key its window sees, and split ``split``'s key
     range ``[tok_begin, tok_end)`` (empty when the split has no keys). ``lens_ptr``: ``kv_indptr`` (CSR), or
     ``seq_lens`` with ``PAGE_TABLE`` (then the first rail entry is 0: positions index the page table's row).
     ``PAGE_ALIGNED``: splits start at multiples of BLOCK_N from the tile holding ``first`` (whole pages: a tile
     never crosses a page, and no page entirely before the window is read; keys before ``first`` are masked by the
-    caller)."""
+    caller). Split lengths: ``request_split_len`` (the merge kernel computes the same)."""
     if PAGE_TABLE:
         kv_start = tl.zeros([], tl.int64)
         seq_len = tl.load(lens_ptr + b).to(tl.int32)
@@ -198,10 +209,12 @@ def split_bounds(lens_ptr, b, split, split_len, window, BLOCK_N: tl.constexpr, H
     if HAS_WINDOW:
         first = tl.maximum(seq_len - window, 0)
     if PAGE_ALIGNED:
-        tok_begin = (first // BLOCK_N) * BLOCK_N + split * split_len
+        start = (first // BLOCK_N) * BLOCK_N
     else:
-        tok_begin = first + split * split_len
-    tok_end = tl.minimum(tok_begin + split_len, seq_len)
+        start = first
+    length = request_split_len(seq_len - start, split_len, num_splits, BLOCK_N)
+    tok_begin = start + split * length
+    tok_end = tl.minimum(tok_begin + length, seq_len)
     return kv_start, seq_len, first, tok_begin, tok_end
 
 

@@ -148,6 +148,30 @@ def test_page_table_plan_with_workspace_and_max_seq_len_runs_every_layer():
         assert rel_err(out, reference_decode(q, pool, indptr, indices, params)) < 5e-4, layer
 
 
+@pytest.mark.parametrize("kernel", ["tiles", "blocks"])
+@pytest.mark.parametrize("window", [None, 100])
+def test_a_plan_for_a_long_context_spreads_short_requests_over_its_splits(kernel, window):
+    """Under CUDA graphs a plan is made once for the context limit and serves every shorter batch. Each request's
+    keys are spread over all the plan's splits (``device.request_split_len``): stage 1 and the merge must agree
+    on that length, or the merge drops or double-counts splits (a merge that sized splits by the plan's
+    ``split_len`` reads only split 0 of these requests, which fails this comparison)."""
+    gen = torch.Generator().manual_seed(22)
+    hq, hkv, d, page = 4, 1, 64, 128
+    lens = [300, 37, 129, 1]  # every one far below the planned 4096 keys
+    table, seq_lens, indptr, indices, slots = page_table_batch(lens, page, gen, window=window)
+    params = AttentionParams(d ** -0.5, window=window, sinks=torch.randn(hq, generator=gen).to(DEV))
+    plan = plan_decode(len(lens), num_q_heads=hq, num_kv_heads=hkv, head_dim=d, max_seq_len=4096, window=window,
+                       page_size=page, kv_dtype=torch.float8_e4m3fn,
+                       config=DecodeConfig(kernel=kernel, num_splits=8, block_n=32))
+    if window is None:
+        assert plan.num_splits == 8 and plan.split_len == 512  # by the plan's split_len, request 0 fits in split 0
+    pool = make_pool("mxfp8", slots, hkv, d, page, gen)
+    q = torch.randn(len(lens), hq, d, generator=gen).bfloat16().to(DEV)
+    out = run_decode(plan, q, pool, params=params, page_table=table, seq_lens=seq_lens, check=False,
+                     out=torch.full(q.shape, float("nan"), device=DEV))
+    assert rel_err(out, reference_decode(q, pool, indptr, indices, params)) < 5e-4
+
+
 def test_plan_with_a_workspace_allocates_nothing(monkeypatch):
     ws = DecodeWorkspace(8, 16, 128, 128, "cpu")  # the plan below takes 94 splits
 
