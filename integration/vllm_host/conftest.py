@@ -8,7 +8,7 @@ import pytest
 
 from sglang_inkling_backend.demo.server import ServerStartError
 from sglang_inkling_backend.demo.vllm_server import VllmServer, vllm_available
-from workloads import WorkloadRun, run_workload
+from workloads import run_workload
 
 from harness import REPORT, STARTUP_TIMEOUT_S
 

@@ -15,7 +15,6 @@ are views of one workspace the builder allocates at start-up; never on the torch
 from __future__ import annotations
 
 import functools
-import logging
 from dataclasses import replace
 from typing import ClassVar, Optional
 
@@ -37,7 +36,6 @@ from sglang_inkling_backend.hosts.vllm.block_cache import MXFP8_BLOCK_SIZE, cell
 from sglang_inkling_backend.layer_plan import LayerSpec
 from sglang_inkling_backend.routes import choose_route, triton_head_dim_ok
 
-logger = logging.getLogger(__name__)
 
 # --kv-cache-dtype -> the core's KV format ("auto" follows the model dtype).
 KV_FORMAT_OF_CACHE_DTYPE = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "fp8": "fp8_e4m3",
