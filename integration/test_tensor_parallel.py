@@ -1,6 +1,10 @@
 """Tensor parallel on the CPU host: Gemma-3-270M (4 q heads, 1 KV head, replicated on both ranks) at --tp-size 2,
 one core per rank (SGLANG_CPU_OMP_THREADS_BIND="0|1", set by SGLangServer for tp > 1). Divergences are decided on
 the model's margin (``margins.py``)."""
+import os
+
+import pytest
+
 from harness import REPORT
 from margins import compare_on_margins
 
@@ -22,6 +26,9 @@ def test_inkling_bf16_tp2_identical_to_tp1(workload, model_dir):
                         workload(MODEL, "inkling", "auto", 2))
 
 
+@pytest.mark.skipif(os.environ.get("INKLING_FULL_INTEGRATION") != "1",
+                    reason="CI's time: one more tp 2 server; tp 2 is judged against tp 1 above, and tp 1 against "
+                           "torch_native in test_bf16_agreement.py (INKLING_FULL_INTEGRATION=1 runs it)")
 def test_inkling_bf16_tp2_identical_to_torch_native_tp2(workload, model_dir):
     _assert_same_greedy("torch_native_vs_inkling_bf16_tp2", model_dir, workload(MODEL, "torch_native", "auto", 2),
                         workload(MODEL, "inkling", "auto", 2))
