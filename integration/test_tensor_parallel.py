@@ -34,6 +34,9 @@ def test_inkling_bf16_tp2_identical_to_torch_native_tp2(workload, model_dir):
                         workload(MODEL, "inkling", "auto", 2))
 
 
+@pytest.mark.skipif(os.environ.get("INKLING_FULL_INTEGRATION") != "1",
+                    reason="CI's time: one more tp 2 server; the per-rank MXFP8 path is covered at tp 1 and in "
+                           "tests/hosts/sglang/test_tp_per_rank.py (INKLING_FULL_INTEGRATION=1 runs it)")
 def test_inkling_mxfp8_tp2_identical_to_tp1(workload, model_dir):
     _assert_same_greedy("inkling_mxfp8_tp1_vs_tp2", model_dir, workload(MODEL, "inkling", "mxfp8", 1),
                         workload(MODEL, "inkling", "mxfp8", 2))
