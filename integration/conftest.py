@@ -6,7 +6,6 @@ loopback port, runs the whole workload (``workloads.py``) and is stopped before 
 start-up, always stopped, even when a test fails). The measured numbers are printed at the end and written to
 ``$INKLING_INTEGRATION_RESULTS`` (default ``integration/results/last_run.json``).
 """
-import dataclasses
 import importlib.util
 import json
 import os
@@ -18,11 +17,11 @@ import pytest
 
 from sglang_inkling_backend.demo.cpu_host import cpu_env
 from sglang_inkling_backend.demo.models import prepare_model
-from sglang_inkling_backend.demo.server import SGLangServer, ServerStartError, stop_running_servers
+from sglang_inkling_backend.demo.server import SGLangServer, stop_running_servers
 from workloads import WorkloadRun, run_workload
 
-from harness import (FAULT_PLUGIN_DIR, HERE, MAX_TOTAL_TOKENS, REPORT, RESULTS_PATH, STARTUP_TIMEOUT_S, run_log_path,
-                     run_name)
+from harness import (FAULT_PLUGIN_DIR, HERE, MAX_TOTAL_TOKENS, REPORT, RESULTS_PATH, STARTUP_TIMEOUT_S,
+                     record_run, refused_startup_log, run_log_path, run_name, serve)
 
 
 SGLANG_MISSING = importlib.util.find_spec("sglang") is None
@@ -95,24 +94,12 @@ def workload(model_dir, server_logs):
             server = SGLangServer(model_dir(model), backend, kv, tp_size=tp, max_total_tokens=MAX_TOTAL_TOKENS,
                                   log_path=run_log_path(server_logs, model, backend, kv, tp, fault),
                                   env_overrides=env, startup_timeout_s=STARTUP_TIMEOUT_S)
-            try:
-                with server:
-                    # test_kv_quant_drift.py compares the teacher-forced text across the inkling tp 1 runs.
-                    done[name] = run_workload(server, {"model": model, "backend": backend, "kv": kv, "tp": tp,
-                                                       "fault": fault},
-                                              score_text=backend == "inkling" and tp == 1 and not fault)
-            except ServerStartError as err:
-                done[name] = err
-            except Exception as err:  # a request failed: keep the server's last words with the error
-                done[name] = RuntimeError(f"{type(err).__name__}: {err}\nserver log {server.log_path}:\n"
-                                          f"{server.log_text()[-6000:]}")
-            run = done[name]
-            if isinstance(run, WorkloadRun):
-                REPORT.setdefault("runs", {})[name] = {
-                    "startup_s": round(run.startup_s, 1), "per_token_ms": round(run.per_token_ms, 1),
-                    "prefill_ms": round(run.prefill_ms, 1),
-                    "text_score_s": None if run.text_score_s is None else round(run.text_score_s, 1),
-                    "answers": {k: dataclasses.asdict(v) for k, v in run.answers.items()}}
+            # test_kv_quant_drift.py compares the teacher-forced text across the inkling tp 1 runs.
+            config = {"model": model, "backend": backend, "kv": kv, "tp": tp, "fault": fault}
+            done[name] = serve(server, lambda srv: run_workload(
+                srv, config, score_text=backend == "inkling" and tp == 1 and not fault))
+            if isinstance(done[name], WorkloadRun):
+                record_run(name, done[name])
         run = done[name]
         if isinstance(run, BaseException):
             pytest.fail(f"{name}: {run}", pytrace=False)
@@ -129,10 +116,5 @@ def failed_startup(model_dir, server_logs):
         server = SGLangServer(model_path, backend, kv, tp_size=tp, max_total_tokens=MAX_TOTAL_TOKENS,
                               extra_args=tuple(extra_args), env_overrides=env,
                               log_path=server_logs / f"{name}.log", startup_timeout_s=STARTUP_TIMEOUT_S)
-        try:
-            server.start()
-        except ServerStartError as err:
-            return err.log
-        server.stop()
-        pytest.fail(f"server started although it should have refused: {' '.join(server.args)}")
+        return refused_startup_log(server)
     return start

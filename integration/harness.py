@@ -1,6 +1,11 @@
 """Shared state of the integration session (imported by conftest.py and the tests; not a test module)."""
+import dataclasses
 import os
 from pathlib import Path
+
+import pytest
+
+from sglang_inkling_backend.demo.server import ServerStartError
 
 HERE = Path(__file__).resolve().parent
 RESULTS_PATH = Path(os.environ.get("INKLING_INTEGRATION_RESULTS") or HERE / "results" / "last_run.json")
@@ -25,3 +30,36 @@ def run_log_path(server_logs: Path, model: str, backend: str, kv: str = "auto", 
 
 def run_log(server_logs: Path, model: str, backend: str, kv: str = "auto", tp: int = 1) -> str:
     return run_log_path(server_logs, model, backend, kv, tp).read_text(errors="replace")
+
+
+def serve(server, work):
+    """``work(server)`` on the started server, which is stopped after: its result, the ``ServerStartError`` of a
+    failed start-up, or a RuntimeError carrying the server's last log lines when a request failed (each fixture
+    keeps it and fails every test that asks for that configuration)."""
+    try:
+        with server:
+            return work(server)
+    except ServerStartError as err:
+        return err
+    except Exception as err:  # a request failed: keep the server's last words with the error
+        return RuntimeError(f"{type(err).__name__}: {err}\nserver log {server.log_path}:\n"
+                            f"{server.log_text()[-6000:]}")
+
+
+def record_run(name: str, run) -> None:
+    """A served workload's times and answers, for the terminal summary and RESULTS_PATH."""
+    REPORT.setdefault("runs", {})[name] = {
+        "startup_s": round(run.startup_s, 1), "per_token_ms": round(run.per_token_ms, 1),
+        "prefill_ms": round(run.prefill_ms, 1),
+        "text_score_s": None if run.text_score_s is None else round(run.text_score_s, 1),
+        "answers": {k: dataclasses.asdict(v) for k, v in run.answers.items()}}
+
+
+def refused_startup_log(server) -> str:
+    """The log of a server that must refuse to start; fails the test if it becomes healthy."""
+    try:
+        server.start()
+    except ServerStartError as err:
+        return err.log
+    server.stop()
+    pytest.fail(f"{server.name} started although it should have refused: {' '.join(server.args)}")

@@ -6,11 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from sglang_inkling_backend.demo.server import ServerStartError
 from sglang_inkling_backend.demo.vllm_server import VllmServer, vllm_available
 from workloads import run_workload
 
-from harness import REPORT, STARTUP_TIMEOUT_S
+from harness import STARTUP_TIMEOUT_S, record_run, refused_startup_log, serve
 
 _VLLM_MISSING = vllm_available()
 
@@ -45,22 +44,10 @@ def vllm_workload(model_dir, vllm_logs):
         if name not in done:
             server = VllmServer(model_dir(model), backend, kv, log_path=vllm_logs / (name.replace("/", "-") + ".log"),
                                 startup_timeout_s=STARTUP_TIMEOUT_S)
-            try:
-                with server:
-                    run = run_workload(server, {"host": "vllm", "model": model, "backend": backend, "kv": kv})
-                done[name] = (run, server.log_text())
-            except ServerStartError as err:
-                done[name] = err
-            except Exception as err:  # a request failed: keep the server's last words with the error
-                done[name] = RuntimeError(f"{type(err).__name__}: {err}\nserver log {server.log_path}:\n"
-                                          f"{server.log_text()[-6000:]}")
-            result = done[name]
-            if not isinstance(result, BaseException):
-                run = result[0]
-                REPORT.setdefault("runs", {})[name] = {
-                    "startup_s": round(run.startup_s, 1), "per_token_ms": round(run.per_token_ms, 1),
-                    "prefill_ms": round(run.prefill_ms, 1), "text_score_s": None,
-                    "answers": {k: vars(v) for k, v in run.answers.items()}}
+            config = {"host": "vllm", "model": model, "backend": backend, "kv": kv}
+            done[name] = serve(server, lambda srv: (run_workload(srv, config), srv.log_text()))
+            if not isinstance(done[name], BaseException):
+                record_run(name, done[name][0])
         result = done[name]
         if isinstance(result, BaseException):
             pytest.fail(f"{name}: {result}", pytrace=False)
@@ -76,10 +63,5 @@ def vllm_failed_startup(model_dir, vllm_logs):
         name = f"expected-failure-{backend}-{kv}-{len(os.listdir(vllm_logs))}"
         server = VllmServer(model_dir(model), backend, kv, extra_args=tuple(extra_args),
                             log_path=vllm_logs / f"{name}.log", startup_timeout_s=STARTUP_TIMEOUT_S)
-        try:
-            server.start()
-        except ServerStartError as err:
-            return err.log
-        server.stop()
-        pytest.fail(f"vLLM started although it should have refused: {' '.join(server.args)}")
+        return refused_startup_log(server)
     return start
