@@ -48,7 +48,7 @@ atexit.register(stop_running_servers)
 
 
 class ServerProcess:
-    """A server process on 127.0.0.1 (``args``, ``env``, ``port``, ``log_path``, ``owns_log`` set by the subclass)
+    """A server process on 127.0.0.1 (``args``, ``env``, ``port`` set by the subclass, its log by ``_use_log``)
     with a ``/health`` endpoint. Use as a context manager, or ``start()`` / ``stop()``."""
 
     name = "server"
@@ -58,8 +58,15 @@ class ServerProcess:
     log_path: Path
     owns_log: bool
     startup_timeout_s: float
+    cwd = None  # the server's working directory (None: ours)
     process = None
     startup_seconds = None
+
+    def _use_log(self, log_path: Path | None, prefix: str) -> None:
+        """Log to ``log_path``, or to a temporary file (``prefix``...) that ``stop()`` removes unless start-up
+        failed."""
+        self.owns_log = log_path is None
+        self.log_path = Path(log_path) if log_path is not None else temporary_log(prefix)
 
     @property
     def url(self) -> str:
@@ -76,7 +83,7 @@ class ServerProcess:
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(self.args, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, start_new_session=True,
-                                            cwd=getattr(self, "cwd", None))
+                                            cwd=self.cwd)
         _RUNNING[id(self)] = self
         deadline = started + self.startup_timeout_s
         while True:
@@ -180,9 +187,7 @@ class SGLangServer(ServerProcess):
         bind = "|".join(str(rank) for rank in range(tp_size)) if tp_size > 1 else None
         self.env = cpu_env(omp_threads_bind=bind)
         self.env.update(env_overrides or {})
-        self.owns_log = log_path is None  # a temporary log: removed by stop() unless start-up failed
-        self.log_path = Path(log_path) if log_path is not None else \
-            temporary_log(f"sglang-{attention_backend}-{kv_cache_dtype}-tp{tp_size}-")
+        self._use_log(log_path, f"sglang-{attention_backend}-{kv_cache_dtype}-tp{tp_size}-")
 
     def tokenize(self, prompt: str, timeout_s: float = 60.0) -> list[int]:
         """The token ids the server's own tokenizer gives ``prompt`` (special tokens such as ``<bos>`` included, as

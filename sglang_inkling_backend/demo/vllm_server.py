@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from .cpu_host import REPO_ROOT
-from .server import ServerProcess, free_port, temporary_log
+from .server import ServerProcess, free_port
 
 MAX_MODEL_LEN = 2048
 # Prompts longer than this are prefilled in chunks (vLLM's chunked prefill), so the integration workload's long
@@ -81,9 +81,7 @@ class VllmServer(ServerProcess):
         env.update(env_overrides or {})
         self.env = env
         self.cwd = "/tmp"  # never the checkout: its directories would shadow installed packages
-        self.owns_log = log_path is None
-        self.log_path = Path(log_path) if log_path is not None else \
-            temporary_log(f"vllm-{attention_backend}-{kv_cache_dtype}-")
+        self._use_log(log_path, f"vllm-{attention_backend}-{kv_cache_dtype}-")
 
     def tokenize(self, prompt: str, timeout_s: float = 60.0) -> list[int]:
         """The token ids vLLM's tokenizer gives ``prompt``, special tokens (``<bos>``) included."""

@@ -31,7 +31,10 @@ class LayerAttention:
             self.spec = replace(self.spec, k_scale=float(k_scale), v_scale=float(v_scale))
 
     def paged_kv(self, kv_cache: torch.Tensor) -> PagedKV:
-        block_size = kv_cache.shape[2] if kv_cache.dim() == 4 else 0
+        if not isinstance(kv_cache, torch.Tensor) or kv_cache.dim() != 4:
+            desc = tuple(kv_cache.shape) if isinstance(kv_cache, torch.Tensor) else type(kv_cache).__name__
+            raise ValueError(f"kv_cache must be vLLM's 4-D per-layer view [num_blocks, H, N, C], got {desc}")
+        block_size = kv_cache.shape[2]
         layout = self._layouts.get(block_size)
         if layout is None:
             layout = self._layouts[block_size] = BlockCacheLayout(self.kv_format, self.spec.num_kv_heads,

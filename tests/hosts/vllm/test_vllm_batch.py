@@ -65,3 +65,14 @@ def test_inconsistent_batches_are_refused():
         batch([1], [4], [[1]], num_decodes=2)
     with pytest.raises(ValueError, match="block_table must be"):
         batch([1, 1], [4, 4], [[1]], num_decodes=2)
+
+
+def test_layer_attention_refuses_a_cache_that_is_not_vllms_view():
+    import math
+
+    from sglang_inkling_backend.hosts.vllm.attention import LayerAttention
+    from sglang_inkling_backend.layer_plan import LayerSpec
+
+    spec = LayerSpec(num_q_heads=2, num_kv_heads=1, head_dim=32, softmax_scale=1 / math.sqrt(32))
+    with pytest.raises(ValueError, match=r"4-D per-layer view \[num_blocks, H, N, C\], got \(10,\)"):
+        LayerAttention(spec, "bf16", torch.bfloat16).paged_kv(torch.zeros(10))
