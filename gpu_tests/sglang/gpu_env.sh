@@ -21,6 +21,10 @@ export INKLING_TEST_SGL_KERNEL_LOG=${OUT:-/tmp}/sgl_kernel_calls.txt
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # The CuTe-DSL dual GEMM needs nvidia-cutlass-dsl (not carried): Llama's MLP takes the plain path (sitecustomize.py).
 export INKLING_TEST_NO_DUAL_GEMM=1
+# The FA4 package's __init__ needs it too; the Inkling model imports a pure-Python flag from that package.
+export INKLING_TEST_NO_CUTE_INIT=1
+# Inkling's chat adapter needs tml-renderers and its o200k tokenizer; the harness sends no chat (sitecustomize.py).
+export INKLING_TEST_NO_INKLING_CHAT=1
 # SGLang 0.5.23's bundled Rust radix-tree core is built for its torch pin (2.14.1); on torch 2.11 its insert reads
 # int64 values as Int8 ("ValueError: insert value must be an int64 tensor, got Int8"): use its Python tree core.
 export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python

@@ -60,8 +60,29 @@ def gemma3_config(tiny: bool) -> dict:
                 attn_logit_softcapping=None, final_logit_softcapping=None)
 
 
+def inkling_config(tiny: bool) -> dict:
+    """SGLang's in-tree Inkling model (``InklingForConditionalGeneration``), text only, dense MLPs: short-conv K/V,
+    q/k RMSNorm, learned relative bias, softmax scale 1/D, log-length temperature from position 512 (so the
+    workload's longer prompts use it), 5 local (window 256) : 1 full layers."""
+    layers = 6
+    text = dict(vocab_size=VOCAB, hidden_size=256 if tiny else 1024, intermediate_size=512 if tiny else 2816,
+                num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=2, head_dim=128,
+                swa_num_attention_heads=8, swa_num_key_value_heads=2, swa_head_dim=128,
+                local_layer_ids=[i for i in range(layers) if (i + 1) % 6], sliding_window_size=256,
+                d_rel=16, rel_extent=1024, use_sconv=True, sconv_kernel_size=4, dense_mlp_idx=layers,
+                n_routed_experts=0, log_scaling_n_floor=512, log_scaling_alpha=0.1, rms_norm_eps=1e-6,
+                max_position_embeddings=40960, tie_word_embeddings=False, num_nextn_predict_layers=0,
+                bos_token_id=1, eos_token_id=2)
+    return dict(architectures=["InklingForConditionalGeneration"], model_type="inkling_mm_model",
+                text_config=text, tie_word_embeddings=False, torch_dtype="bfloat16", max_position_embeddings=40960,
+                bos_token_id=1, eos_token_id=2)
+
+
 CONFIGS = {"llama-gqa4": llama_config, "gemma3-swa": gemma3_config,
-           "llama-gqa4-l16": lambda tiny: llama_config(tiny, layers=16)}
+           "llama-gqa4-l16": lambda tiny: llama_config(tiny, layers=16), "inkling-swa": inkling_config}
+# Served with --load-format dummy: weights come from sitecustomize.py's seeded initializer (INKLING_TEST_SEEDED_INIT),
+# so only the config and the tokenizer are written.
+DUMMY_LOAD = {"inkling-swa"}
 DEFAULT_MODELS = ("llama-gqa4", "gemma3-swa")
 
 
@@ -73,6 +94,9 @@ def make(name: str, out: Path, tokenizer: Path, tiny: bool, device: str, strong_
     target = out / name
     target.mkdir(parents=True, exist_ok=True)
     (target / "config.json").write_text(json.dumps(CONFIGS[name](tiny), indent=1))
+    if name in DUMMY_LOAD:
+        copy_tokenizer(tokenizer, target)
+        return target
     config = AutoConfig.from_pretrained(target)
     torch.manual_seed(SEED)
     with torch.device(device):
@@ -91,11 +115,15 @@ def make(name: str, out: Path, tokenizer: Path, tiny: bool, device: str, strong_
         strong = torch.randperm(VOCAB, generator=generator)[:strong_tokens]
         model.lm_head.weight[strong.to(model.lm_head.weight.device)] *= strong_scale
     model.save_pretrained(target)
+    copy_tokenizer(tokenizer, target)
+    return target
+
+
+def copy_tokenizer(tokenizer: Path, target: Path) -> None:
     for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         if (tokenizer / f).exists():
             shutil.copy(tokenizer / f, target / f)
     (target / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
-    return target
 
 
 def main(argv=None) -> int:

@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # Device call: one server per entry MODEL:BACKEND:KV[:TAG], each serving serve_check.py's workload, in order, while
 # the call's budget lasts (PARITY_BUDGET_S, default 520 s). Entry TAGs: nograph (--disable-cuda-graph),
-# broken (INKLING_TEST_BREAK_SCALE=0.01, see pythonpath/sitecustomize.py).
+# broken (INKLING_TEST_BREAK_SCALE=0.01, see patches/sitecustomize.py), noprefillgraph (--disable-prefill-cuda-graph:
+# the Inkling model turns on SGLang's FULL prefill graph, which its triton backend cannot replay: "ValueError: Invalid
+# forward mode: forward_mode=<ForwardMode.EXTEND: 1> for CUDA Graph replay"; decode graphs stay on).
 #   cd .h16 && bash gpu_tests/sglang/run_parity.sh llama-gqa4:triton:auto llama-gqa4:inkling:auto ...
 . gpu_tests/sglang/gpu_env.sh
 START=$SECONDS
-python3 gpu_tests/sglang/make_models.py --tokenizer tok --out /tmp/models --device cuda 2>&1 | grep -v Writing
+# The models the entries name (PARITY_MODELS overrides); one without weights is served with --load-format dummy
+# and the seeded initializer (patches/sitecustomize.py, INKLING_TEST_SEEDED_INIT).
+MODELS=${PARITY_MODELS:-$(for e in "$@"; do echo "${e%%:*}"; done | sort -u | paste -sd,)}
+python3 gpu_tests/sglang/make_models.py --tokenizer tok --out /tmp/models --device cuda --models "$MODELS" 2>&1 | grep -v Writing
 mkdir -p /tmp/logs /tmp/runs
 for entry in "$@"; do
   IFS=: read -r m b kv tag <<< "$entry"
@@ -14,7 +19,9 @@ for entry in "$@"; do
   if [ $left -lt 60 ]; then echo "skip $name: ${left}s left"; continue; fi
   extra=(); envs=()
   [ "$tag" = nograph ] && extra+=(--disable-cuda-graph)
+  [ "$tag" = noprefillgraph ] && extra+=(--disable-prefill-cuda-graph)
   [ "$tag" = broken ] && envs+=(INKLING_TEST_BREAK_SCALE=0.01)
+  ls /tmp/models/$m/*.safetensors > /dev/null 2>&1 || { extra+=(--load-format dummy); envs+=(INKLING_TEST_SEEDED_INIT=1); }
   t0=$SECONDS
   env "${envs[@]}" timeout $(( left < 240 ? left : 240 )) python3 gpu_tests/sglang/serve_check.py \
       --model /tmp/models/$m --backend $b --kv-cache-dtype $kv --label $name --out /tmp/runs/$name.json \

@@ -7,6 +7,25 @@ the nvidia-cutlass-dsl wheel, not carried) whether its fused gate/up + down GEMM
 (``DualGemm._select_mode`` returns None), so the plain MergedColumnParallelLinear + RowParallelLinear path runs,
 for every attention backend alike.
 
+``INKLING_TEST_NO_CUTE_INIT=1``: SGLang's Inkling attention imports ``flash_attn.cute.batch_invariance`` (a
+pure-Python flag), and the package's ``__init__`` imports the FA4 interface, which needs the same CuTe DSL. The patch
+gives that package an empty ``__init__`` (its submodules still import from its folder); ``attn.py`` already guards its
+own ``cutlass`` import, and neither the inkling backend (which implements the FA4 kwarg contract itself) nor SGLang's
+triton backend calls FA4.
+
+``INKLING_TEST_SEEDED_INIT=1`` (with ``--load-format dummy``): SGLang's dummy weights (uniform in +-1e-3, norms
+included) leave every logit tied. This initializer, the same for every attention backend and process, draws each
+parameter from a generator seeded by its name: matrices N(0, 0.02), short-conv taps N(0, 0.3) (so the conv is a
+visible part of K and V), the relative-bias projection N(0, 0.5) (a bias of about one logit), RMSNorm weights 1
+except q/k norms ``INKLING_TEST_QK_SCALE`` (default 3: attention logits x9, so attention bugs move the argmax),
+other vectors 0; ``STRONG_TOKENS`` output rows x``STRONG_SCALE`` as in ``make_models.py``. Buffers are left as built.
+
+``INKLING_TEST_NO_INKLING_CHAT=1``: for an Inkling checkpoint the OpenAI server builds its chat adapter at start-up,
+which needs the ``tml-renderers`` package and a served tokenizer equal to its o200k one ("Serving Inkling requires the
+`tml-renderers` package"). The harness sends ``/generate`` requests only (token ids, or text through the served
+tokenizer), never chat: the patch makes the adapter's renderer a stand-in that raises ``NotImplementedError`` if a
+chat request ever reaches it, and skips the tokenizer comparison.
+
 A deliberately broken inkling backend, to show that the parity check can fail:
 
 With ``INKLING_TEST_BREAK_SCALE=eps`` set, every attention call of ``--attention-backend inkling`` uses a softmax
@@ -47,6 +66,63 @@ if os.environ.get("INKLING_TEST_NO_DUAL_GEMM") == "1":
         module.DualGemm._select_mode = lambda self, gate_up_proj, hidden_size: None
 
     sys.meta_path.insert(0, _PatchOnImport("sglang.srt.layers.dual_gemm", _no_dual_gemm))
+
+if os.environ.get("INKLING_TEST_NO_CUTE_INIT") == "1":
+    class _EmptyPackageInit(importlib.abc.MetaPathFinder):
+        target = "sglang.kernels.ops.attention.flash_attn.cute"
+
+        def find_spec(self, fullname, path, target=None):
+            if fullname != self.target:
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(fullname)
+            spec.loader.exec_module = lambda module: None  # keeps __path__: submodules import from the folder
+            return spec
+
+    sys.meta_path.insert(0, _EmptyPackageInit())
+
+if os.environ.get("INKLING_TEST_SEEDED_INIT") == "1":
+    STRONG_TOKENS, STRONG_SCALE, SEED = 512, 8.0, 20261201
+
+    def _seeded_init(model, *args, **kwargs):
+        import zlib
+
+        import torch
+
+        qk_scale = float(os.environ.get("INKLING_TEST_QK_SCALE", "3"))
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if not torch.is_floating_point(param):
+                    continue
+                if param.dim() == 1:
+                    norm = name.endswith("norm.weight")
+                    qk = name.endswith(("q_norm.weight", "k_norm.weight"))
+                    param.fill_(qk_scale if qk else 1.0 if norm else 0.0)
+                    continue
+                std = 0.3 if "sconv" in name else 0.5 if "rel_logits_proj" in name else 0.02
+                generator = torch.Generator().manual_seed(SEED ^ zlib.crc32(name.encode()))
+                param.copy_(torch.randn(param.shape, generator=generator) * std)
+                if name.endswith("lm_head.weight"):
+                    rows = torch.randperm(param.shape[0], generator=generator)[:STRONG_TOKENS]
+                    param[rows.to(param.device)] *= STRONG_SCALE
+        print("[sitecustomize] seeded test weights (INKLING_TEST_SEEDED_INIT)", file=sys.stderr)
+
+    def _patch_dummy_init(module):
+        module.initialize_dummy_weights = _seeded_init
+
+    sys.meta_path.insert(0, _PatchOnImport("sglang.srt.model_loader.loader", _patch_dummy_init))
+
+if os.environ.get("INKLING_TEST_NO_INKLING_CHAT") == "1":
+    def _no_inkling_chat(module):
+        def no_renderer():
+            raise NotImplementedError("INKLING_TEST_NO_INKLING_CHAT: the test harness serves no Inkling chat "
+                                      "(tml-renderers is not carried)")
+
+        module.load_tml_renderers = lambda: None
+        module._check_served_tokenizer = lambda tokenizer: None
+        module.render_inkling_messages = lambda *args, **kwargs: no_renderer()
+
+    sys.meta_path.insert(0, _PatchOnImport("sglang.srt.entrypoints.openai.serving_inkling", _no_inkling_chat))
 
 _EPS = os.environ.get("INKLING_TEST_BREAK_SCALE")
 
