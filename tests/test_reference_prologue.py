@@ -93,6 +93,21 @@ def test_conv_with_residual_hand_computed():
     assert torch.equal(args["k_cache"][0], k_cache_before[0])  # padding row never writes slot 0
 
 
+def test_cache_mask_as_sglang_decode_passes_it():
+    """SGLang's Inkling decode passes the conv metadata's mask as [B, 1, 1]; flipping one flag shows the mask is read."""
+    args, _, _ = tiny_conv_case()
+    flat = inkling_attn_prologue_decode(**{**args, "k_cache": args["k_cache"].clone(), "v_cache": args["v_cache"].clone()})
+    shaped = inkling_attn_prologue_decode(**{**args, "k_cache": args["k_cache"].clone(), "v_cache": args["v_cache"].clone(),
+                                             "cache_mask": args["cache_mask"].view(3, 1, 1)})
+    flipped = inkling_attn_prologue_decode(**{**args, "k_cache": args["k_cache"].clone(),
+                                              "v_cache": args["v_cache"].clone(),
+                                              "cache_mask": torch.tensor([False, False, False]).view(3, 1, 1)})
+    for a, b in zip(flat[:3], shaped[:3]):
+        assert torch.equal(a, b)
+    assert torch.equal(flipped[2][0].float(), torch.full((D,), 8.0))  # row 0 without history: v = 4 + 4
+    assert not torch.equal(flat[2][0], flipped[2][0])
+
+
 def test_shift_update_hand_computed_and_padding_untouched():
     args, packed, _ = tiny_conv_case()
     before_k, before_v = args["k_cache"].clone(), args["v_cache"].clone()
@@ -338,6 +353,8 @@ ERROR_CASES = [
     ("indices length", False, lambda a: a.update(cache_indices=a["cache_indices"][:2]), ValueError,
      "cache_indices must have shape (4,)"),
     ("mask dtype", False, lambda a: a.update(cache_mask=a["cache_mask"].int()), TypeError, "cache_mask must be"),
+    ("mask length", False, lambda a: a.update(cache_mask=a["cache_mask"][:2].view(2, 1, 1)), ValueError,
+     "cache_mask must have T=4 elements"),
     ("gamma shape", False, lambda a: a.update(q_gamma=torch.ones(64).bfloat16()), ValueError,
      "q_gamma must have shape (128,)"),
     ("gamma dtype", False, lambda a: a.update(k_gamma=torch.ones(D)), TypeError, "k_gamma must be"),
@@ -370,6 +387,24 @@ ERROR_CASES = [
      "log_scaling_tau must be a float tensor"),
     ("device", False, lambda a: a.update(loc=a["loc"].to("meta")), ValueError, "all tensors must share a device"),
 ]
+
+
+@pytest.mark.parametrize("mx", [False, True])
+def test_graph_padding_rows_share_sglangs_padding_slot_zero(mx):
+    """SGLang pads CUDA-graph batches with zero-filled rows: conv slot 0 and KV slot 0, several rows per step. They
+    are accepted, and the real rows come out as with -1 padding rows (which write nothing)."""
+    padded, _ = make_case(T=4, mxfp8_mode=mx)
+    sentinel = {**padded, **{k: v.clone() for k, v in _mutable(padded).items()}}  # qkvr stays the shared view
+    padded.update(cache_indices=torch.tensor([1, 2, 0, 0], dtype=torch.int32), loc=torch.tensor([3, 8, 0, 0]))
+    sentinel.update(cache_indices=torch.tensor([1, 2, -1, -1], dtype=torch.int32), loc=torch.tensor([3, 8, -1, -1]))
+    out_padded = inkling_attn_prologue_decode(**padded)
+    out_sentinel = inkling_attn_prologue_decode(**sentinel)
+    for a, b in zip(out_padded[:3], out_sentinel[:3]):
+        assert torch.equal(a[:2], b[:2])
+    for name in ("k_cache", "v_cache"):
+        assert torch.equal(padded[name][1:3], sentinel[name][1:3])
+    for name in ("k_buf", "v_buf"):
+        assert torch.equal(padded[name][[3, 8]], sentinel[name][[3, 8]])
 
 
 @pytest.mark.parametrize("name,mx,edit,exc,message", ERROR_CASES, ids=[c[0] for c in ERROR_CASES])

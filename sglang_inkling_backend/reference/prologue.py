@@ -13,7 +13,8 @@ offsets can reach past ``qkvr.shape[1]``):
        acc = silu(acc) if activation;   acc += x[c] if use_residual
 
    ``hist = conv_cache[slot]`` (row 0 the oldest tap, row W-2 the previous token), ``slot = cache_indices[t]``,
-   or slot 0 for a padding row (``cache_indices[t] == -1``); ``cm = cache_mask[t]`` (0/1).
+   or slot 0 for a padding row (``cache_indices[t] == -1``); ``cm = cache_mask[t]`` (0/1; any shape of T
+   elements, SGLang's decode passes ``[T, 1, 1]``).
 2. Conv-cache shift update, in place, real rows only, every tap read before any write::
 
        new[w] = cm ? old[w + 1] : 0   for w < W-2;      new[W-2] = x   (the raw token)
@@ -59,6 +60,7 @@ from ..scale_layout import INTERLEAVED_PAGE_SIZE, ScaleLayout
 
 HEAD_DIM = 128  # the fused prologue's only head size (SGLang's kHeadDim)
 PAD_SLOT = -1  # cache_indices value of a padding row
+PADDING_WRITE_SLOT = 0  # SGLang's padding slot (conv-state pool and KV pool): padded graph rows write it
 BF16_NAN = 0x7FC0  # the one bf16 NaN the prologue writes (sign clear, quiet): see canonical_bf16
 _INDEX_DTYPES = (torch.int32, torch.int64)
 _E8M0 = getattr(torch, "float8_e8m0fnu", None)
@@ -172,18 +174,23 @@ def _check_values(k_cache, cache_indices, loc, k_buf, track_mask, track_indices,
             raise ValueError(f"track_indices of tracked real rows must be conv-cache slots in "
                              f"[0, {num_cache_slots}), got values in [{int(ti.min())}, {int(ti.max())}]")
         written.append(ti)
+    # Slot 0 of SGLang's conv-state pool and of its KV pool is a padding slot: CUDA-graph padding rows (zero-filled
+    # request indices) read and write it, several per step. Every other slot is written at most once.
     written = torch.cat(written)
+    written = written[written != PADDING_WRITE_SLOT]
     if torch.unique(written).numel() != written.numel():
         raise ValueError("the conv-cache slots this call writes (cache_indices of real rows and their "
-                         "track_indices) must be distinct")
+                         "track_indices) must be distinct, except the padding slot 0")
     if do_store:
         num_kv_slots = layout.num_slots if layout is not None else k_buf.shape[0]
         stored = dst[real & (dst >= 0)]
         if bool((stored >= num_kv_slots).any()):
             raise ValueError(f"loc must be < {num_kv_slots} (the KV pool's slots) on stored rows, "
                              f"got max {int(stored.max())}")
+        stored = stored[stored != PADDING_WRITE_SLOT]
         if torch.unique(stored).numel() != stored.numel():
-            raise ValueError("loc must be distinct on stored rows (real rows with loc >= 0)")
+            raise ValueError("loc must be distinct on stored rows (real rows with loc >= 0), except the padding "
+                             "slot 0")
 
 
 def validate_prologue_args(
@@ -253,7 +260,11 @@ def validate_prologue_args(
     _require_shape(cache_indices, "cache_indices", (num_tokens,))
     _require_tensor(cache_mask, "cache_mask")
     _require_dtype(cache_mask, "cache_mask", torch.bool)
-    _require_shape(cache_mask, "cache_mask", (num_tokens,))
+    # SGLang's decode passes the conv metadata's [B, 1, 1] mask (shaped to broadcast in its Triton conv); the
+    # kernels read it as a flat array of T flags.
+    if cache_mask.numel() != num_tokens:
+        raise ValueError(f"cache_mask must have T={num_tokens} elements (shape ({num_tokens},) or "
+                         f"({num_tokens}, 1, 1)), got shape {tuple(cache_mask.shape)}")
     _require_tensor(loc, "loc")
     _require_dtype(loc, "loc", _INDEX_DTYPES)
     _require_shape(loc, "loc", (num_tokens,))
@@ -420,7 +431,7 @@ def inkling_attn_prologue_decode(
     ci = cache_indices.long()
     real = ci != PAD_SLOT
     read_slot = torch.where(real, ci, torch.zeros_like(ci))  # padding rows read slot 0 (times cm)
-    has_history = cache_mask
+    has_history = cache_mask.reshape(T)
     cm = has_history.float().unsqueeze(1)
     # Gathering copies: every tap is read before anything below writes the caches.
     k_hist = k_cache[read_slot].float()

@@ -151,6 +151,16 @@ def test_fused_equals_reference(name, hq, hkv, W, mx, tau, track):
     assert_same_call(args)
 
 
+def test_fused_equals_reference_with_sglangs_decode_mask_shape():
+    """SGLang's Inkling decode passes cache_mask as [B, 1, 1] (its conv metadata's broadcast shape)."""
+    T = 6
+    args, _ = make_case(T=T, hq=2, hkv=1, W=4, cache_slots=12, kv_slots=384, mxfp8_mode=True, seed=5)
+    args["cache_indices"] = torch.tensor([3, -1, 1, 7, 9, 2], dtype=torch.int32)
+    args["cache_mask"] = torch.tensor([True, False, False, True, False, True]).view(T, 1, 1)
+    args["loc"] = torch.tensor([5, 17, 130, -1, 255, 383])
+    assert_same_call(args)
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_fused_equals_reference_inkling_rank_shape(seed):
     """Hq 16, Hkv 2 (Inkling per rank at TP4): 16k q values per seed, enough to meet bf16 rounding ties."""
