@@ -180,10 +180,19 @@ class InklingAttnBackend(AttentionBackend):
         if not mode.is_decode_or_idle():
             raise NotImplementedError(f"inkling: CUDA graphs cover decode only, got forward mode {mode.name}")
         bs = forward_batch.batch_size
+        out_cache_loc = None
+        if self.is_swa_pool:
+            # At replay SGLang's view holds bs padded rows but only the real rows' out_cache_loc.
+            out_cache_loc = forward_batch.out_cache_loc
+            real = bs - int(getattr(forward_batch, "num_padding", 0) or 0)
+            if out_cache_loc is None or out_cache_loc.numel() not in (real, bs):
+                got = None if out_cache_loc is None else tuple(out_cache_loc.shape)
+                raise ValueError(f"inkling: decode graph metadata needs out_cache_loc for the {real} real requests "
+                                 f"(or all {bs} rows) with a hybrid SWA pool, got {got}")
+            out_cache_loc = out_cache_loc[:real]
         md = self._graph_buffers.refill(
             self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices[:bs], forward_batch.seq_lens[:bs],
-            full_to_swa=self._full_to_swa(),
-            out_cache_loc=forward_batch.out_cache_loc[:bs] if self.is_swa_pool else None)
+            full_to_swa=self._full_to_swa(), out_cache_loc=out_cache_loc)
         md.graph = True
         md.max_seq_len = self.max_context_len
         self.forward_metadata = md

@@ -174,9 +174,16 @@ class DecodeGraphBuffers:
             windows[w] = rails
         swa_loc = None
         if self.swa_out_cache_loc is not None:
-            if out_cache_loc is None or out_cache_loc.numel() != bs:
-                raise ValueError(f"out_cache_loc must hold one slot per request ({bs}) with a hybrid SWA pool")
-            self.swa_out_cache_loc[:bs].copy_(full_to_swa[out_cache_loc.to(INDEX_DTYPE)])
+            # SGLang's replay view carries the real rows' out_cache_loc (raw_bs of them) next to the padded batch's
+            # bs rows (decode_cuda_graph_runner.build_replay_fb_view); the padding rows behind them write the
+            # padding slot 0, as their full-pool writes do.
+            if out_cache_loc is None or out_cache_loc.dim() != 1 or out_cache_loc.numel() > bs:
+                got = None if out_cache_loc is None else tuple(out_cache_loc.shape)
+                raise ValueError(f"out_cache_loc must hold one slot per real request (at most {bs}, the padding "
+                                 f"rows last) with a hybrid SWA pool, got {got}")
+            real = out_cache_loc.numel()
+            self.swa_out_cache_loc[:real].copy_(full_to_swa[out_cache_loc.to(INDEX_DTYPE)])
+            self.swa_out_cache_loc[real:bs].zero_()
             swa_loc = self.swa_out_cache_loc[:bs]
         return InklingForwardMetadata(is_decode=True, batch_size=bs, qo_indptr=self.qo_indptr[: bs + 1], full=full,
                                       windows=windows, pages=pages, swa_out_cache_loc=swa_loc)

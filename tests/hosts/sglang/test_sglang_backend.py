@@ -566,6 +566,34 @@ def test_triton_graph_plans_are_views_of_the_backend_workspace(monkeypatch):
         assert new_full.part_o.shape == (2, HQ, 3, D) and new_full.part_o.data_ptr() == ws.part_o.data_ptr()
 
 
+def test_graph_replay_view_on_a_swa_pool_pads_the_swa_write_slots():
+    """SGLang's decode-graph replay view on a hybrid SWA pool: bs padded rows (zero-filled request indices, length 1)
+    but out_cache_loc for the real requests only (build_replay_fb_view). The windowed layers' write slots are the
+    real rows' SWA slots, then the padding slot 0; an out_cache_loc of any other length is refused."""
+    layers = make_layers()
+    size = 256
+    mapping = torch.zeros(size + 2, dtype=torch.int64)
+    mapping[-1] = -1
+    h = Harness(layers, lambda: SWAKVPool(size=size, size_swa=size, page_size=1, dtype=torch.bfloat16, head_num=HKV,
+                                          head_dim=D, swa_attention_layer_ids=[0], full_attention_layer_ids=[1],
+                                          device="cpu", token_to_kv_pool_class=inkling_pool_class("bf16")),
+                swa=mapping)
+    h.runner.token_to_kv_pool.register_mapping(mapping)
+    ours = triton_backend(h)
+    ours.init_cuda_graph_state(4, 4)
+    real = h.batch([1, 2], [3, 3], decode=False)
+    mapping[real.out_cache_loc] = size - real.out_cache_loc  # SWA slots differ from full slots
+    fb = h.batch([1, 2], [1, 1], decode=True)
+    mapping[fb.out_cache_loc] = size - fb.out_cache_loc
+    view = SimpleNamespace(**{**vars(fb), "batch_size": 4, "num_padding": 2,
+                              "req_pool_indices": torch.tensor([1, 2, 0, 0]),
+                              "seq_lens": torch.cat([fb.seq_lens, torch.ones(2, dtype=torch.int64)])})
+    ours.init_forward_metadata_out_graph(view)
+    assert ours.forward_metadata.swa_out_cache_loc.tolist() == (size - fb.out_cache_loc).tolist() + [0, 0]
+    with pytest.raises(ValueError, match="out_cache_loc for the 2 real requests"):
+        ours.init_forward_metadata_out_graph(SimpleNamespace(**{**vars(view), "out_cache_loc": torch.arange(3)}))
+
+
 def test_triton_route_reads_a_page_table_for_every_layer_of_an_mxfp8_pool():
     """MXFP8 pool, page 128, whole pages per request, windowed and full layers interleaved: decode through the
     Triton route reads one page table for every layer (no per-token rails are built), and matches the torch route

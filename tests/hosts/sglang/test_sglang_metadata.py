@@ -118,3 +118,20 @@ def test_decode_graph_buffers_refill_in_place(swa):
     with pytest.raises(ValueError, match="exceeds the graph buffers' max_bs 4"):
         buffers.refill(r2t, torch.arange(5), torch.ones(5, dtype=torch.int64), full_to_swa=full_to_swa,
                        out_cache_loc=torch.zeros(5, dtype=torch.int64))
+
+
+def test_decode_graph_replay_view_with_padding_rows_writes_their_swa_slot_zero():
+    """SGLang's replay view: 4 rows (2 of them padding, request 0 with one key) but out_cache_loc for the 2 real
+    requests only. The real rows map through full_to_swa; the padding rows get SWA slot 0, also where an earlier
+    batch left other values in the static buffer."""
+    r2t = _req_to_token(max_reqs=8, width=24, seed=3)
+    full_to_swa = torch.arange(r2t.numel() + 2) * 5 % 97 + 1  # no slot maps to 0 by itself
+    buffers = DecodeGraphBuffers(max_bs=4, max_context_len=24, windows=[6], device="cpu", swa=True)
+    rows, seq_lens = torch.tensor([3, 1, 0, 0]), torch.tensor([24, 2, 1, 1])
+    loc = r2t[rows, seq_lens - 1].long()
+    buffers.refill(r2t, rows, seq_lens, full_to_swa=full_to_swa, out_cache_loc=loc)  # a full batch first
+    md = buffers.refill(r2t, rows, seq_lens, full_to_swa=full_to_swa, out_cache_loc=loc[:2])
+    assert md.swa_out_cache_loc.tolist() == full_to_swa[loc[:2]].tolist() + [0, 0]
+    for bad in (torch.zeros(5, dtype=torch.int64), torch.zeros(2, 1, dtype=torch.int64), None):
+        with pytest.raises(ValueError, match="out_cache_loc must hold one slot per real request"):
+            buffers.refill(r2t, rows, seq_lens, full_to_swa=full_to_swa, out_cache_loc=bad)
