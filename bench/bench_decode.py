@@ -5,9 +5,16 @@ Measures, on the grid Hq/Hkv/D in {16/2/128, 64/8/128, 4/1/256} x batch {1, 8, 3
   - ``copy``: the device copy ceiling (bytes read + written per second of a 2 GiB device-to-device copy),
   - ``ours_mxfp8``: this package's Triton decode over an MXFP8 pool (interleaved scales),
   - ``ours_bf16``: the same kernel over a bf16 pool,
-  - ``flashinfer_bf16`` / ``flashinfer_fp8``: FlashInfer's BatchDecodeWithPagedKVCacheWrapper (tensor cores) over
-    bf16 KV and over fp8 e4m3 KV with a per-tensor scale (FlashInfer's only fp8 KV decode),
+  - ``flashinfer_bf16`` / ``flashinfer_fp8``: FlashInfer's BatchDecodeWithPagedKVCacheWrapper (FA2 tensor-core
+    decode) over bf16 KV and over fp8 e4m3 KV with a per-tensor scale,
+  - ``flashinfer_xqa_bf16`` / ``flashinfer_xqa_fp8`` (FlashInfer >= 0.7 only): TensorRT-LLM's XQA decode through
+    ``flashinfer.decode.trtllm_batch_decode_with_kv_cache(..., backend="xqa")``, NHD pages of 128, per-tensor fp8
+    (what vLLM runs by default on Hopper),
   - ``sdpa_bf16``: torch SDPA over contiguous (unpaged) bf16 KV.
+Every peer row names its library and version (``library``) and backend. Every kernel's output is checked against a
+float64 reference on the values that kernel reads (bf16, the fp8 copy, or the MXFP8 pool dequantized) for the
+first ``CHECK_REQUESTS`` requests: ``rel_err`` (relative Frobenius) and ``correct`` (``rel_err <= CHECK_TOL``) on
+each row, so a fast wrong peer is seen as wrong and never sets the bar (``print_table`` ignores it).
 GB/s = bytes of KV (+ MXFP8 scale bytes) that must be read / median time of one call replayed from a CUDA graph
 (as SGLang runs decode; ``triton.testing.do_bench`` around the replay, which clears the L2 between runs), so no
 kernel is charged for Python launch overhead; a kernel that cannot be captured is timed eagerly and its row says
@@ -20,7 +27,8 @@ Ours reads the page table (``run_decode(..., page_table=, seq_lens=)``) with ``p
 kv_dtype=...)``'s own configuration (``choose_config``) and split buffers in a ``DecodeWorkspace``; kernel variants
 are compared in ``bench/sweep_decode_variants.py``.
 
-Run on the GPU machine (FlashInfer 0.5.3 from carried wheels, see bench/results/current/README.md):
+Run on the GPU machine (FlashInfer from carried wheels, see bench/results/current/README.md; 0.5.3 has FA2 only,
+0.7.2.post1 adds the XQA rows and is carried alone, 62 MB, next to apache-tvm-ffi; its kernels JIT-build on first use):
     python bench/bench_decode.py --out $OUT
 """
 
@@ -45,6 +53,9 @@ from sglang_inkling_backend.triton import DecodeWorkspace, plan_decode, run_deco
 from sglang_inkling_backend.triton.kv_store import store_kv_mxfp8  # noqa: E402
 
 PAGE = 128
+CHECK_REQUESTS = 2
+# The GPU checks' decode bound (gpu_tests/check_triton_gpu.py DECODE_TOL): 2**-8, bf16 output rounding.
+CHECK_TOL = 4e-3
 SHAPES = [("inkling-tp4", 16, 2, 128), ("gqa8-tp1", 64, 8, 128), ("gemma3-270m", 4, 1, 256)]
 BATCHES = [1, 8, 32, 128]
 CTXS = [1024, 4096, 16384, 32768]
@@ -88,7 +99,7 @@ def copy_ceiling(dev):
 class Case:
     """One grid point's data: a bf16 page pool, its MXFP8 and fp8 copies, one page table."""
 
-    def __init__(self, Hq, Hkv, D, B, ctx, dev, with_fp8=True):
+    def __init__(self, Hq, Hkv, D, B, ctx, dev, with_fp8=True, store_mxfp8=store_kv_mxfp8):
         self.Hq, self.Hkv, self.D, self.B, self.ctx = Hq, Hkv, D, B, ctx
         pages_per = math.ceil(ctx / PAGE)
         npages = B * pages_per + 1  # page 0 holds slot 0, SGLang's padding sink: never used
@@ -113,7 +124,7 @@ class Case:
         chunk = 1 << 20  # quantize in chunks: the store kernel's grid has one program per token
         for s0 in range(0, slots, chunk):
             loc = torch.arange(s0, min(slots, s0 + chunk), device=dev, dtype=torch.int32)
-            store_kv_mxfp8(self.mx, loc, self.k[s0:s0 + chunk], self.v[s0:s0 + chunk], validate=False)
+            store_mxfp8(self.mx, loc, self.k[s0:s0 + chunk], self.v[s0:s0 + chunk], validate=False)
         self.bf = PagedKV(self.k, self.v)
         self.k8 = self.k.to(torch.float8_e4m3fn) if with_fp8 else None
         self.v8 = self.v.to(torch.float8_e4m3fn) if with_fp8 else None
@@ -122,6 +133,33 @@ class Case:
         self.bytes_bf16 = tokens * D * 2 * 2
         self.bytes_fp8 = tokens * D * 2
         self.bytes_mxfp8 = tokens * (D + D // 32) * 2
+
+
+def reference_f64(case, read):
+    """float64 attention of the first CHECK_REQUESTS requests; ``read(b)`` gives request b's K and V
+    ([ctx, Hkv, D], position order)."""
+    from sglang_inkling_backend.reference.attention import attend
+
+    refs = []
+    for b in range(min(case.B, CHECK_REQUESTS)):
+        k, v = read(b)
+        refs.append(attend(case.q[b:b + 1].double(), torch.tensor([case.ctx - 1], device=case.q.device),
+                           k.double(), v.double(), AttentionParams(softmax_scale=1.0 / case.D)))
+    return torch.cat(refs)
+
+
+def paged_reader(case, read_slots):
+    """``reference_f64``'s reader for a paged pool: request b's slots through the page table."""
+    return lambda b: read_slots(case.kv_indices[b * case.ctx:(b + 1) * case.ctx].long())
+
+
+def check(out, ref):
+    """(rel_err, correct) of a kernel's output (its first requests) against ``ref`` [requests, Hq, D]."""
+    got = out[:ref.shape[0]].reshape(ref.shape).double()
+    if torch.isnan(got).any():
+        return float("nan"), False
+    err = ((got - ref).norm() / ref.norm()).item()
+    return err, err <= CHECK_TOL
 
 
 def time_ours(case, kv, nbytes, eager=False):
@@ -136,7 +174,10 @@ def time_ours(case, kv, nbytes, eager=False):
         ms = bench(fn)
     else:
         ms, _ = bench_graph(fn, "ours")
-    return ms, nbytes / (ms * 1e-3) / 1e9, plan
+    return ms, nbytes / (ms * 1e-3) / 1e9, plan, out
+
+
+OURS = "sglang_inkling_backend (Triton)"
 
 
 def row(kernel, name, case, ms, gbps, **extra):
@@ -178,6 +219,8 @@ def main():
     if args.no_grid:
         grid = []
     ws = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=dev) if flashinfer else None
+    # XQA keeps semaphores in its workspace's first 8 MiB: they must start at zero
+    xqa_ws = torch.zeros(256 * 1024 * 1024, dtype=torch.uint8, device=dev) if flashinfer else None
     for (name, Hq, Hkv, D), B, ctx in grid:
         try:
             case = Case(Hq, Hkv, D, B, ctx, dev)
@@ -186,40 +229,69 @@ def main():
             torch.cuda.empty_cache()
             continue
         got = {}
+        refs = {"mxfp8": reference_f64(case, paged_reader(case, case.mx.read)),
+                "bf16": reference_f64(case, paged_reader(case, case.bf.read)),
+                "fp8": reference_f64(case, paged_reader(case, lambda sl: (case.k8[sl].float(), case.v8[sl].float())))}
         for kernel, kv, nbytes, eager in (("ours_mxfp8", case.mx, case.bytes_mxfp8, False),
                                           ("ours_bf16", case.bf, case.bytes_bf16, False),
                                           ("ours_mxfp8_eager", case.mx, case.bytes_mxfp8, True)):
             try:
-                ms, gbps, plan = time_ours(case, kv, nbytes, eager=eager)
+                ms, gbps, plan, out = time_ours(case, kv, nbytes, eager=eager)
+                err, ok = check(out, refs["bf16" if kernel == "ours_bf16" else "mxfp8"])
                 rows.append(row(kernel, name, case, ms, gbps, num_splits=plan.num_splits, variant=plan.kernel,
                                 block_n=plan.block_n, num_warps=plan.num_warps, num_stages=plan.num_stages,
                                 load_v_transposed=plan.kernel == "blocks",  # the block kernel loads V^T
-                                timing="eager" if eager else "cuda_graph"))
+                                timing="eager" if eager else "cuda_graph", library=OURS, rel_err=err, correct=ok))
                 got[kernel] = ms
             except Exception as e:  # noqa: BLE001
                 print(f"{kernel} {name} B={B} ctx={ctx} failed: {repr(e)[:300]}", flush=True)
         if flashinfer is not None:
+            fi = f"flashinfer {flashinfer.__version__}"
             kv_bf = (case.k.view(-1, PAGE, Hkv, D), case.v.view(-1, PAGE, Hkv, D))
             kv_f8 = (case.k8.view(-1, PAGE, Hkv, D), case.v8.view(-1, PAGE, Hkv, D))
-            for kernel, dtype, kvs, nbytes, kw in (
-                    ("flashinfer_bf16", torch.bfloat16, kv_bf, case.bytes_bf16, {}),
-                    ("flashinfer_fp8", torch.float8_e4m3fn, kv_f8, case.bytes_fp8, dict(k_scale=1.0, v_scale=1.0))):
+            for kernel, dtype, kvs, nbytes, kw, ref in (
+                    ("flashinfer_bf16", torch.bfloat16, kv_bf, case.bytes_bf16, {}, refs["bf16"]),
+                    ("flashinfer_fp8", torch.float8_e4m3fn, kv_f8, case.bytes_fp8, dict(k_scale=1.0, v_scale=1.0),
+                     refs["fp8"])):
                 try:
                     w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=True)
                     w.plan(case.page_indptr, case.page_indices, case.last_page_len, Hq, Hkv, D, PAGE,
                            q_data_type=torch.bfloat16, kv_data_type=dtype, sm_scale=1.0 / D)
-                    ms, method = bench_graph(lambda: w.run(case.q, kvs, **kw), kernel)
-                    rows.append(row(kernel, name, case, ms, nbytes / (ms * 1e-3) / 1e9, timing=method))
+                    fn = lambda: w.run(case.q, kvs, **kw)  # noqa: E731
+                    err, ok = check(fn(), ref)
+                    ms, method = bench_graph(fn, kernel)
+                    rows.append(row(kernel, name, case, ms, nbytes / (ms * 1e-3) / 1e9, timing=method, library=fi,
+                                    backend="fa2", rel_err=err, correct=ok))
                     got[kernel] = ms
                 except Exception as e:  # noqa: BLE001
                     print(f"{kernel} {name} B={B} ctx={ctx} failed: {repr(e)[:300]}", flush=True)
+            xqa = getattr(getattr(flashinfer, "decode", None), "trtllm_batch_decode_with_kv_cache", None)
+            if xqa is not None:
+                seq_lens_u32 = case.seq_lens.to(torch.uint32)
+                for kernel, kvs, nbytes, ref in (("flashinfer_xqa_bf16", kv_bf, case.bytes_bf16, refs["bf16"]),
+                                                 ("flashinfer_xqa_fp8", kv_f8, case.bytes_fp8, refs["fp8"])):
+                    try:
+                        # bmm1_scale = softmax scale x k_scale, bmm2_scale = v_scale (per-tensor scales of 1 here)
+                        fn = lambda: xqa(case.q, kvs, xqa_ws, case.page_table, seq_lens_u32, ctx,  # noqa: E731
+                                         bmm1_scale=1.0 / D, bmm2_scale=1.0, kv_layout="NHD", backend="xqa")
+                        err, ok = check(fn(), ref)
+                        ms, method = bench_graph(fn, kernel)
+                        rows.append(row(kernel, name, case, ms, nbytes / (ms * 1e-3) / 1e9, timing=method,
+                                        library=fi, backend="xqa", rel_err=err, correct=ok))
+                        got[kernel] = ms
+                    except Exception as e:  # noqa: BLE001
+                        print(f"{kernel} {name} B={B} ctx={ctx} failed: {repr(e)[:300]}", flush=True)
         try:
             kc = case.k[PAGE:PAGE + B * ctx].view(B, ctx, Hkv, D).transpose(1, 2).contiguous()
             vc = case.v[PAGE:PAGE + B * ctx].view(B, ctx, Hkv, D).transpose(1, 2).contiguous()
             q4 = case.q[:, :, None, :]
-            ms, method = bench_graph(lambda: torch.nn.functional.scaled_dot_product_attention(
-                q4, kc, vc, scale=1.0 / D, enable_gqa=True), "sdpa")
-            rows.append(row("sdpa_bf16", name, case, ms, case.bytes_bf16 / (ms * 1e-3) / 1e9, timing=method))
+            fn = lambda: torch.nn.functional.scaled_dot_product_attention(  # noqa: E731
+                q4, kc, vc, scale=1.0 / D, enable_gqa=True)
+            # SDPA reads contiguous rows, not the page table's pages: its own float64 reference
+            err, ok = check(fn(), reference_f64(case, lambda b: (kc[b].transpose(0, 1), vc[b].transpose(0, 1))))
+            ms, method = bench_graph(fn, "sdpa")
+            rows.append(row("sdpa_bf16", name, case, ms, case.bytes_bf16 / (ms * 1e-3) / 1e9, timing=method,
+                            library=f"torch {torch.__version__}", backend="sdpa", rel_err=err, correct=ok))
             got["sdpa_bf16"] = ms
             del kc, vc
         except Exception as e:  # noqa: BLE001
@@ -250,7 +322,8 @@ def plot(rows, path, copy):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    kernels = ["ours_mxfp8", "ours_bf16", "flashinfer_bf16", "flashinfer_fp8", "sdpa_bf16"]
+    kernels = ["ours_mxfp8", "ours_bf16", "flashinfer_bf16", "flashinfer_fp8", "flashinfer_xqa_bf16",
+               "flashinfer_xqa_fp8", "sdpa_bf16"]
     fig, axes = plt.subplots(len(SHAPES), len(BATCHES), figsize=(4 * len(BATCHES), 3.2 * len(SHAPES)),
                              sharex=True, sharey=True, squeeze=False)
     for i, (name, Hq, Hkv, D) in enumerate(SHAPES):
@@ -275,13 +348,30 @@ def plot(rows, path, copy):
     print(f"wrote {path}", flush=True)
 
 
+BF16_PEERS = ("flashinfer_bf16", "flashinfer_xqa_bf16", "sdpa_bf16")
+FP8_PEERS = ("flashinfer_fp8", "flashinfer_xqa_fp8")
+
+
+def fastest(by, kernels, key):
+    """The fastest correct row among ``kernels`` at grid point ``key`` (None if none ran correctly)."""
+    cands = [by.get((k, *key)) for k in kernels]
+    cands = [r for r in cands if r is not None and r.get("correct", True)]
+    return min(cands, key=lambda r: r["ms"]) if cands else None
+
+
 def print_table(rows, copy, meta):
+    """Ours (MXFP8) against the fastest correct bf16 peer and the fastest correct fp8 peer at every grid point, with
+    the targets of the Hopper kernel issue: at B x ctx >= 512k at least 1.8x the bf16 peer and 0.97x the fp8 peer;
+    everywhere at least 1x the bf16 peer and 0.9x the fp8 peer. Rows whose output failed the check are listed."""
     by = {}
     for r in rows:
         by[(r["kernel"], r["shape"], r["B"], r["ctx"])] = r
     print(f"\n{meta}\ncopy ceiling {copy:.0f} GB/s")
-    hdr = (f"{'shape':12} {'B':>4} {'ctx':>6} | {'mx ms':>7} {'mx GB/s':>7} | {'ourbf ms':>8} | {'fi bf ms':>8} "
-           f"{'fi8 ms':>7} {'sdpa ms':>7} | {'x fibf':>6} {'x fi8':>6} {'x sdpa':>6} {'x ourbf':>7} | target")
+    wrong = [r for r in rows if r.get("correct") is False]
+    for r in wrong:
+        print(f"WRONG OUTPUT (excluded): {r['kernel']} {r['shape']} B={r['B']} ctx={r['ctx']} rel_err={r['rel_err']}")
+    hdr = (f"{'shape':12} {'B':>4} {'ctx':>6} | {'mx ms':>7} {'mx GB/s':>7} | {'ourbf ms':>8} | {'bf16 peer':>20} "
+           f"{'ms':>7} | {'fp8 peer':>19} {'ms':>7} | {'x bf16':>6} {'x fp8':>6} | target")
     print(hdr)
     for (name, Hq, Hkv, D) in SHAPES:
         for B in BATCHES:
@@ -289,19 +379,23 @@ def print_table(rows, copy, meta):
                 mx = by.get(("ours_mxfp8", name, B, ctx))
                 if mx is None:
                     continue
-                def ms(k):
-                    r = by.get((k, name, B, ctx))
-                    return r["ms"] if r else float("nan")
-                fb, f8, sd, ob = ms("flashinfer_bf16"), ms("flashinfer_fp8"), ms("sdpa_bf16"), ms("ours_bf16")
+                ob = by.get(("ours_bf16", name, B, ctx))
+                bf, f8 = fastest(by, BF16_PEERS, (name, B, ctx)), fastest(by, FP8_PEERS, (name, B, ctx))
                 m = mx["ms"]
+                xb = bf["ms"] / m if bf else float("nan")
+                x8 = f8["ms"] / m if f8 else float("nan")
                 big = B * ctx >= 512 * 1024
                 verdict = "ok"
-                if fb / m < 1.0:
-                    verdict = "SLOWER than fi bf16"
-                elif big and (fb / m < 1.7 or f8 / m < 1.3):
-                    verdict = "miss (>=512k: 1.7x/1.3x)"
-                print(f"{name:12} {B:>4} {ctx:>6} | {m:7.4f} {mx['GBps']:7.0f} | {ob:8.4f} | {fb:8.4f} {f8:7.4f} "
-                      f"{sd:7.4f} | {fb / m:6.2f} {f8 / m:6.2f} {sd / m:6.2f} {ob / m:7.2f} | {verdict}")
+                if not mx.get("correct", True):
+                    verdict = "OURS WRONG"
+                elif xb < 1.0 or x8 < 0.9:
+                    verdict = "miss (everywhere: 1x bf16, 0.9x fp8)"
+                elif big and (xb < 1.8 or x8 < 0.97):
+                    verdict = "miss (>=512k: 1.8x bf16, 0.97x fp8)"
+                print(f"{name:12} {B:>4} {ctx:>6} | {m:7.4f} {mx['GBps']:7.0f} | "
+                      f"{ob['ms'] if ob else float('nan'):8.4f} | {bf['kernel'] if bf else '-':>20} "
+                      f"{bf['ms'] if bf else float('nan'):7.4f} | {f8['kernel'] if f8 else '-':>19} "
+                      f"{f8['ms'] if f8 else float('nan'):7.4f} | {xb:6.2f} {x8:6.2f} | {verdict}")
 
 
 if __name__ == "__main__":
