@@ -26,6 +26,18 @@ which needs the ``tml-renderers`` package and a served tokenizer equal to its o2
 tokenizer), never chat: the patch makes the adapter's renderer a stand-in that raises ``NotImplementedError`` if a
 chat request ever reaches it, and skips the tokenizer comparison.
 
+``INKLING_TEST_CPU_MAMBA_EXTRA_BUFFER=1`` (with ``TRITON_INTERPRET=1``, for the Inkling model on a CPU:
+integration/test_inkling_model.py): the model asserts SGLang's mamba extra-buffer mode, which SGLang allows on
+accelerators only ("extra_buffer requires platform support for Mamba cache state snapshots"). The patch answers yes
+on the CPU, gives SGLang's autotuned short-conv kernels a constant benchmark (no device to time them on under the
+interpreter), and makes ``Tensor.pin_memory`` a no-op (the decode batch's track mask is staged through pinned
+memory: "Cannot access accelerator device when none is available").
+
+``INKLING_TEST_DUMP_ATTENTION=DIR``: every ``RadixAttention`` call with at least 2 query rows, up to
+``INKLING_TEST_DUMP_CALLS`` (default 6), is saved to ``DIR/callN.pt``. Each file holds q, k, v, the relative bias
+(``rel_bias``, or the triton contract's ``aux_tensors[0]``), the output, the layer's scale and window, the positions
+and the keyword names. It serves the oracle check of integration/test_inkling_model.py.
+
 A deliberately broken inkling backend, to show that the parity check can fail:
 
 With ``INKLING_TEST_BREAK_SCALE=eps`` set, every attention call of ``--attention-backend inkling`` uses a softmax
@@ -123,6 +135,45 @@ if os.environ.get("INKLING_TEST_NO_INKLING_CHAT") == "1":
         module.render_inkling_messages = lambda *args, **kwargs: no_renderer()
 
     sys.meta_path.insert(0, _PatchOnImport("sglang.srt.entrypoints.openai.serving_inkling", _no_inkling_chat))
+
+if os.environ.get("INKLING_TEST_CPU_MAMBA_EXTRA_BUFFER") == "1":
+    def _cpu_extra_buffer(module):
+        module._platform_supports_mamba_cache_extra_buffer = lambda: True
+
+    def _no_autotune_benchmark(module):  # under TRITON_INTERPRET there is no device to time configs on
+        module.Autotuner._bench = lambda self, *args, config, **kwargs: [0.0, 0.0, 0.0]
+
+    def _no_pinning(module):  # the mamba track mask is staged through pinned memory, which needs a CUDA device
+        module.Tensor.pin_memory = lambda self, *args, **kwargs: self
+
+    sys.meta_path.insert(0, _PatchOnImport("sglang.srt.arg_groups.mamba_hook", _cpu_extra_buffer))
+    sys.meta_path.insert(0, _PatchOnImport("triton.runtime.autotuner", _no_autotune_benchmark))
+    sys.meta_path.insert(0, _PatchOnImport("torch", _no_pinning))
+
+_DUMP = os.environ.get("INKLING_TEST_DUMP_ATTENTION")
+if _DUMP:
+    def _dump_attention(module):
+        import torch
+
+        original = module.RadixAttention.forward
+        calls = [0]
+
+        def forward(self, q, k, v, forward_batch, save_kv_cache=True, *args, **kwargs):
+            out = original(self, q, k, v, forward_batch, save_kv_cache, *args, **kwargs)
+            if calls[0] < int(os.environ.get("INKLING_TEST_DUMP_CALLS", "6")) and q.shape[0] >= 2:
+                rel = kwargs.get("rel_bias")
+                if rel is None and kwargs.get("aux_tensors"):
+                    rel = kwargs["aux_tensors"][0]
+                torch.save({"layer": self.layer_id, "mode": str(forward_batch.forward_mode), "q": q, "k": k, "v": v,
+                            "rel": rel, "out": out, "scaling": self.scaling,
+                            "window": self.sliding_window_size, "positions": forward_batch.positions,
+                            "kwargs": sorted(kwargs)}, os.path.join(_DUMP, f"call{calls[0]}.pt"))
+                calls[0] += 1
+            return out
+
+        module.RadixAttention.forward = forward
+
+    sys.meta_path.insert(0, _PatchOnImport("sglang.srt.layers.radix_attention", _dump_attention))
 
 _EPS = os.environ.get("INKLING_TEST_BREAK_SCALE")
 
