@@ -56,11 +56,11 @@ from typing import Optional
 import torch
 
 from .. import mxfp8
+from ..checks import PADDING_SLOT
 from ..scale_layout import INTERLEAVED_PAGE_SIZE, ScaleLayout
 
 HEAD_DIM = 128  # the fused prologue's only head size (SGLang's kHeadDim)
 PAD_SLOT = -1  # cache_indices value of a padding row
-PADDING_WRITE_SLOT = 0  # SGLang's padding slot (conv-state pool and KV pool): padded graph rows write it
 BF16_NAN = 0x7FC0  # the one bf16 NaN the prologue writes (sign clear, quiet): see canonical_bf16
 _INDEX_DTYPES = (torch.int32, torch.int64)
 _E8M0 = getattr(torch, "float8_e8m0fnu", None)
@@ -177,7 +177,7 @@ def _check_values(k_cache, cache_indices, loc, k_buf, track_mask, track_indices,
     # Slot 0 of SGLang's conv-state pool and of its KV pool is a padding slot: CUDA-graph padding rows (zero-filled
     # request indices) read and write it, several per step. Every other slot is written at most once.
     written = torch.cat(written)
-    written = written[written != PADDING_WRITE_SLOT]
+    written = written[written != PADDING_SLOT]
     if torch.unique(written).numel() != written.numel():
         raise ValueError("the conv-cache slots this call writes (cache_indices of real rows and their "
                          "track_indices) must be distinct, except the padding slot 0")
@@ -187,7 +187,7 @@ def _check_values(k_cache, cache_indices, loc, k_buf, track_mask, track_indices,
         if bool((stored >= num_kv_slots).any()):
             raise ValueError(f"loc must be < {num_kv_slots} (the KV pool's slots) on stored rows, "
                              f"got max {int(stored.max())}")
-        stored = stored[stored != PADDING_WRITE_SLOT]
+        stored = stored[stored != PADDING_SLOT]
         if torch.unique(stored).numel() != stored.numel():
             raise ValueError("loc must be distinct on stored rows (real rows with loc >= 0), except the padding "
                              "slot 0")

@@ -23,6 +23,7 @@ from typing import Iterable, Optional
 
 import torch
 
+from sglang_inkling_backend.checks import PADDING_SLOT
 from sglang_inkling_backend.rails import (INDEX_DTYPE, KVPages, KVRails, check_token_table, gather_rails, page_table,
                                           translate_rails, window_start)
 from sglang_inkling_backend.routes import DecodePlanCache
@@ -183,7 +184,7 @@ class DecodeGraphBuffers:
                                  f"rows last) with a hybrid SWA pool, got {got}")
             real = out_cache_loc.numel()
             self.swa_out_cache_loc[:real].copy_(full_to_swa[out_cache_loc.to(INDEX_DTYPE)])
-            self.swa_out_cache_loc[real:bs].zero_()
+            self.swa_out_cache_loc[real:bs].fill_(PADDING_SLOT)
             swa_loc = self.swa_out_cache_loc[:bs]
         return InklingForwardMetadata(is_decode=True, batch_size=bs, qo_indptr=self.qo_indptr[: bs + 1], full=full,
                                       windows=windows, pages=pages, swa_out_cache_loc=swa_loc)
