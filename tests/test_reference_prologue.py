@@ -94,14 +94,16 @@ def test_conv_with_residual_hand_computed():
 
 
 def test_cache_mask_as_sglang_decode_passes_it():
-    """SGLang's Inkling decode passes the conv metadata's mask as [B, 1, 1]; flipping one flag shows the mask is read."""
+    """SGLang's Inkling decode passes the conv metadata's mask as [B, 1, 1]; flipping one flag shows it is read."""
     args, _, _ = tiny_conv_case()
-    flat = inkling_attn_prologue_decode(**{**args, "k_cache": args["k_cache"].clone(), "v_cache": args["v_cache"].clone()})
-    shaped = inkling_attn_prologue_decode(**{**args, "k_cache": args["k_cache"].clone(), "v_cache": args["v_cache"].clone(),
-                                             "cache_mask": args["cache_mask"].view(3, 1, 1)})
-    flipped = inkling_attn_prologue_decode(**{**args, "k_cache": args["k_cache"].clone(),
-                                              "v_cache": args["v_cache"].clone(),
-                                              "cache_mask": torch.tensor([False, False, False]).view(3, 1, 1)})
+
+    def run(**changes):
+        fresh = {"k_cache": args["k_cache"].clone(), "v_cache": args["v_cache"].clone()}
+        return inkling_attn_prologue_decode(**{**args, **fresh, **changes})
+
+    flat = run()
+    shaped = run(cache_mask=args["cache_mask"].view(3, 1, 1))
+    flipped = run(cache_mask=torch.tensor([False, False, False]).view(3, 1, 1))
     for a, b in zip(flat[:3], shaped[:3]):
         assert torch.equal(a, b)
     assert torch.equal(flipped[2][0].float(), torch.full((D,), 8.0))  # row 0 without history: v = 4 + 4

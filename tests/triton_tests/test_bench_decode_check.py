@@ -33,7 +33,8 @@ def ours(case, kv):
 def test_check_passes_our_decode_and_fails_a_peer_with_the_wrong_softmax_scale():
     torch.manual_seed(0)
     # the torch quantizer fills the MXFP8 pool (the interpreted store kernel would take a minute for 640 slots)
-    case = bd.Case(4, 1, 128, 2, 130, DEV, store_mxfp8=lambda kv, loc, k, v, validate: store_kv_unchecked(kv, loc, k, v))
+    case = bd.Case(4, 1, 128, 2, 130, DEV,
+                   store_mxfp8=lambda kv, loc, k, v, validate: store_kv_unchecked(kv, loc, k, v))
     ref_mx = bd.reference_f64(case, bd.paged_reader(case, case.mx.read))
     ref_bf = bd.reference_f64(case, bd.paged_reader(case, case.bf.read))
     out_mx = ours(case, case.mx)
