@@ -14,6 +14,7 @@ let it start on a CPU:
 SGLang's triton attention backend is no peer here: on the same inputs its interpreted kernels return values near
 1e9. Our output is instead checked against a float64 oracle on the model's own q/k/v and relative bias, which the
 server dumps for the first attention calls of a 24-token prefill (``INKLING_TEST_DUMP_ATTENTION``)."""
+import json
 import os
 import subprocess
 import sys
@@ -61,8 +62,6 @@ def served(request, inkling_model, tmp_path_factory):
 
 
 def test_the_inkling_model_serves_on_our_backend_in_sglangs_hybrid_swa_pool(served):
-    import json
-
     kv, proc, server_log, _, run = served
     assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{server_log[-4000:]}"
     record = json.loads(run.read_text())
@@ -80,9 +79,7 @@ def oracle(call, with_bias=True):
     q, k, v = (call[n].double().view(T, -1, D) for n in ("q", "k", "v"))
     window = call["window"] + 1 if call["window"] >= 0 else None
     params = AttentionParams(softmax_scale=call["scaling"], window=window)
-    rows = [attend(q[t:t + 1], torch.tensor([t]), k[:t + 1], v[:t + 1], params,
-                   call["rel"][t:t + 1].double() if with_bias else None) for t in range(T)]
-    return torch.cat(rows)
+    return attend(q, torch.arange(T), k, v, params, call["rel"].double() if with_bias else None)
 
 
 def test_every_layers_prefill_attention_matches_the_float64_oracle_on_the_models_inputs(served):

@@ -119,6 +119,33 @@ def make(name: str, out: Path, tokenizer: Path, tiny: bool, device: str, strong_
     return target
 
 
+def seeded_dummy_weights(model, qk_scale: float = 3.0) -> None:
+    """Weights for a model served with ``--load-format dummy`` (patches/sitecustomize.py, INKLING_TEST_SEEDED_INIT):
+    each parameter from a generator seeded by its name, so every backend and process gets the same values.
+    Matrices N(0, 0.02); short-conv taps N(0, 0.3) (the conv a visible part of K and V); the relative-bias projection
+    N(0, 0.5) (a bias of about one logit); RMSNorm weights 1, q/k norms ``qk_scale`` (attention logits x qk_scale**2,
+    so attention bugs move the argmax); other vectors 0; ``STRONG_TOKENS`` output rows x``STRONG_SCALE`` as above."""
+    import zlib
+
+    import torch
+
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if not torch.is_floating_point(param):
+                continue
+            if param.dim() == 1:
+                norm = name.endswith("norm.weight")
+                qk = name.endswith(("q_norm.weight", "k_norm.weight"))
+                param.fill_(qk_scale if qk else 1.0 if norm else 0.0)
+                continue
+            std = 0.3 if "sconv" in name else 0.5 if "rel_logits_proj" in name else 0.02
+            generator = torch.Generator().manual_seed(SEED ^ zlib.crc32(name.encode()))
+            param.copy_(torch.randn(param.shape, generator=generator) * std)
+            if name.endswith("lm_head.weight"):
+                rows = torch.randperm(param.shape[0], generator=generator)[:STRONG_TOKENS]
+                param[rows.to(param.device)] *= STRONG_SCALE
+
+
 def copy_tokenizer(tokenizer: Path, target: Path) -> None:
     for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         if (tokenizer / f).exists():

@@ -14,11 +14,8 @@ own ``cutlass`` import, and neither the inkling backend (which implements the FA
 triton backend calls FA4.
 
 ``INKLING_TEST_SEEDED_INIT=1`` (with ``--load-format dummy``): SGLang's dummy weights (uniform in +-1e-3, norms
-included) leave every logit tied. This initializer, the same for every attention backend and process, draws each
-parameter from a generator seeded by its name: matrices N(0, 0.02), short-conv taps N(0, 0.3) (so the conv is a
-visible part of K and V), the relative-bias projection N(0, 0.5) (a bias of about one logit), RMSNorm weights 1
-except q/k norms ``INKLING_TEST_QK_SCALE`` (default 3: attention logits x9, so attention bugs move the argmax),
-other vectors 0; ``STRONG_TOKENS`` output rows x``STRONG_SCALE`` as in ``make_models.py``. Buffers are left as built.
+included) leave every logit tied. ``make_models.seeded_dummy_weights`` replaces them, the same for every attention
+backend and process (q/k norms ``INKLING_TEST_QK_SCALE``, default 3). Buffers are left as built.
 
 ``INKLING_TEST_NO_INKLING_CHAT=1``: for an Inkling checkpoint the OpenAI server builds its chat adapter at start-up,
 which needs the ``tml-renderers`` package and a served tokenizer equal to its o200k one ("Serving Inkling requires the
@@ -94,29 +91,13 @@ if os.environ.get("INKLING_TEST_NO_CUTE_INIT") == "1":
     sys.meta_path.insert(0, _EmptyPackageInit())
 
 if os.environ.get("INKLING_TEST_SEEDED_INIT") == "1":
-    STRONG_TOKENS, STRONG_SCALE, SEED = 512, 8.0, 20261201
-
     def _seeded_init(model, *args, **kwargs):
-        import zlib
-
-        import torch
-
-        qk_scale = float(os.environ.get("INKLING_TEST_QK_SCALE", "3"))
-        with torch.no_grad():
-            for name, param in model.named_parameters():
-                if not torch.is_floating_point(param):
-                    continue
-                if param.dim() == 1:
-                    norm = name.endswith("norm.weight")
-                    qk = name.endswith(("q_norm.weight", "k_norm.weight"))
-                    param.fill_(qk_scale if qk else 1.0 if norm else 0.0)
-                    continue
-                std = 0.3 if "sconv" in name else 0.5 if "rel_logits_proj" in name else 0.02
-                generator = torch.Generator().manual_seed(SEED ^ zlib.crc32(name.encode()))
-                param.copy_(torch.randn(param.shape, generator=generator) * std)
-                if name.endswith("lm_head.weight"):
-                    rows = torch.randperm(param.shape[0], generator=generator)[:STRONG_TOKENS]
-                    param[rows.to(param.device)] *= STRONG_SCALE
+        # make_models.py (this folder's parent) owns the test models' weight scheme and its seed
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "make_models.py")
+        spec = importlib.util.spec_from_file_location("_inkling_test_make_models", path)
+        make_models = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(make_models)
+        make_models.seeded_dummy_weights(model, float(os.environ.get("INKLING_TEST_QK_SCALE", "3")))
         print("[sitecustomize] seeded test weights (INKLING_TEST_SEEDED_INIT)", file=sys.stderr)
 
     def _patch_dummy_init(module):
@@ -157,10 +138,11 @@ if _DUMP:
 
         original = module.RadixAttention.forward
         calls = [0]
+        limit = int(os.environ.get("INKLING_TEST_DUMP_CALLS", "6"))
 
         def forward(self, q, k, v, forward_batch, save_kv_cache=True, *args, **kwargs):
             out = original(self, q, k, v, forward_batch, save_kv_cache, *args, **kwargs)
-            if calls[0] < int(os.environ.get("INKLING_TEST_DUMP_CALLS", "6")) and q.shape[0] >= 2:
+            if calls[0] < limit and q.shape[0] >= 2:
                 rel = kwargs.get("rel_bias")
                 if rel is None and kwargs.get("aux_tensors"):
                     rel = kwargs["aux_tensors"][0]
