@@ -153,6 +153,12 @@ class DecodeGraphBuffers:
             raise ValueError(f"batch of {bs} exceeds the graph buffers' max_bs {self.max_bs}")
         if self.swa != (full_to_swa is not None):
             raise ValueError("full_to_swa must be given exactly when the buffers were built for a hybrid SWA pool")
+        if self.swa_out_cache_loc is not None and (out_cache_loc is None or out_cache_loc.dim() != 1
+                                                   or out_cache_loc.numel() > bs):
+            # checked before any buffer is refilled
+            got = None if out_cache_loc is None else tuple(out_cache_loc.shape)
+            raise ValueError(f"out_cache_loc must hold one slot per real request (at most {bs}, the padding "
+                             f"rows last) with a hybrid SWA pool, got {got}")
         seq_lens = seq_lens.to(device=req_to_token.device, dtype=INDEX_DTYPE)
         full = pages = None
         if self.page_size is None:
@@ -178,10 +184,6 @@ class DecodeGraphBuffers:
             # SGLang's replay view carries the real rows' out_cache_loc (raw_bs of them) next to the padded batch's
             # bs rows (decode_cuda_graph_runner.build_replay_fb_view); the padding rows behind them write the
             # padding slot 0, as their full-pool writes do.
-            if out_cache_loc is None or out_cache_loc.dim() != 1 or out_cache_loc.numel() > bs:
-                got = None if out_cache_loc is None else tuple(out_cache_loc.shape)
-                raise ValueError(f"out_cache_loc must hold one slot per real request (at most {bs}, the padding "
-                                 f"rows last) with a hybrid SWA pool, got {got}")
             real = out_cache_loc.numel()
             self.swa_out_cache_loc[:real].copy_(full_to_swa[out_cache_loc.to(INDEX_DTYPE)])
             self.swa_out_cache_loc[real:bs].fill_(PADDING_SLOT)

@@ -132,6 +132,8 @@ def test_decode_graph_replay_view_with_padding_rows_writes_their_swa_slot_zero()
     buffers.refill(r2t, rows, seq_lens, full_to_swa=full_to_swa, out_cache_loc=loc)  # a full batch first
     md = buffers.refill(r2t, rows, seq_lens, full_to_swa=full_to_swa, out_cache_loc=loc[:2])
     assert md.swa_out_cache_loc.tolist() == full_to_swa[loc[:2]].tolist() + [0, 0]
+    before = [t.clone() for t in buffers.tensors()]
     for bad in (torch.zeros(5, dtype=torch.int64), torch.zeros(2, 1, dtype=torch.int64), None):
         with pytest.raises(ValueError, match="out_cache_loc must hold one slot per real request"):
-            buffers.refill(r2t, rows, seq_lens, full_to_swa=full_to_swa, out_cache_loc=bad)
+            buffers.refill(r2t, torch.tensor([5, 2, 0, 0]), seq_lens, full_to_swa=full_to_swa, out_cache_loc=bad)
+    assert all(torch.equal(a, b) for a, b in zip(before, buffers.tensors()))  # refused before any refill
