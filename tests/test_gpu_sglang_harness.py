@@ -99,6 +99,46 @@ def test_compare_counts_teacher_forced_flips():
     assert compare.compare_prompt_logprobs(ref, {"prompt_logprobs": None}) is None
 
 
+def test_decode_vs_prefill_lines_up_each_decode_step_with_the_extend_over_prompt_and_output():
+    compare = _compare_module()
+    # prompt of 3 tokens, 4 greedy tokens; the rescored extend covers prompt + output (7 positions, the first None)
+    decode = {"output_ids": [10, 11, 12, 13], "logprobs": [-0.1, -0.2, -0.3, -0.4]}
+    rescored = {"logprobs": [None, -5.0, -5.0, -0.1, -0.25, -0.3, -1.4],
+                "top2": [[], [[1, -1.0]], [[2, -1.0]], [[10, -0.1]], [[11, -0.25]], [[12, -0.3]], [[99, -0.5]]]}
+    result = compare.decode_vs_prefill({"label": "x", "concurrent": [decode], "rescored": [rescored]})
+    (row,) = result["rows"]
+    # output token 0 comes from the prefill in both and is skipped; tokens 1..3: |0.05|, 0, |1.0|
+    assert row["prompt_len"] == 3 and row["tokens"] == 3
+    assert row["mean_abs_dlogprob"] == pytest.approx(1.05 / 3) and row["max_abs_dlogprob"] == pytest.approx(1.0)
+    assert row["prefill_top1_not_decode_token"] == 1  # position 6: the extend's top-1 is 99, decode chose 13
+    assert compare.decode_vs_prefill({"concurrent": [decode]}) is None  # a run without --rescore
+
+
+def test_summarize_splits_decode_vs_prefill_at_the_window(tmp_path):
+    summarize = _harness_module("summarize")
+    prompt = list(range(summarize.WINDOW + 4))
+
+    def run(label, delta):
+        rescored = {"logprobs": [None] * len(prompt) + [-0.5, -0.5 - delta, -0.5],
+                    "top2": [[]] * len(prompt) + [[[7, -0.5]], [[8, -0.5]], [[9, -0.5]]]}
+        short = {"logprobs": [None, -1.0, -0.5, -0.5, -0.5], "top2": [[], [], [[7, -0.5]], [[8, -0.5]], [[9, -0.5]]]}
+        out = {"output_ids": [7, 8, 9], "logprobs": [-0.5, -0.5, -0.5],
+               "top2": [[[t, -0.5], [1, -2.0]] for t in (7, 8, 9)]}
+        return {"label": label, "concurrent": [out, out], "rescored": [short, rescored], "text": None,
+                "prefix_hit": None}
+
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    (folder / "inkling-swa_inkling_auto.json").write_text(json.dumps(run("ours", 0.0)))
+    (folder / "inkling-swa_triton_auto_noprefillgraph.json").write_text(json.dumps(run("peer", 2.0)))
+    cmd = [sys.executable, str(HARNESS / "summarize.py"), str(folder), "--json", str(tmp_path / "s.json")]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    assert "| ours | > window (260) | 2 | 0.0000 |" in out
+    assert "| peer | > window (260) | 2 | 1.0000 | 2.000 | 0 |" in out and "| peer | < window (2) | 2 | 0.0000 |" in out
+    saved = json.loads((tmp_path / "s.json").read_text())
+    assert [d["label"] for d in saved["decode_vs_prefill"]] == ["ours", "peer"]
+
+
 def test_one_batch_speed_points_and_server_args():
     speed = _harness_module("one_batch_speed")  # imports neither torch nor sglang at module level
     assert speed.parse_points("1x4096, 32X32768") == [(1, 4096), (32, 32768)]

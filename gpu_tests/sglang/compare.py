@@ -9,6 +9,7 @@ Also: positions where both runs agree, mean |delta logprob| of the chosen tokens
 near-ties seen in the reference run (counted, shown), the prefix-cache hit (cached_tokens) of both runs.
 
     python gpu_tests/sglang/compare.py REF.json OTHER.json [--json out.json]
+    python gpu_tests/sglang/compare.py --self RUN.json [RUN2.json]   # decode against prefill (--rescore runs)
 """
 from __future__ import annotations
 
@@ -76,12 +77,56 @@ def compare_prompt_logprobs(ref: dict, other: dict) -> dict | None:
             "mean_abs_dlogprob": sum(deltas) / len(deltas) if deltas else None}
 
 
+def decode_vs_prefill(record: dict) -> dict | None:
+    """One run against itself (serve_check.py --rescore): each decode step's logprob of its greedy token against the
+    logprob one extend pass over prompt + output gives the same token. Output token 0 comes from the prefill in both,
+    so rows start at token 1. A backend whose decode attends differently from its prefill shows here without a peer."""
+    if not record.get("rescored"):
+        return None
+    rows = []
+    for i, (r, s) in enumerate(zip(record["concurrent"], record["rescored"])):
+        if r is None or s is None:
+            continue
+        n_prompt = len(s["logprobs"]) - len(r["output_ids"])
+        prefill = s["logprobs"][n_prompt + 1:]
+        decode = r["logprobs"][1:len(prefill) + 1]
+        deltas = [abs(x - y) for x, y in zip(decode, prefill)]
+        top1 = [pos[0][0] for pos in s["top2"][n_prompt + 1:]]
+        flips = sum(1 for t, o in zip(top1, r["output_ids"][1:]) if t != o)
+        rows.append({"request": i, "prompt_len": n_prompt, "tokens": len(deltas),
+                     "mean_abs_dlogprob": sum(deltas) / len(deltas) if deltas else None,
+                     "max_abs_dlogprob": max(deltas) if deltas else None, "prefill_top1_not_decode_token": flips})
+    all_d = [r["mean_abs_dlogprob"] * r["tokens"] for r in rows if r["tokens"]]
+    tokens = sum(r["tokens"] for r in rows)
+    return {"label": record.get("label"), "tokens": tokens,
+            "mean_abs_dlogprob": sum(all_d) / tokens if tokens else None,
+            "max_abs_dlogprob": max((r["max_abs_dlogprob"] or 0.0) for r in rows) if rows else None,
+            "prefill_top1_not_decode_token": sum(r["prefill_top1_not_decode_token"] for r in rows), "rows": rows}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("ref", type=Path)
-    parser.add_argument("other", type=Path)
+    parser.add_argument("other", type=Path, nargs="?")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--self", action="store_true", help="decode against prefill within each run given")
     args = parser.parse_args(argv)
+    if args.self:
+        results = [decode_vs_prefill(json.loads(p.read_text())) for p in (args.ref, args.other) if p]
+        for result in results:
+            if result is None:
+                print("no rescored requests (serve_check.py --rescore)")
+                continue
+            print(f"{result['label']}: decode vs prefill over {result['tokens']} tokens: mean |dlogprob| "
+                  f"{result['mean_abs_dlogprob']}, max {result['max_abs_dlogprob']}, prefill's top-1 is not the "
+                  f"decode's token at {result['prefill_top1_not_decode_token']}")
+            for r in result["rows"]:
+                print("  ", r)
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=1))
+        return 0
+    if args.other is None:
+        parser.error("OTHER is needed unless --self")
     ref, other = json.loads(args.ref.read_text()), json.loads(args.other.read_text())
     result = compare(ref, other)
     result["prompt_logprobs"] = compare_prompt_logprobs(ref, other)

@@ -4,6 +4,7 @@
 # broken (INKLING_TEST_BREAK_SCALE=0.01, see patches/sitecustomize.py), noprefillgraph (--disable-prefill-cuda-graph:
 # the Inkling model turns on SGLang's FULL prefill graph, which its triton backend cannot replay: "ValueError: Invalid
 # forward mode: forward_mode=<ForwardMode.EXTEND: 1> for CUDA Graph replay"; decode graphs stay on).
+# PARITY_SERVE_ARGS: more serve_check.py flags for every entry (e.g. "--prompt-logprobs --rescore").
 #   cd .h16 && bash gpu_tests/sglang/run_parity.sh llama-gqa4:triton:auto llama-gqa4:inkling:auto ...
 . gpu_tests/sglang/gpu_env.sh
 START=$SECONDS
@@ -12,6 +13,9 @@ START=$SECONDS
 MODELS=${PARITY_MODELS:-$(for e in "$@"; do echo "${e%%:*}"; done | sort -u | paste -sd,)}
 python3 gpu_tests/sglang/make_models.py --tokenizer tok --out /tmp/models --device cuda --models "$MODELS" 2>&1 | grep -v Writing
 mkdir -p /tmp/logs /tmp/runs
+# The first server of a fresh machine compiles every Triton kernel cold: Inkling's first bf16 server was healthy only
+# after 200 s (bench/results/current/sglang-h200/inkling/call4), later ones in 76-142 s.
+STARTUP_S=${PARITY_STARTUP_S:-300}
 for entry in "$@"; do
   IFS=: read -r m b kv tag <<< "$entry"
   name=${m}_${b}_${kv}${tag:+_$tag}
@@ -23,9 +27,9 @@ for entry in "$@"; do
   [ "$tag" = broken ] && envs+=(INKLING_TEST_BREAK_SCALE=0.01)
   ls /tmp/models/$m/*.safetensors > /dev/null 2>&1 || { extra+=(--load-format dummy); envs+=(INKLING_TEST_SEEDED_INIT=1); }
   t0=$SECONDS
-  env "${envs[@]}" timeout $(( left < 240 ? left : 240 )) python3 gpu_tests/sglang/serve_check.py \
+  env "${envs[@]}" timeout $(( left < STARTUP_S + 60 ? left : STARTUP_S + 60 )) python3 gpu_tests/sglang/serve_check.py \
       --model /tmp/models/$m --backend $b --kv-cache-dtype $kv --label $name --out /tmp/runs/$name.json \
-      --log /tmp/logs/$name.log --startup-timeout 200 -- "${extra[@]}"
+      --log /tmp/logs/$name.log --startup-timeout $STARTUP_S ${PARITY_SERVE_ARGS:-} -- "${extra[@]}"
   echo "  ($name took $((SECONDS - t0)) s)"
   grep -v "^\s*\[" /tmp/logs/$name.log | grep -B3 -A3 "Error\b\|Error:\|WARNING.*inkling" | grep -v "^\s*\^" | tail -25 | cut -c1-400
 done

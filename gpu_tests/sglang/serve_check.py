@@ -119,7 +119,8 @@ class Server:
             pass
 
 
-def run_workload(url: str, lens=PROMPT_LENS, new_tokens=NEW_TOKENS, with_prompt_logprobs=False) -> dict:
+def run_workload(url: str, lens=PROMPT_LENS, new_tokens=NEW_TOKENS, with_prompt_logprobs=False,
+                 with_rescore=False) -> dict:
     ps = prompts(lens)
     results: list = [None] * len(ps)
     errors: list = []
@@ -146,6 +147,8 @@ def run_workload(url: str, lens=PROMPT_LENS, new_tokens=NEW_TOKENS, with_prompt_
               "prefix_hit": prefix_hit, "prompt_lens": list(lens)}
     if with_prompt_logprobs:  # after the rest, so the greedy requests above see the same cache states as before
         record["prompt_logprobs"] = [prompt_logprobs(url, p) for p in ps]
+    if with_rescore:  # each concurrent request's prompt + greedy output again, as one extend (compare.py --self)
+        record["rescored"] = [prompt_logprobs(url, p + r["output_ids"]) if r else None for p, r in zip(ps, results)]
     return record
 
 
@@ -169,6 +172,9 @@ def main(argv=None) -> int:
     parser.add_argument("--new-tokens", type=int, default=NEW_TOKENS)
     parser.add_argument("--prompt-logprobs", action="store_true",
                         help="also every prompt token's logprob and top-2, teacher-forced (compare.py uses them)")
+    parser.add_argument("--rescore", action="store_true",
+                        help="also score each request's prompt + its own greedy output in one extend pass: the "
+                             "decode steps' logprobs against the prefill's on the same tokens (compare.py --self)")
     args = parser.parse_args(argv)
     lens = [int(x) for x in args.lens.split(",")]
     if not lens or min(lens) < 1 or args.new_tokens < 1:
@@ -191,7 +197,7 @@ def main(argv=None) -> int:
               "server_args": server_args}
     try:
         record["startup_s"] = server.start()
-        record.update(run_workload(server.url, lens, args.new_tokens, args.prompt_logprobs))
+        record.update(run_workload(server.url, lens, args.new_tokens, args.prompt_logprobs, args.rescore))
         rc = 0 if not record["errors"] else 1
     except Exception as exc:
         record["error"] = repr(exc)
