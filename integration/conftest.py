@@ -48,8 +48,49 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
+def host_scope(nodeid: str) -> str:
+    """The pytest-xdist work unit of a test: each host's integration tests are one unit, every other test its own."""
+    if nodeid.startswith("integration/vllm_host/"):
+        return "integration-vllm"
+    if nodeid.startswith("integration/"):
+        return "integration-sglang"
+    return nodeid
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Under pytest-xdist (`-n 2`, scripts/test.sh) each host's integration tests run in one worker, in order: one
+    server of that host at a time, each configuration started once (its session fixtures live in that worker).
+    SGLang's and vLLM's run side by side; the unit tests fill the workers' remaining time. (A scheduler, not
+    ``xdist_group`` marks: with pytest 9, xdist 3.8's group suffix on ``_nodeid`` no longer reaches ``nodeid``.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class HostScopes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return host_scope(nodeid)
+
+    return HostScopes(config, log)
+
+
+def pytest_sessionfinish(session):
+    """In a pytest-xdist worker: hand the numbers this worker measured to the controller, which prints them."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["inkling_report"] = json.dumps(REPORT)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """In the pytest-xdist controller: merge a finished worker's numbers into this process's REPORT."""
+    theirs = json.loads(getattr(node, "workeroutput", {}).get("inkling_report", "{}"))
+    REPORT.setdefault("runs", {}).update(theirs.pop("runs", {}))
+    REPORT.update(theirs)
+    if not REPORT["runs"]:
+        del REPORT["runs"]
+
+
 def pytest_terminal_summary(terminalreporter):
-    if not REPORT:
+    if not REPORT or getattr(terminalreporter.config, "workeroutput", None) is not None:
         return
     RESULTS_PATH.parent.mkdir(parents=True, exist_ok=True)
     REPORT["written_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

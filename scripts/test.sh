@@ -19,7 +19,10 @@ run() {
   if [ "$rc" -ne 0 ]; then status=1; fi
 }
 
-run .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+# Two workers (pytest-xdist): SGLang's integration tests keep one worker and vLLM's another, each in order
+# (integration/conftest.py's scheduler); the unit tests, most of them single-threaded Triton-interpreter runs, fill
+# the rest. TEST_WORKERS=0 runs everything in this process.
+run .venv/bin/python -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-2}" "$@"
 if [ -x .venv-vllm/bin/python ]; then
   run .venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/hosts/vllm
 else

@@ -383,6 +383,38 @@ def test_a_model_from_an_older_converter_is_converted_again(tmp_path, monkeypatc
     assert any(f"converter version 1, not {models.CONVERTER_VERSION}" in m for m in messages), messages
 
 
+def test_preparing_the_same_model_twice_at_once_takes_turns(tmp_path, monkeypatch):
+    """Two test workers may prepare one model at the same moment: the second waits for the first, then finds the
+    model prepared (no second conversion, no half-written files read)."""
+    import threading
+    from sglang_inkling_backend.demo import models
+
+    events, first_inside = [], threading.Event()
+    release = threading.Event()
+
+    def fake_prepare(model, root, progress):
+        events.append(("enter", threading.current_thread().name))
+        first_inside.set()
+        release.wait(5)
+        events.append(("leave", threading.current_thread().name))
+        return root / model.name
+
+    monkeypatch.setattr(models, "_prepare", fake_prepare)
+    name = models.SMOLLM2_135M.name
+    first = threading.Thread(target=models.prepare_model, args=(name, tmp_path), name="first")
+    second = threading.Thread(target=models.prepare_model, args=(name, tmp_path), name="second")
+    first.start()
+    assert first_inside.wait(5)
+    second.start()
+    second.join(0.5)
+    assert second.is_alive() and events == [("enter", "first")]  # the lock holds the second one out
+    release.set()
+    first.join(5)
+    second.join(5)
+    assert events == [("enter", "first"), ("leave", "first"), ("enter", "second"), ("leave", "second")]
+    assert (tmp_path / f".{name}.lock").is_file()
+
+
 def test_server_removes_its_own_log_and_keeps_a_failed_start_ups():
     from sglang_inkling_backend.demo.server import ServerStartError, SGLangServer
 

@@ -11,6 +11,8 @@ Reuse is checked too: a cached GGUF is re-hashed before it is converted, and the
 again. Cheap enough for every call: hashlib's SHA-256 ran at about 1 GB/s with the files in the page cache
 on the 2-core CI machine (0.56 s for gemma-3-270m's 536 MB model.safetensors, 0.24 s for its 253 MB GGUF).
 """
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -149,12 +151,30 @@ def _write_marker(path: Path, content: dict) -> None:
     tmp.rename(path)  # atomic: a reader sees the old marker or the new one
 
 
+@contextlib.contextmanager
+def _exclusive(lock_path: Path):
+    """Holds an exclusive lock on ``lock_path`` (flock): processes that prepare the same model (two test workers, a
+    server and the demo) take turns, so none reads or removes another's half-written files."""
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def prepare_model(name: str, root: Path | None = None, progress: Progress = print) -> Path:
     """Return the directory of the converted (safetensors, bf16) model, fetching and converting it if needed."""
     if name not in MODELS:
         raise ValueError(f"model: unknown {name!r}; expected one of {sorted(MODELS)}")
     model = MODELS[name]
     root = cache_dir() if root is None else Path(root)
+    with _exclusive(root / f".{model.name}.lock"):
+        return _prepare(model, root, progress)
+
+
+def _prepare(model, root: Path, progress: Progress) -> Path:
     out_dir = root / model.name
     done_marker = out_dir / MARKER
     if done_marker.is_file():
