@@ -48,26 +48,22 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
-def host_scope(nodeid: str) -> str:
-    """The pytest-xdist work unit of a test: each host's integration tests are one unit, every other test its own."""
-    if nodeid.startswith("integration/vllm_host/"):
-        return "integration-vllm"
-    if nodeid.startswith("integration/"):
-        return "integration-sglang"
-    return nodeid
+def work_unit(nodeid: str) -> str:
+    """The pytest-xdist work unit of a test: all integration tests are one unit, every other test its own."""
+    return "integration" if nodeid.startswith("integration/") else nodeid
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """Under pytest-xdist (`-n 2`, scripts/test.sh) each host's integration tests run in one worker, in order: one
-    server of that host at a time, each configuration started once (its session fixtures live in that worker).
-    SGLang's and vLLM's run side by side; the unit tests fill the workers' remaining time. (A scheduler, not
+    """Under pytest-xdist (`scripts/test.sh -n 2 ARGS`) the integration tests run in one worker, in order: one real
+    server at a time (two at once on a 2-core machine took about 3x as long each), each configuration started once
+    (its session fixtures live in that worker); the unit tests share the other workers. (A scheduler, not
     ``xdist_group`` marks: with pytest 9, xdist 3.8's group suffix on ``_nodeid`` no longer reaches ``nodeid``.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class HostScopes(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return host_scope(nodeid)
+            return work_unit(nodeid)
 
     return HostScopes(config, log)
 

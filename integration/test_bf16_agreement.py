@@ -6,13 +6,17 @@ Covers a prompt longer than Gemma-3's 512-token sliding window, 4 concurrent req
 lengths) and a repeated long prefix (a radix-cache hit, so extend runs over a cached prefix). The same check is
 shown failing on a backend with a wrong softmax scale (``fault_plugin/``).
 """
+import os
+
 import pytest
 
 from harness import REPORT
 from margins import compare_on_margins
 from workloads import REFERENCE_TOKENS
 
-MODELS = ["gemma-3-270m", "smollm2-135m-instruct"]
+# SmolLM2 (Llama-style, no window) adds two servers, about 3.5 minutes of a 2-core machine: CI leaves it out for its
+# time, INKLING_FULL_INTEGRATION=1 runs it (its numbers: integration/results/README.md).
+MODELS = ["gemma-3-270m"] + (["smollm2-135m-instruct"] if os.environ.get("INKLING_FULL_INTEGRATION") == "1" else [])
 FAULT_MODEL = "gemma-3-270m"  # the broken backend is served once, on the model with sliding-window layers
 
 _judged: dict[str, dict] = {}

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The tests, as CI runs them:
-#   1. the SGLang venv's suite (.venv): unit tests, Triton kernels under the interpreter, the MLX path on mlx[cpu],
-#      the integration tests against the real SGLang server and, started from .venv-vllm, the real vLLM server;
-#   2. the unit tests that import vLLM (tests/hosts/vllm), in .venv-vllm.
-# Arguments go to the first suite (e.g. -m "not integration"). Fails if either suite fails or collects nothing;
-# without .venv-vllm the second is skipped, saying so (as the vLLM tests in the first skip with their reason).
+#   1. the SGLang venv's unit tests (.venv): Triton kernels under the interpreter, the MLX path on mlx[cpu], ...;
+#   2. its integration tests against the real SGLang server and, started from .venv-vllm, the real vLLM server;
+#   3. the unit tests that import vLLM (tests/hosts/vllm), in .venv-vllm.
+# With arguments (e.g. -m "not integration"), one pytest run of the SGLang venv's suite takes them instead. Fails if
+# any part fails or collects nothing; without .venv-vllm the third is skipped, saying so (as the vLLM tests of the
+# SGLang venv's suite skip with their reason).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -19,12 +20,22 @@ run() {
   if [ "$rc" -ne 0 ]; then status=1; fi
 }
 
-# Two workers (pytest-xdist): SGLang's integration tests keep one worker and vLLM's another, each in order
-# (integration/conftest.py's scheduler); the unit tests, most of them single-threaded Triton-interpreter runs, fill
-# the rest. TEST_WORKERS=0 runs everything in this process.
-run .venv/bin/python -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-2}" "$@"
+if [ "$#" -gt 0 ]; then
+  # A selection (e.g. -m "not integration", a path): one pytest run in two workers; integration/conftest.py's scheduler
+  # keeps every integration test in one of them, in order.
+  run no .venv/bin/python -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-2}" "$@"
+  exit "$status"
+fi
+
+# 1. The unit tests in two pytest-xdist workers (most are single-threaded Triton-interpreter runs; no servers).
+#    TEST_WORKERS=0 runs them in this process.
+run no .venv/bin/python -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-2}" tests
+# 2. The integration tests in one process, in order: one real server at a time. Two servers at once on a 2-core
+#    machine took about 3x as long each (torch_native on Gemma-3: 247 s against 82 s alone).
+run no .venv/bin/python -m pytest -q -p no:cacheprovider integration
+# 3. The unit tests that import vLLM, in its own venv.
 if [ -x .venv-vllm/bin/python ]; then
-  run .venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/hosts/vllm
+  run no .venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/hosts/vllm
 else
   echo "test.sh: skipped the vLLM unit tests: no .venv-vllm (scripts/setup_vllm.sh makes it)" >&2
 fi
