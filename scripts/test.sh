@@ -23,19 +23,19 @@ run() {
 if [ "$#" -gt 0 ]; then
   # A selection (e.g. -m "not integration", a path): one pytest run in two workers; integration/conftest.py's scheduler
   # keeps every integration test in one of them, in order.
-  run no .venv/bin/python -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-2}" "$@"
+  run .venv/bin/python -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-2}" "$@"
   exit "$status"
 fi
 
 # 1. The unit tests in two pytest-xdist workers (most are single-threaded Triton-interpreter runs; no servers).
 #    TEST_WORKERS=0 runs them in this process.
-run no .venv/bin/python -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-2}" tests
+run .venv/bin/python -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-2}" tests
 # 2. The integration tests in one process, in order: one real server at a time. Two servers at once on a 2-core
 #    machine took about 3x as long each (torch_native on Gemma-3: 247 s against 82 s alone).
-run no .venv/bin/python -m pytest -q -p no:cacheprovider integration
+run .venv/bin/python -m pytest -q -p no:cacheprovider integration
 # 3. The unit tests that import vLLM, in its own venv.
 if [ -x .venv-vllm/bin/python ]; then
-  run no .venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/hosts/vllm
+  run .venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/hosts/vllm
 else
   echo "test.sh: skipped the vLLM unit tests: no .venv-vllm (scripts/setup_vllm.sh makes it)" >&2
 fi
