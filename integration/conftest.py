@@ -56,8 +56,8 @@ def work_unit(nodeid: str) -> str:
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """Under pytest-xdist (`scripts/test.sh -n 2 ARGS`) the integration tests run in one worker, in order: one real
-    server at a time (two at once on a 2-core machine took about 3x as long each), each configuration started once
-    (its session fixtures live in that worker); the unit tests share the other workers. (A scheduler, not
+    server at a time (two at once took about 3x as long each: integration/results/README.md), each configuration
+    started once (its session fixtures live in that worker); the unit tests share the other workers. (A scheduler, not
     ``xdist_group`` marks: with pytest 9, xdist 3.8's group suffix on ``_nodeid`` no longer reaches ``nodeid``.)"""
     from xdist.scheduler import LoadScopeScheduling
 
@@ -79,10 +79,10 @@ def pytest_sessionfinish(session):
 def pytest_testnodedown(node, error):
     """In the pytest-xdist controller: merge a finished worker's numbers into this process's REPORT."""
     theirs = json.loads(getattr(node, "workeroutput", {}).get("inkling_report", "{}"))
-    REPORT.setdefault("runs", {}).update(theirs.pop("runs", {}))
+    runs = theirs.pop("runs", None)
+    if runs:
+        REPORT.setdefault("runs", {}).update(runs)
     REPORT.update(theirs)
-    if not REPORT["runs"]:
-        del REPORT["runs"]
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -30,8 +30,8 @@ fi
 # 1. The unit tests in two pytest-xdist workers (most are single-threaded Triton-interpreter runs; no servers).
 #    TEST_WORKERS=0 runs them in this process.
 run .venv/bin/python -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-2}" tests
-# 2. The integration tests in one process, in order: one real server at a time. Two servers at once on a 2-core
-#    machine took about 3x as long each (torch_native on Gemma-3: 247 s against 82 s alone).
+# 2. The integration tests in one process, in order: one real server at a time (two at once on a 2-core machine
+#    took about 3x as long each: integration/results/README.md, "Test time").
 run .venv/bin/python -m pytest -q -p no:cacheprovider integration
 # 3. The unit tests that import vLLM, in its own venv.
 if [ -x .venv-vllm/bin/python ]; then

@@ -96,12 +96,16 @@ def decode_vs_prefill(record: dict) -> dict | None:
         rows.append({"request": i, "prompt_len": n_prompt, "tokens": len(deltas),
                      "mean_abs_dlogprob": sum(deltas) / len(deltas) if deltas else None,
                      "max_abs_dlogprob": max(deltas) if deltas else None, "prefill_top1_not_decode_token": flips})
-    all_d = [r["mean_abs_dlogprob"] * r["tokens"] for r in rows if r["tokens"]]
+    return {"label": record.get("label"), **pool_decode_rows(rows), "rows": rows}
+
+
+def pool_decode_rows(rows: list[dict]) -> dict:
+    """decode_vs_prefill's rows (any subset) as one: tokens, token-weighted mean, max, top-1 mismatches."""
     tokens = sum(r["tokens"] for r in rows)
-    return {"label": record.get("label"), "tokens": tokens,
-            "mean_abs_dlogprob": sum(all_d) / tokens if tokens else None,
+    weighted = sum(r["mean_abs_dlogprob"] * r["tokens"] for r in rows if r["tokens"])
+    return {"tokens": tokens, "mean_abs_dlogprob": weighted / tokens if tokens else None,
             "max_abs_dlogprob": max((r["max_abs_dlogprob"] or 0.0) for r in rows) if rows else None,
-            "prefill_top1_not_decode_token": sum(r["prefill_top1_not_decode_token"] for r in rows), "rows": rows}
+            "prefill_top1_not_decode_token": sum(r["prefill_top1_not_decode_token"] for r in rows)}
 
 
 def main(argv=None) -> int:

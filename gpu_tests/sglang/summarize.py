@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare import NEAR_TIE_NATS, compare, compare_prompt_logprobs, decode_vs_prefill  # noqa: E402
+from compare import (NEAR_TIE_NATS, compare, compare_prompt_logprobs, decode_vs_prefill,  # noqa: E402
+                     pool_decode_rows)
 
 # (what the row shows, reference run, compared run)
 PAIRS = [
@@ -95,13 +96,12 @@ def main(argv=None) -> int:
         for d in out["decode_vs_prefill"]:
             for label, rows in (("< window", [r for r in d["rows"] if r["prompt_len"] < WINDOW]),
                                 ("> window", [r for r in d["rows"] if r["prompt_len"] >= WINDOW])):
-                tokens = sum(r["tokens"] for r in rows)
-                if not tokens:
+                pooled = pool_decode_rows(rows)
+                if not pooled["tokens"]:
                     continue
-                mean = sum(r["mean_abs_dlogprob"] * r["tokens"] for r in rows) / tokens
-                print(f"| {d['label']} | {label} ({', '.join(str(r['prompt_len']) for r in rows)}) | {tokens} | "
-                      f"{mean:.4f} | {max(r['max_abs_dlogprob'] for r in rows):.3f} | "
-                      f"{sum(r['prefill_top1_not_decode_token'] for r in rows)} |")
+                print(f"| {d['label']} | {label} ({', '.join(str(r['prompt_len']) for r in rows)}) | "
+                      f"{pooled['tokens']} | {pooled['mean_abs_dlogprob']:.4f} | {pooled['max_abs_dlogprob']:.3f} | "
+                      f"{pooled['prefill_top1_not_decode_token']} |")
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
     return 0
