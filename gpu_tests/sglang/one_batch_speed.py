@@ -23,7 +23,9 @@ logs and swallows plugin exceptions: with ``--attention-backend inkling`` this s
 ``sglang_inkling_backend.entry_points.sglang.is_registered()`` and raises if not.
 
 Timing: first a warm-up (the first point's batch at context 256, a prefill and a few decode steps: JIT compiles).
-Then per point (batch B, context C): one prefill of B requests of C tokens (``prefill_s``: wall, synchronized),
+Then per point (batch B, context C): the prefill of B requests of C tokens (``prefill_s``: wall, synchronized), in
+extends of at most ``--prefill-chunk-tokens`` tokens merged into one batch as the scheduler merges a prefilled
+batch into the running one (``ScheduleBatch.merge_batch``),
 ``--warmup-steps`` decode steps, then ``--steps`` timed ones. ``step_ms``: wall time of one ``decode()`` call
 between two device synchronizations (as in one_batch's ``latency_test_run_once``: batch preparation, forward,
 sampling); ``forward_ms`` (CUDA only): CUDA events on the current stream around ``ModelRunner.forward`` inside
@@ -78,6 +80,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--steps", type=int, default=64, help="timed decode steps per point")
     ap.add_argument("--warmup-steps", type=int, default=4, help="untimed decode steps per point, before the timed")
     ap.add_argument("--mem-fraction-static", type=float, default=0.3)
+    ap.add_argument("--prefill-chunk-tokens", type=int, default=1 << 20,
+                    help="prefill a point's requests in extends of at most this many tokens (at least one request "
+                         "each), merged into one decode batch: 128 x 32k tokens in one extend would need ~80 GB of "
+                         "MLP activations on llama-gqa4-l16")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--disable-cuda-graph", action="store_true", help="eager decode (always so on --device cpu)")
     ap.add_argument("--seed", type=int, default=1234, help="numpy seed of the random prompt ids")
@@ -90,6 +96,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         ap.error(f"--points: {err}")
     if args.steps < 1 or args.warmup_steps < 0:
         ap.error("--steps must be >= 1 and --warmup-steps >= 0")
+    if args.prefill_chunk_tokens < 1:
+        ap.error("--prefill-chunk-tokens must be >= 1")
     return args, extra
 
 
@@ -155,7 +163,9 @@ class ForwardProbe:
         return [s.elapsed_time(e) for s, e in self.events]  # after a synchronize
 
 
-def time_point(bench, probe, batch: int, context: int, warmup_steps: int, steps: int, graphs_on: bool) -> dict:
+def time_point(bench, probe, batch: int, context: int, warmup_steps: int, steps: int, graphs_on: bool,
+               prefill_chunk_tokens: int) -> dict:
+    import torch
     from sglang.benchmark import one_batch
 
     decode_steps = warmup_steps + steps
@@ -165,11 +175,19 @@ def time_point(bench, probe, batch: int, context: int, warmup_steps: int, steps:
                            f"holds at most {fits} such requests; raise --mem-fraction-static or shrink the point")
     bench.clear()
     reqs = one_batch.prepare_synthetic_inputs_for_latency_test(batch, context)
+    per_chunk = max(1, prefill_chunk_tokens // context)
     bench.synchronize()
     tic = time.perf_counter()
-    next_ids, _, sched_batch = bench.extend(reqs)
+    next_ids, _, sched_batch = bench.extend(reqs[:per_chunk])
+    for first in range(per_chunk, batch, per_chunk):
+        # The scheduler's way of joining a prefilled batch to the running one (Scheduler: running_batch.merge_batch)
+        ids, _, part = bench.extend(reqs[first:first + per_chunk])
+        sched_batch.merge_batch(part)
+        next_ids = torch.cat([next_ids, ids])
     bench.synchronize()
     prefill_s = time.perf_counter() - tic
+    if len(sched_batch.reqs) != batch or sched_batch.seq_lens.numel() != batch:
+        raise RuntimeError(f"B={batch} ctx={context}: the prefilled batch holds {len(sched_batch.reqs)} requests")
     for _ in range(warmup_steps):
         next_ids, _ = bench.decode(next_ids, sched_batch)
     bench.synchronize()
@@ -192,10 +210,12 @@ def time_point(bench, probe, batch: int, context: int, warmup_steps: int, steps:
     step_ms = [1000 * s for s in step_s]
     forward_ms = probe.forward_ms()
     med = median(step_ms)
-    return {"batch": batch, "context": context, "prefill_s": prefill_s, "warmup_steps": warmup_steps, "steps": steps,
+    return {"batch": batch, "context": context, "prefill_s": prefill_s, "prefill_chunks": -(-batch // per_chunk),
+            "warmup_steps": warmup_steps, "steps": steps,
             "step_ms": med, "step_ms_min": min(step_ms), "step_ms_max": max(step_ms),
             "forward_ms": median(forward_ms), "decode_tok_s": batch * 1000 / med, "graph_steps": graph_steps,
-            "kv_tokens_end": batch * (context + decode_steps + 1), "step_ms_all": [round(x, 4) for x in step_ms]}
+            "kv_tokens_end": batch * (context + decode_steps + 1), "last_step_ids": next_ids.tolist(),
+            "step_ms_all": [round(x, 4) for x in step_ms]}
 
 
 def attention_backend_names(runner) -> list[str]:
@@ -287,9 +307,10 @@ def main(argv=None) -> int:
         np.random.seed(args.seed)
         # Warm-up (JIT compiles, as latency_test warms up): the first point's batch at a short context.
         warm_b, _ = args.points[0]
-        time_point(bench, probe, warm_b, 256, args.warmup_steps, 2, graphs_on)
+        time_point(bench, probe, warm_b, 256, args.warmup_steps, 2, graphs_on, args.prefill_chunk_tokens)
         for batch, context in args.points:
-            point = time_point(bench, probe, batch, context, args.warmup_steps, args.steps, graphs_on)
+            point = time_point(bench, probe, batch, context, args.warmup_steps, args.steps, graphs_on,
+                               args.prefill_chunk_tokens)
             record["points"].append(point)
             fwd = f", forward {point['forward_ms']:.3f} ms" if point["forward_ms"] is not None else ""
             print(f"{label} B={batch} ctx={context}: step {point['step_ms']:.3f} ms (min {point['step_ms_min']:.3f}, "

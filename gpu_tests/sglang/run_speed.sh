@@ -3,13 +3,16 @@
 # budget lasts. Writes $OUT/speed.json (one record per entry; a failed entry: its rc and the log's last lines) and
 # $OUT/speed.log (every entry's full log).
 #   cd .h16 && bash gpu_tests/sglang/run_speed.sh inkling:mxfp8 triton:auto inkling:auto triton:fp8_e4m3
-# Environment: SPEED_MODEL (llama-gqa4-l16), SPEED_POINTS (1x4096,32x4096,128x4096,1x32768,32x32768),
-# SPEED_STEPS (64), SPEED_MEM (0.3, --mem-fraction-static), SPEED_BUDGET_S (540), SPEED_TIMEOUT_S (240, per entry),
-# SPEED_ARGS (more one_batch_speed.py arguments, e.g. "--warmup-steps 8"). Exit status: 1 if any entry failed.
+# Environment: SPEED_MODEL (llama-gqa4-l16), SPEED_POINTS (1x4096,32x4096,128x4096,1x32768,32x32768,128x32768),
+# SPEED_STEPS (64), SPEED_MEM (0.55, --mem-fraction-static: a bf16 pool of llama-gqa4-l16 then holds the 4.2M tokens
+# of 128 x 32k), SPEED_BUDGET_S (540), SPEED_TIMEOUT_S (240, per entry), SPEED_ARGS (more one_batch_speed.py
+# arguments, e.g. "--warmup-steps 8"). Exit status: 1 if any entry failed.
+# A flashinfer entry needs FlashInfer's wheels carried in ../.whl (carry ".whl"); they are installed for that entry's
+# process only (with FlashInfer importable, SGLang's other layers may pick it too).
 . gpu_tests/sglang/gpu_env.sh || exit 1
 START=$SECONDS
 MODEL=${SPEED_MODEL:-llama-gqa4-l16}
-POINTS=${SPEED_POINTS:-1x4096,32x4096,128x4096,1x32768,32x32768}
+POINTS=${SPEED_POINTS:-1x4096,32x4096,128x4096,1x32768,32x32768,128x32768}
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 set -o pipefail
 python3 gpu_tests/sglang/make_models.py --tokenizer tok --out /tmp/models --models "$MODEL" --device cuda 2>&1 \
@@ -23,8 +26,17 @@ for entry in "$@"; do
   if [ $left -lt 60 ]; then echo "skip $name: ${left}s left" | tee -a /tmp/speed/skipped.txt; continue; fi
   limit=${SPEED_TIMEOUT_S:-240}; [ $left -lt $limit ] && limit=$left
   t0=$SECONDS
-  timeout $limit python3 gpu_tests/sglang/one_batch_speed.py --model /tmp/models/$MODEL --attention-backend $b \
-      --kv-cache-dtype $kv --points "$POINTS" --steps ${SPEED_STEPS:-64} --mem-fraction-static ${SPEED_MEM:-0.3} \
+  path=$PYTHONPATH
+  if [ "$b" = flashinfer ]; then
+    if ! ls ../.whl/flashinfer_python-*.whl > /dev/null 2>&1; then
+      echo "== $name: not run: no FlashInfer wheel in ../.whl (carry \".whl\")" | tee /tmp/speed/$name.log
+      echo 2 > /tmp/speed/$name.rc; continue
+    fi
+    [ -d /tmp/fi_site/flashinfer ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fi_site ../.whl/flashinfer_python-*.whl
+    path=/tmp/fi_site:$PYTHONPATH
+  fi
+  PYTHONPATH=$path timeout $limit python3 gpu_tests/sglang/one_batch_speed.py --model /tmp/models/$MODEL --attention-backend $b \
+      --kv-cache-dtype $kv --points "$POINTS" --steps ${SPEED_STEPS:-64} --mem-fraction-static ${SPEED_MEM:-0.55} \
       --label $name --out /tmp/speed/$name.json $SPEED_ARGS > /tmp/speed/$name.log 2>&1
   rc=$?
   echo "$rc" > /tmp/speed/$name.rc
