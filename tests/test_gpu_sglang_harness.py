@@ -156,3 +156,28 @@ def test_one_batch_speed_points_and_server_args():
     assert int(argv[argv.index("--max-total-tokens") + 1]) >= 2 * 4 * (128 + 4 + 8 + 1)
     with pytest.raises(SystemExit):
         speed.parse_args(["--model", "m", "--attention-backend", "inkling", "--points", "4", "--out", "o.json"])
+
+
+def test_speed_table_ratios_stay_within_one_call_and_name_a_failed_entry(tmp_path):
+    def entry(label, backend, steps, kv_tokens):
+        return {"label": label, "attention_backend": backend, "rc": 0, "max_total_num_tokens": kv_tokens,
+                "kv_pool": "Pool", "page_size": 1, "server_args": [],
+                "points": [{"batch": b, "context": c, "step_ms": ms, "decode_tok_s": b * 1000 / ms, "graph_steps": 4,
+                            "steps": 4} for (b, c), ms in steps.items()]}
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir(), two.mkdir()
+    (one / "speed.json").write_text(json.dumps([
+        entry("inkling_mxfp8", "inkling", {(1, 4096): 2.0, (32, 4096): 4.0}, 200),
+        entry("triton_auto", "triton", {(1, 4096): 3.0, (32, 4096): 2.0}, 100),
+        {"label": "flashinfer_auto", "rc": 1, "log_tail": ["Traceback", "ImportError: cannot import name 'x'", "end"]}]))
+    (two / "speed.json").write_text(json.dumps([entry("inkling_mxfp8", "inkling", {(1, 4096): 3.0}, 200)]))
+    out = subprocess.run([sys.executable, str(HARNESS / "speed_table.py"), str(one), str(two), "--json",
+                          str(tmp_path / "s.json")], capture_output=True, text=True, check=True).stdout
+    assert "| 1 | 4096 | 2.00 | 3.00 | 1.50x | 500 | 333 |" in out
+    assert "| 32 | 4096 | 4.00 | 2.00 | 0.50x | 8000 | 16000 |" in out
+    assert "flashinfer_auto: failed: `ImportError: cannot import name 'x'`" in out
+    assert "| inkling_mxfp8 | 1 | 4096 | 2.00, 3.00 | 1.50x |" in out
+    saved = json.loads((tmp_path / "s.json").read_text())
+    assert saved[0]["points"][0]["speedup"] == {"triton_auto/inkling_mxfp8": 1.5}
+    assert saved[1]["points"][0]["speedup"] == {}  # no peer in that call: no ratio across calls

@@ -1,0 +1,111 @@
+"""Tables of run_speed.sh's results: one per device call (a folder holding its speed.json), so every ratio is
+between two backends of the same call; then each backend's KV pool and its spread across calls.
+
+    python gpu_tests/sglang/speed_table.py DIR [DIR ...] [--json summary.json]
+
+Per call: median decode step (ms) per backend and point, decode tokens/s, and each ``inkling_*`` entry's speed-up
+over each SGLang entry (their step time / ours: > 1 means ours is faster). An entry that failed is listed with the
+last line of its log that names an error.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def load(folder: Path) -> list[dict]:
+    return json.loads((folder / "speed.json").read_text())
+
+
+def error_line(record: dict) -> str:
+    lines = [ln for ln in record.get("log_tail", []) if "Error" in ln]
+    return lines[-1].strip() if lines else f"rc={record.get('rc')}"
+
+
+def call_table(name: str, records: list[dict]) -> tuple[list[str], dict]:
+    ok = [r for r in records if r.get("rc", 0) == 0 and r.get("points")]
+    ours = [r for r in ok if r["attention_backend"] == "inkling"]
+    peers = [r for r in ok if r["attention_backend"] != "inkling"]
+    points = sorted({(p["batch"], p["context"]) for r in ok for p in r["points"]}, key=lambda bc: (bc[1], bc[0]))
+    step = {(r["label"], p["batch"], p["context"]): p for r in ok for p in r["points"]}
+    cols = [f"{r['label']} ms" for r in ok] + [f"{p['label']} / {o['label']}" for o in ours for p in peers] + \
+        [f"{r['label']} tok/s" for r in ok]
+    out = [f"### {name}", "", "| B | ctx | " + " | ".join(cols) + " |", "|" + "---|" * (2 + len(cols))]
+    summary = {"call": name, "entries": {}, "points": []}
+    for b, c in points:
+        cells = []
+        row = {"batch": b, "context": c, "step_ms": {}, "speedup": {}}
+        for r in ok:
+            p = step.get((r["label"], b, c))
+            cells.append(f"{p['step_ms']:.2f}" if p else "-")
+            if p:
+                row["step_ms"][r["label"]] = p["step_ms"]
+        for o in ours:
+            for peer in peers:
+                po, pp = step.get((o["label"], b, c)), step.get((peer["label"], b, c))
+                if po and pp:
+                    x = pp["step_ms"] / po["step_ms"]
+                    cells.append(f"{x:.2f}x")
+                    row["speedup"][f"{peer['label']}/{o['label']}"] = x
+                else:
+                    cells.append("-")
+        for r in ok:
+            p = step.get((r["label"], b, c))
+            cells.append(f"{p['decode_tok_s']:.0f}" if p else "-")
+        out.append(f"| {b} | {c} | " + " | ".join(cells) + " |")
+        summary["points"].append(row)
+    out.append("")
+    for r in records:
+        if r in ok:
+            summary["entries"][r["label"]] = {"kv_tokens": r["max_total_num_tokens"], "kv_pool": r["kv_pool"],
+                                              "page_size": r["page_size"], "server_args": r["server_args"],
+                                              "graph_steps_all": all(p["graph_steps"] == p["steps"]
+                                                                     for p in r["points"])}
+            out.append(f"- {r['label']}: {r['kv_pool']}, page size {r['page_size']}, KV tokens "
+                       f"{r['max_total_num_tokens']:,}, every timed step through the decode CUDA graph: "
+                       f"{summary['entries'][r['label']]['graph_steps_all']}")
+        else:
+            summary["entries"][r["label"]] = {"failed": error_line(r)}
+            out.append(f"- {r['label']}: failed: `{error_line(r)}`")
+    out.append("")
+    return out, summary
+
+
+def spread(summaries: list[dict]) -> list[str]:
+    """Each backend's step time at each point in every call that ran it: max / min."""
+    seen: dict = {}
+    for s in summaries:
+        for p in s["points"]:
+            for label, ms in p["step_ms"].items():
+                seen.setdefault((label, p["batch"], p["context"]), []).append(ms)
+    repeated = {k: v for k, v in seen.items() if len(v) > 1}
+    if not repeated:
+        return []
+    out = ["### The same backend in more than one call (max / min step time)", "", "| backend | B | ctx | ms | spread |",
+           "|---|---|---|---|---|"]
+    for (label, b, c), v in sorted(repeated.items()):
+        out.append(f"| {label} | {b} | {c} | {', '.join(f'{x:.2f}' for x in v)} | {max(v) / min(v):.2f}x |")
+    return out + [""]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("folders", nargs="+", type=Path)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    lines, summaries = [], []
+    for folder in args.folders:
+        table, summary = call_table(folder.name, load(folder))
+        lines += table
+        summaries.append(summary)
+    lines += spread(summaries)
+    print("\n".join(lines))
+    if args.json:
+        args.json.write_text(json.dumps(summaries, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
