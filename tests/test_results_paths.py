@@ -88,7 +88,7 @@ NAMED = _named_paths()
 def test_the_scan_finds_the_results_index_and_current_grid():
     """The scan itself works: it sees paths that are known to be named (the README's grid and this index)."""
     written = {path for _, path, _ in NAMED}
-    assert "bench/results/current/2026-12-01-h200.json" in written
+    assert "bench/results/current/2026-12-02-h200.json" in written
     assert any(path.startswith("../history/") for path in written)
     assert len(NAMED) > 40
 
