@@ -13,8 +13,8 @@ Measures, on the grid Hq/Hkv/D in {16/2/128, 64/8/128, 4/1/256} x batch {1, 8, 3
   - ``sdpa_bf16``: torch SDPA over contiguous (unpaged) bf16 KV.
 Every peer row names its library and version (``library``) and backend. Every kernel's output is checked against a
 float64 reference on the values that kernel reads (bf16, the fp8 copy, or the MXFP8 pool dequantized) for the
-first ``CHECK_REQUESTS`` requests: ``rel_err`` (relative Frobenius) and ``correct`` (``rel_err <= CHECK_TOL``) on
-each row (the bound: ``tolerance(kernel)``), so a fast wrong peer is seen as wrong and never sets the bar
+first ``CHECK_REQUESTS`` requests: ``rel_err`` (relative Frobenius) and ``correct`` (``rel_err <=
+tolerance(kernel)``) on each row, so a fast wrong peer is seen as wrong and never sets the bar
 (``print_table`` ignores it).
 GB/s = bytes of KV (+ MXFP8 scale bytes) that must be read / median time of one call replayed from a CUDA graph
 (as SGLang runs decode; ``triton.testing.do_bench`` around the replay, which clears the L2 between runs), so no
