@@ -181,3 +181,17 @@ def test_speed_table_ratios_stay_within_one_call_and_name_a_failed_entry(tmp_pat
     saved = json.loads((tmp_path / "s.json").read_text())
     assert saved[0]["points"][0]["speedup"] == {"triton_auto/inkling_mxfp8": 1.5}
     assert saved[1]["points"][0]["speedup"] == {}  # no peer in that call: no ratio across calls
+
+
+def test_rank2_models_have_one_ranks_heads_with_replicated_kv_where_tp_exceeds_them():
+    make_models = _harness_module("make_models")
+    heads = lambda c: (c.get("text_config", c)["num_attention_heads"], c.get("text_config", c)["num_key_value_heads"])  # noqa: E731
+    assert heads(make_models.CONFIGS["llama-gqa4"](False)) == (8, 2)
+    assert heads(make_models.CONFIGS["llama-gqa4-rank2"](False)) == (4, 1)
+    assert heads(make_models.CONFIGS["gemma3-swa-rank2"](False)) == (2, 1)  # 1 KV head: replicated, not split
+    inkling = make_models.CONFIGS["inkling-swa-rank2"](False)["text_config"]
+    assert (inkling["num_attention_heads"], inkling["num_key_value_heads"]) == (4, 1)
+    assert (inkling["swa_num_attention_heads"], inkling["swa_num_key_value_heads"]) == (4, 1)
+    assert make_models.CONFIGS["inkling-swa"](False)["text_config"]["num_attention_heads"] == 8  # not mutated
+    with pytest.raises(ValueError, match="does not split over tp=3"):
+        make_models.rank_shape(make_models.CONFIGS["llama-gqa4"](False), 3)

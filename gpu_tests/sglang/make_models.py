@@ -5,7 +5,10 @@ Models (all bf16, vocab 49152 = the tokenizer's, max positions 40960 so 32k cont
 - ``llama-gqa4-l16``: the same with 16 layers (for decode-speed runs: attention is a larger share of a decode step
   at long contexts; not made unless named in ``--models``);
 - ``gemma3-swa``: Gemma3ForCausalLM, 4 query / 1 KV head, head_dim 256, 6 layers (5 sliding : 1 full),
-  sliding window 256.
+  sliding window 256;
+- ``inkling-swa``: SGLang's in-tree Inkling model (``inkling_config``);
+- ``<model>-rank2`` for the three above: one rank's heads at tp 2 (``rank_shape``), for tp 2's per-rank geometry
+  on one GPU at tp 1.
 
 Greedy decoding made more decisive: the argmax is decided among ``STRONG_TOKENS`` output-embedding rows scaled by
 ``STRONG_SCALE`` (the other rows keep the init scale), so the top-2 gap is the spacing of the maximum of 512
@@ -78,11 +81,31 @@ def inkling_config(tiny: bool) -> dict:
                 bos_token_id=1, eos_token_id=2)
 
 
+def rank_shape(config: dict, tp: int) -> dict:
+    """One tensor-parallel rank's attention heads of ``config`` at ``tp`` ranks, as SGLang splits them: query heads
+    divided by tp, KV heads divided by tp, or one (replicated) where tp exceeds them. Served at tp 1 on one GPU,
+    this is the per-rank geometry of a tp run (a different model: its weights are drawn for these shapes)."""
+    config = json.loads(json.dumps(config))
+    inner = config.get("text_config", config)
+    keys = [("num_attention_heads", "num_key_value_heads")]
+    if "swa_num_attention_heads" in inner:
+        keys.append(("swa_num_attention_heads", "swa_num_key_value_heads"))
+    for q_key, kv_key in keys:
+        if inner[q_key] % tp:
+            raise ValueError(f"{q_key}={inner[q_key]} does not split over tp={tp}")
+        inner[q_key] //= tp
+        inner[kv_key] = max(1, inner[kv_key] // tp)
+    return config
+
+
 CONFIGS = {"llama-gqa4": llama_config, "gemma3-swa": gemma3_config,
            "llama-gqa4-l16": lambda tiny: llama_config(tiny, layers=16), "inkling-swa": inkling_config}
+# tp 2's per-rank shapes: llama 4 query / 1 KV head, gemma3 2 / 1 (its one KV head replicated), inkling 4 / 1
+CONFIGS.update({f"{name}-rank2": (lambda tiny, make=CONFIGS[name]: rank_shape(make(tiny), 2))
+                for name in ("llama-gqa4", "gemma3-swa", "inkling-swa")})
 # Served with --load-format dummy: weights come from sitecustomize.py's seeded initializer (INKLING_TEST_SEEDED_INIT),
 # so only the config and the tokenizer are written.
-DUMMY_LOAD = {"inkling-swa"}
+DUMMY_LOAD = {"inkling-swa", "inkling-swa-rank2"}
 DEFAULT_MODELS = ("llama-gqa4", "gemma3-swa")
 
 

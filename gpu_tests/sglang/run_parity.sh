@@ -3,7 +3,9 @@
 # the call's budget lasts (PARITY_BUDGET_S, default 520 s). Entry TAGs: nograph (--disable-cuda-graph),
 # broken (INKLING_TEST_BREAK_SCALE=0.01, see patches/sitecustomize.py), noprefillgraph (--disable-prefill-cuda-graph:
 # the Inkling model turns on SGLang's FULL prefill graph, which its triton backend cannot replay: "ValueError: Invalid
-# forward mode: forward_mode=<ForwardMode.EXTEND: 1> for CUDA Graph replay"; decode graphs stay on).
+# forward mode: forward_mode=<ForwardMode.EXTEND: 1> for CUDA Graph replay"; decode graphs stay on), tp2
+# (--tp-size 2: two GPUs, device kind nvidia-h200-x2; gpu_env.sh keeps NVLink multicast off in every process). Tags
+# combine with "+", e.g. inkling-swa:triton:auto:tp2+noprefillgraph.
 # PARITY_SERVE_ARGS: more serve_check.py flags for every entry (e.g. "--prompt-logprobs --rescore").
 #   cd .h16 && bash gpu_tests/sglang/run_parity.sh llama-gqa4:triton:auto llama-gqa4:inkling:auto ...
 . gpu_tests/sglang/gpu_env.sh
@@ -22,9 +24,15 @@ for entry in "$@"; do
   left=$(( ${PARITY_BUDGET_S:-520} - (SECONDS - START) ))
   if [ $left -lt 60 ]; then echo "skip $name: ${left}s left"; continue; fi
   extra=(); envs=()
-  [ "$tag" = nograph ] && extra+=(--disable-cuda-graph)
-  [ "$tag" = noprefillgraph ] && extra+=(--disable-prefill-cuda-graph)
-  [ "$tag" = broken ] && envs+=(INKLING_TEST_BREAK_SCALE=0.01)
+  for t in ${tag//+/ }; do
+    case $t in
+      nograph) extra+=(--disable-cuda-graph) ;;
+      noprefillgraph) extra+=(--disable-prefill-cuda-graph) ;;
+      broken) envs+=(INKLING_TEST_BREAK_SCALE=0.01) ;;
+      tp2) extra+=(--tp-size 2) ;;
+      *) echo "entry $entry: unknown tag $t (nograph, noprefillgraph, broken, tp2)"; exit 2 ;;
+    esac
+  done
   ls /tmp/models/$m/*.safetensors > /dev/null 2>&1 || { extra+=(--load-format dummy); envs+=(INKLING_TEST_SEEDED_INIT=1); }
   t0=$SECONDS
   env "${envs[@]}" timeout $(( left < STARTUP_S + 60 ? left : STARTUP_S + 60 )) python3 gpu_tests/sglang/serve_check.py \
