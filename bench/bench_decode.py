@@ -111,6 +111,21 @@ def copy_ceiling(dev):
     return 2 * n / (ms * 1e-3) / 1e9
 
 
+def mxfp8_copy(k, v, store=store_kv_mxfp8):
+    """An MXFP8 pool (pages of PAGE slots, interleaved scales) holding bf16 ``k``, ``v`` [slots, Hkv, D], written by
+    ``store`` (the package's store kernel)."""
+    slots, hkv, d = k.shape
+    layout = ScaleLayout.for_pool(slots, hkv, d, PAGE)
+    mx = PagedKV(torch.empty(slots, hkv, d, device=k.device, dtype=torch.float8_e4m3fn),
+                 torch.empty(slots, hkv, d, device=k.device, dtype=torch.float8_e4m3fn),
+                 layout.empty(k.device), layout.empty(k.device), layout)
+    chunk = 1 << 20  # quantize in chunks: the store kernel's grid has one program per token
+    for s0 in range(0, slots, chunk):
+        loc = torch.arange(s0, min(slots, s0 + chunk), device=k.device, dtype=torch.int32)
+        store(mx, loc, k[s0:s0 + chunk], v[s0:s0 + chunk], validate=False)
+    return mx
+
+
 class Case:
     """One grid point's data: a bf16 page pool, its MXFP8 and fp8 copies, one page table."""
 
@@ -132,14 +147,7 @@ class Case:
         self.page_indptr = torch.arange(B + 1, device=dev, dtype=torch.int32) * pages_per
         self.last_page_len = torch.full((B,), ctx - (pages_per - 1) * PAGE, device=dev, dtype=torch.int32)
         self.page_indices = self.page_table.reshape(-1).contiguous()
-        layout = ScaleLayout.for_pool(slots, Hkv, D, PAGE)
-        self.mx = PagedKV(torch.empty(slots, Hkv, D, device=dev, dtype=torch.float8_e4m3fn),
-                          torch.empty(slots, Hkv, D, device=dev, dtype=torch.float8_e4m3fn),
-                          layout.empty(dev), layout.empty(dev), layout)
-        chunk = 1 << 20  # quantize in chunks: the store kernel's grid has one program per token
-        for s0 in range(0, slots, chunk):
-            loc = torch.arange(s0, min(slots, s0 + chunk), device=dev, dtype=torch.int32)
-            store_mxfp8(self.mx, loc, self.k[s0:s0 + chunk], self.v[s0:s0 + chunk], validate=False)
+        self.mx = mxfp8_copy(self.k, self.v, store_mxfp8)
         self.bf = PagedKV(self.k, self.v)
         self.k8 = self.k.to(torch.float8_e4m3fn) if with_fp8 else None
         self.v8 = self.v.to(torch.float8_e4m3fn) if with_fp8 else None
