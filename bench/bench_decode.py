@@ -52,7 +52,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from sglang_inkling_backend.reference.attention import AttentionParams, PagedKV  # noqa: E402
 from sglang_inkling_backend.scale_layout import ScaleLayout  # noqa: E402
-from sglang_inkling_backend.triton import DecodeWorkspace, plan_decode, run_decode  # noqa: E402
+from sglang_inkling_backend.triton import DecodeConfig, DecodeWorkspace, plan_decode, run_decode  # noqa: E402
 from sglang_inkling_backend.triton.kv_store import store_kv_mxfp8  # noqa: E402
 
 PAGE = 128
@@ -186,10 +186,10 @@ def check(out, ref, kernel=None):
     return err, err <= tolerance(kernel)
 
 
-def time_ours(case, kv, nbytes, eager=False):
+def time_ours(case, kv, nbytes, eager=False, config=None):
     workspace = DecodeWorkspace.for_max_context(case.B, case.Hq, case.Hkv, case.D, case.ctx, case.q.device)
     plan = plan_decode(case.B, num_q_heads=case.Hq, num_kv_heads=case.Hkv, head_dim=case.D, max_seq_len=case.ctx,
-                       page_size=PAGE, kv_dtype=kv.k_buffer.dtype, workspace=workspace)
+                       page_size=PAGE, kv_dtype=kv.k_buffer.dtype, workspace=workspace, config=config)
     out = torch.empty_like(case.q)
     fn = lambda: run_decode(plan, case.q, kv, params=case.params, page_table=case.page_table,
                             seq_lens=case.seq_lens, out=out, check=False)
@@ -202,6 +202,7 @@ def time_ours(case, kv, nbytes, eager=False):
 
 
 OURS = "sglang_inkling_backend (Triton)"
+HOPPER = False  # main() sets it: an sm_90 GPU also times the Gluon Hopper kernel (ours_mxfp8_hopper)
 
 
 def row(kernel, name, case, ms, gbps, **extra):
@@ -231,6 +232,8 @@ def main():
         print_table(rows, copy, meta)
         return
     dev = "cuda"
+    global HOPPER
+    HOPPER = torch.cuda.get_device_capability() == (9, 0) and not os.environ.get("BENCH_NO_HOPPER")
     torch.manual_seed(int(time.time()))
     gpu = torch.cuda.get_device_name().replace("NVIDIA ", "").replace(" ", "-").lower()
     stamp = datetime.date.today().isoformat()
@@ -269,11 +272,18 @@ def main():
         refs = {"mxfp8": reference_f64(case, paged_reader(case, case.mx.read)),
                 "bf16": reference_f64(case, paged_reader(case, case.bf.read)),
                 "fp8": reference_f64(case, paged_reader(case, lambda sl: (case.k8[sl].float(), case.v8[sl].float())))}
-        for kernel, kv, nbytes, eager in (("ours_mxfp8", case.mx, case.bytes_mxfp8, False),
-                                          ("ours_bf16", case.bf, case.bytes_bf16, False),
-                                          ("ours_mxfp8_eager", case.mx, case.bytes_mxfp8, True)):
+        ours = [("ours_mxfp8", case.mx, case.bytes_mxfp8, False, None),
+                ("ours_bf16", case.bf, case.bytes_bf16, False, None),
+                ("ours_mxfp8_eager", case.mx, case.bytes_mxfp8, True, None)]
+        if HOPPER:  # the Gluon kernel, forced (the Triton block kernel is ours_mxfp8 unless the route picks it)
+            ours.insert(1, ("ours_mxfp8_hopper", case.mx, case.bytes_mxfp8, False, DecodeConfig(kernel="hopper")))
+            # BENCH_HOPPER_VARIANTS='{"s2": {"num_stages": 2}}': more configurations of it, rows ours_mxfp8_hopper_<name>
+            for vname, fields in json.loads(os.environ.get("BENCH_HOPPER_VARIANTS", "{}")).items():
+                ours.insert(2, (f"ours_mxfp8_hopper_{vname}", case.mx, case.bytes_mxfp8, False,
+                                DecodeConfig(kernel="hopper", **fields)))
+        for kernel, kv, nbytes, eager, config in ours:
             try:
-                ms, gbps, plan, out = time_ours(case, kv, nbytes, eager=eager)
+                ms, gbps, plan, out = time_ours(case, kv, nbytes, eager=eager, config=config)
                 err, ok = check(out, refs["bf16" if kernel == "ours_bf16" else "mxfp8"], kernel)
                 rows.append(row(kernel, name, case, ms, gbps, num_splits=plan.num_splits, variant=plan.kernel,
                                 block_n=plan.block_n, num_warps=plan.num_warps, num_stages=plan.num_stages,

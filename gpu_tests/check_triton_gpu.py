@@ -185,6 +185,7 @@ DECODE_CONFIGS = {
     # have enough (request, head) pairs for whole heads)
     "table(auto,merge-32)": ("table", {"merge_block_d": 32}),
 }
+HOPPER = {"kernel": "hopper"}  # the Gluon kernel (sm_90a): main() adds "table(hopper)" on an H100/H200
 
 
 def check_decode():
@@ -335,7 +336,13 @@ def main():
     print(f"plan options {PLAN_OPTIONS or 'defaults'}", flush=True)
     print(f"seed {seed} device {name} torch {torch.__version__} triton {triton.__version__}",
           flush=True)
+    if not SMOKE and torch.cuda.get_device_capability() == (9, 0):
+        DECODE_CONFIGS["table(hopper)"] = ("table", HOPPER)
+    # GPU_CHECKS_ONLY=check_decode,check_store: only those checks
+    only = [n for n in os.environ.get("GPU_CHECKS_ONLY", "").split(",") if n]
     for fn in (check_store, check_decode, check_format_error, check_extend):
+        if only and fn.__name__ not in only:
+            continue
         try:
             fn()
         except Exception as e:  # noqa: BLE001

@@ -116,10 +116,11 @@ class TritonRoute:
                                          page_size=page_size)
         batch, hq, d = q.shape
         hkv, kv_dtype = kv.num_kv_heads, kv.k_buffer.dtype
-        key = (params.window, hq, hkv, d, kv_dtype, page_size, batch, max_seq_len)
+        kv_format = "mxfp8" if kv.is_mxfp8 else "float" if kv_dtype.itemsize > 1 else "fp8"
+        key = (params.window, hq, hkv, d, kv_dtype, kv_format, page_size, batch, max_seq_len)
         plan = plans.get(key, lambda: self.kernels.plan_decode(
             batch, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, window=params.window, max_seq_len=max_seq_len,
-            page_size=page_size, kv_dtype=kv_dtype, workspace=workspace))
+            page_size=page_size, kv_dtype=kv_dtype, workspace=workspace, kv_format=kv_format))
         return self.kernels.run_decode(plan, q, kv, *csr, params, check=False, page_table=table[0],
                                        seq_lens=table[1])
 
@@ -130,7 +131,7 @@ class TritonRoute:
 
 
 KERNEL_NAMES = ("check_decode_inputs", "plan_decode", "run_decode", "paged_extend_attention", "store_kv_mxfp8",
-                "DecodeWorkspace", "decode_workspace_shape")
+                "DecodeWorkspace", "decode_workspace_shape", "hopper_decode_status")
 
 
 def triton_unavailable(err: BaseException) -> bool:
@@ -178,5 +179,8 @@ def choose_route(device: torch.device, head_dims=()):
         logger.warning("inkling: attention route: torch reference on %s (the Triton kernels need a power-of-two "
                        "head_dim >= 32, the model has %s); slower than the Triton route", device, unsupported)
         return TorchRoute()
-    logger.info("inkling: attention route: Triton kernels on %s", device)
+    hopper, why = kernels.hopper_decode_status(device)
+    logger.info("inkling: attention route: Triton kernels on %s; MXFP8 decode %s", device,
+                "also through the Gluon Hopper kernel where it is faster (plan.hopper_decode_fits)" if hopper
+                else f"through the Triton kernels only (Hopper kernel off: {why})")
     return TritonRoute(kernels)

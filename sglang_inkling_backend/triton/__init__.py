@@ -29,9 +29,9 @@ from .extend_attention import paged_extend_attention
 from .inputs import check_decode_inputs, validate_page_table, validate_slots
 from .kv_store import store_kv_mxfp8
 from .plan import (DecodeConfig, DecodePlan, DecodeWorkspace, decode_workspace_shape, decode_workspace_splits,
-                   plan_decode)
+                   hopper_decode_status, plan_decode)
 
 __all__ = ["DecodeConfig", "DecodePlan", "DecodeWorkspace", "check_decode_inputs", "decode_workspace_shape",
-           "decode_workspace_splits",
+           "decode_workspace_splits", "hopper_decode_status",
            "paged_decode_attention", "paged_extend_attention", "plan_decode", "run_decode", "store_kv_mxfp8",
            "validate_page_table", "validate_slots"]

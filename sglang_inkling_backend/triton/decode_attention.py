@@ -35,7 +35,7 @@ from ..reference.attention import AttentionParams, PagedKV
 from .decode_blocks import decode_blocks_kernel
 from .decode_merge import decode_merge_kernel
 from .decode_tiles import decode_tiles_kernel
-from .device import KV_FLOAT
+from .device import KV_FLOAT, KV_MXFP8
 from .inputs import (check_decode_inputs, check_kv_map, check_query_and_pool, dot_dtype, interpreting, kv_format,
                      launch_scalars, launch_strides, scale_args, validate_page_table, validate_slots)
 from .plan import DecodeConfig, DecodePlan, DecodeWorkspace, plan_decode
@@ -89,7 +89,15 @@ def run_decode(plan: DecodePlan, q: torch.Tensor, kv: PagedKV, kv_indptr: Option
     else:
         lens, index, stride_index_row, kv_page = kv_indptr, kv_indices, 0, 0
     grid = (batch, hkv, plan.num_splits)
-    if plan.kernel == "blocks":
+    if plan.kernel == "hopper":
+        if fmt != KV_MXFP8 or not interleaved or not table:
+            raise ValueError("kernel='hopper' reads MXFP8 pages (interleaved scales, page 128) through a page_table; "
+                             f"got a {'page table' if table else 'CSR'} over a "
+                             f"{'MXFP8' if fmt == KV_MXFP8 else str(kv.k_buffer.dtype)} pool")
+        from .decode_hopper import launch_decode_hopper  # Gluon: imported only where this kernel runs
+
+        launch_decode_hopper(plan, q, kv, params, out, page_table, seq_lens, (ksf, vsf), dummy)
+    elif plan.kernel == "blocks":
         pv_dtype = tl.float32 if interpreting() else (dot_dtype(kv) if fmt == KV_FLOAT else tl.float16)
         kernel, variant = decode_blocks_kernel, dict(PV_DTYPE=pv_dtype)
         g_pad = max(8, triton.next_power_of_2(group))  # the heads are its dots' N side: 8 wide at least
@@ -98,25 +106,26 @@ def run_decode(plan: DecodePlan, q: torch.Tensor, kv: PagedKV, kv_indptr: Option
         tiles_dtype = tl.float32 if interpreting() else (tl.float16 if fp16_tiles else dot_dtype(kv))
         g_pad = max(16, triton.next_power_of_2(group))  # the heads are the dots' M side: 16 rows at least
         kernel, variant = decode_tiles_kernel, dict(DOT_DTYPE=tiles_dtype, FP16_TILES=fp16_tiles, PAGED=plan.paged)
-    kernel[grid](
-        q, kv.k_buffer, kv.v_buffer, ksf, vsf,
-        lens, index, stride_index_row,
-        rb if rb is not None else dummy, params.sinks if params.sinks is not None else dummy,
-        out, plan.part_o if not direct else dummy, plan.part_lse if not direct else dummy,
-        q.stride(0), q.stride(1),
-        kv.k_buffer.stride(0), kv.k_buffer.stride(1), kv.v_buffer.stride(0), kv.v_buffer.stride(1),
-        rb.stride(0) if rb is not None else 0, rb.stride(1) if rb is not None else 0,
-        rb.shape[2] if rb is not None else 0,
-        out.stride(0), out.stride(1),
-        float(params.softmax_scale), float(kv.k_scale), float(kv.v_scale), float(params.logit_cap),
-        params.window if params.window is not None else 0,
-        plan.split_len, plan.num_splits,
-        G=group, G_PAD=g_pad, D=d, HKV=hkv, BLOCK_N=plan.block_n,
-        KV_FORMAT=fmt, PAGE=page, INTERLEAVED=interleaved,
-        HAS_REL_BIAS=rb is not None, HAS_WINDOW=params.window is not None, HAS_CAP=params.logit_cap > 0,
-        HAS_SINKS=params.sinks is not None, DIRECT=direct, PAGE_TABLE=table, KV_PAGE=kv_page, **variant,
-        num_warps=plan.num_warps, num_stages=plan.num_stages,
-    )
+    if plan.kernel != "hopper":
+        kernel[grid](
+            q, kv.k_buffer, kv.v_buffer, ksf, vsf,
+            lens, index, stride_index_row,
+            rb if rb is not None else dummy, params.sinks if params.sinks is not None else dummy,
+            out, plan.part_o if not direct else dummy, plan.part_lse if not direct else dummy,
+            q.stride(0), q.stride(1),
+            kv.k_buffer.stride(0), kv.k_buffer.stride(1), kv.v_buffer.stride(0), kv.v_buffer.stride(1),
+            rb.stride(0) if rb is not None else 0, rb.stride(1) if rb is not None else 0,
+            rb.shape[2] if rb is not None else 0,
+            out.stride(0), out.stride(1),
+            float(params.softmax_scale), float(kv.k_scale), float(kv.v_scale), float(params.logit_cap),
+            params.window if params.window is not None else 0,
+            plan.split_len, plan.num_splits,
+            G=group, G_PAD=g_pad, D=d, HKV=hkv, BLOCK_N=plan.block_n,
+            KV_FORMAT=fmt, PAGE=page, INTERLEAVED=interleaved,
+            HAS_REL_BIAS=rb is not None, HAS_WINDOW=params.window is not None, HAS_CAP=params.logit_cap > 0,
+            HAS_SINKS=params.sinks is not None, DIRECT=direct, PAGE_TABLE=table, KV_PAGE=kv_page, **variant,
+            num_warps=plan.num_warps, num_stages=plan.num_stages,
+        )
     if not direct:
         block_d = plan.merge_block_d or d
         decode_merge_kernel[(batch, hq, d // block_d)](
@@ -167,6 +176,7 @@ def paged_decode_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: Optional[tor
         options["config"] = DecodeConfig(**{**vars(options.get("config") or DecodeConfig()),
                                             "num_splits": num_splits})
     options.setdefault("kv_dtype", kv.k_buffer.dtype)
+    options.setdefault("kv_format", "mxfp8" if kv.is_mxfp8 else "float" if kv.k_buffer.dtype.itemsize > 1 else "fp8")
     if max_seq_len is None:
         max_seq_len = int(seq_lens.max()) if table else int(kv_indptr.diff().max())  # one sync
     plan = plan_decode(q.shape[0], num_q_heads=q.shape[1], num_kv_heads=kv.num_kv_heads, head_dim=q.shape[2],

@@ -19,7 +19,7 @@ import triton
 
 MIN_SPLIT_TOKENS = 256  # fewer keys per split and the merge costs more than the parallelism gains
 DEFAULT_BLOCK_N = 64
-KERNELS = ("tiles", "blocks")  # decode_tiles.decode_tiles_kernel, decode_blocks.decode_blocks_kernel
+KERNELS = ("tiles", "blocks", "hopper")  # decode_tiles, decode_blocks, decode_hopper (Gluon, sm_90a, MXFP8 pages)
 WINDOW_SLACK = 63  # page-aligned tiles start up to block_n - 1 (<= 63 for planned tiles) keys before the window
 
 
@@ -179,6 +179,51 @@ def _tiles(wide: bool) -> dict:
 
 _SMALL_TILES = dict(kernel="tiles", block_n=64, num_warps=4, num_stages=3, waves=2, min_split=64)
 _BLOCKS = dict(kernel="blocks", block_n=32, num_warps=1, num_stages=3)  # V loaded transposed
+# The Hopper kernel: one page per tile, one warpgroup, 3 TMA stages; 2 programs per SM (shared memory: 3 x 32 KiB
+# of K/V stages at head_dim 128) split into one round of them
+HOPPER = dict(kernel="hopper", block_n=128, num_warps=4, num_stages=3, resident=2, waves=1, min_split=512)
+# Where plan_decode picks the Hopper kernel on its own (an H200 grid, bench/results/current/2026-12-02-h200.json,
+# rows ours_mxfp8_hopper against ours_mxfp8; bench/hopper_route_table.py applies this rule to it): head_dim 128
+# with at most 8 query heads per KV head, at least 2**18 keys over all (request, KV head) pairs and at least 2048
+# keys per request. At the 18 grid points the rule picks (16/2/128 and 64/8/128) it took 0.84-0.98x the Triton block
+# kernel's time; of the 14 head_dim-128 points it leaves out, 11 ran 1.00-1.66x (short or few requests: its
+# per-page overhead and one warpgroup per program) and 3 ran 0.79-0.92x; at head_dim 256 (4/1/256) it took 1.76-2.97x.
+HOPPER_MIN_PAIR_KEYS = 1 << 18
+HOPPER_MIN_KEYS = 2048
+_hopper_status: dict = {}
+
+
+def hopper_decode_status(device) -> tuple[bool, str]:
+    """Whether the Gluon Hopper decode kernel can run on ``device`` (an sm_90 GPU, Triton with Gluon's Hopper
+    module, not the interpreter, INKLING_DISABLE_HOPPER_DECODE unset), and a line saying why (not)."""
+    import importlib
+    import os
+
+    if device is None or torch.device(device).type != "cuda":
+        return False, "not a CUDA device"
+    key = torch.device(device).index if torch.device(device).index is not None else torch.cuda.current_device()
+    if key not in _hopper_status:
+        cap = torch.cuda.get_device_capability(key)
+        if os.environ.get("INKLING_DISABLE_HOPPER_DECODE"):
+            _hopper_status[key] = (False, "INKLING_DISABLE_HOPPER_DECODE is set")
+        elif os.environ.get("TRITON_INTERPRET") == "1":
+            _hopper_status[key] = (False, "the Triton interpreter is on")
+        elif cap != (9, 0):
+            _hopper_status[key] = (False, f"sm_{cap[0]}{cap[1]} is not sm_90")
+        else:
+            try:
+                importlib.import_module("triton.experimental.gluon.language.nvidia.hopper")
+                _hopper_status[key] = (True, "sm_90 with Triton's Gluon")
+            except Exception as err:  # noqa: BLE001 - an ImportError, or Gluon refusing this process's set-up
+                _hopper_status[key] = (False, f"Triton {triton.__version__} has no usable Gluon Hopper module "
+                                              f"({type(err).__name__}: {err})")
+    return _hopper_status[key]
+
+
+def hopper_decode_fits(batch: int, num_q_heads: int, num_kv_heads: int, head_dim: int, max_keys: int) -> bool:
+    """The shapes where the Hopper kernel beat the Triton block kernel on the H200 grid (``HOPPER_MIN_*``)."""
+    return (head_dim == 128 and num_q_heads // num_kv_heads <= 8 and max_keys >= HOPPER_MIN_KEYS
+            and batch * num_kv_heads * max_keys >= HOPPER_MIN_PAIR_KEYS)
 
 
 def _resident_blocks(wide: bool) -> int:
@@ -239,6 +284,7 @@ def _most_splits(batch: int, num_kv_heads: int, keys: int, sms: int) -> int:
         policies += [(c["block_n"], c["waves"], c["min_split"], None) for c in (_tiles(wide), _SMALL_TILES)]
         r = _resident_blocks(wide)
         policies += [(32, 1, MIN_SPLIT_TOKENS, r), (32, 1, 64, r), (32, 4, 64, None)]
+    policies.append((HOPPER["block_n"], HOPPER["waves"], HOPPER["min_split"], HOPPER["resident"]))
     policies.append((16, 8, MIN_SPLIT_TOKENS, None))  # small pages
     return max(choose_num_splits(batch, num_kv_heads, keys, sms, bn, waves=w, min_split=ms, resident=r)
                for bn, w, ms, r in policies)
@@ -280,7 +326,7 @@ def plan_decode(batch: Union[int, torch.Tensor], *, num_q_heads: int, num_kv_hea
                 max_seq_len: Optional[int] = None, window: Optional[int] = None, page_size: Optional[int] = None,
                 kv_dtype: Optional[torch.dtype] = None, workspace: Optional[DecodeWorkspace] = None,
                 device: Optional[Union[torch.device, str]] = None,
-                config: Optional[DecodeConfig] = None) -> DecodePlan:
+                config: Optional[DecodeConfig] = None, kv_format: Optional[str] = None) -> DecodePlan:
     """Pick the kernel configuration and split count for a batch of ``batch`` requests of at most ``max_seq_len``
     keys (both host ints: no device read), and lay out the split buffers in ``workspace`` (views: nothing is
     allocated). Without a workspace the plan allocates its own buffers (not for CUDA-graph capture: they would
@@ -293,7 +339,10 @@ def plan_decode(batch: Union[int, torch.Tensor], *, num_q_heads: int, num_kv_hea
     each tile's slots are found from one index. ``kv_dtype``: the pool's element dtype (8-bit and 16-bit pools are
     configured differently; None: 8-bit). ``device``: whose SM count the split policy uses and, without a
     workspace, where the plan's own buffers go (default: the workspace's, the kv_indptr's, else the current CUDA
-    device, else the CPU). ``config``: kernel configuration overrides (``DecodeConfig``).
+    device, else the CPU). ``config``: kernel configuration overrides (``DecodeConfig``). ``kv_format``: "mxfp8"
+    for an MXFP8 pool; with a page table of 128-slot pages on an sm_90 GPU (``hopper_decode_status``) the plan
+    then takes the Gluon Hopper kernel where the H200 grid measured it faster (``hopper_decode_fits``) unless
+    ``config`` names a kernel.
     """
     if isinstance(batch, torch.Tensor):
         kv_indptr = batch
@@ -327,7 +376,14 @@ def plan_decode(batch: Union[int, torch.Tensor], *, num_q_heads: int, num_kv_hea
     elif not isinstance(config, DecodeConfig):
         raise TypeError(f"config must be a DecodeConfig, got {type(config).__name__}")
     max_keys = max(1, min(max_seq_len, window) if window is not None else max_seq_len)
+    if kv_format not in (None, "mxfp8", "fp8", "float"):
+        raise ValueError(f"kv_format must be None, 'mxfp8', 'fp8' or 'float', got {kv_format!r}")
     chosen = choose_config(batch, num_kv_heads, head_dim, max_keys, page_size, kv_dtype)
+    if config.kernel == "hopper" or (
+            config.kernel is None and kv_format == "mxfp8" and page_size == HOPPER["block_n"]
+            and hopper_decode_fits(batch, num_q_heads, num_kv_heads, head_dim, max_keys)
+            and hopper_decode_status(device)[0]):
+        chosen = dict(HOPPER)
     kernel = chosen["kernel"] if config.kernel is None else config.kernel
     block_n = chosen["block_n"] if config.block_n is None else config.block_n
     num_warps = chosen["num_warps"] if config.num_warps is None else config.num_warps
@@ -344,7 +400,10 @@ def plan_decode(batch: Union[int, torch.Tensor], *, num_q_heads: int, num_kv_hea
     if block_n < 16 or block_n & (block_n - 1):
         raise ValueError(f"block_n must be a power of two >= 16, got {block_n}")
     if kernel not in KERNELS:
-        raise ValueError(f"kernel must be 'tiles' or 'blocks', got {kernel!r}")
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    if kernel == "hopper" and (block_n not in (64, 128) or page_size != 128):
+        raise ValueError(f"kernel='hopper' reads tiles of 64 or 128 keys of 128-slot pages (an MXFP8 pool's): it "
+                         f"needs page_size=128 and block_n 64 or 128, got page_size={page_size!r}, block_n={block_n}")
     if page_size is not None:
         if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size <= 0 or page_size % block_n:
             raise ValueError(f"page_size must be a positive multiple of block_n={block_n}, got {page_size!r}")

@@ -1,0 +1,480 @@
+"""Decode stage 1 for Hopper (sm_90a), in Gluon: ``decode_hopper_kernel``, for MXFP8 pools read through a page
+table (SGLang's layout: page 128, interleaved scales).
+
+The same plan, workspace and merge as the Triton block kernel (``decode_blocks``), and its arithmetic; what
+changes is how the bytes arrive and which instructions do the dots:
+- one tile is one page (128 keys): its K and V rows come in by TMA (two ``[128, D]`` boxes of one pool-wide
+  2-D tensor map, ``[slots, Hkv * D]``) into a ring of ``NUM_STAGES`` shared-memory stages, issued
+  ``NUM_STAGES - 1`` pages ahead of the math on an mbarrier per stage; the pages' scale bytes are loaded one page
+  ahead into registers;
+- the dots are warpgroup MMAs (one warpgroup, 4 warps), keys and channels on the M side and the query heads on
+  the N side, like the block kernel: logits ``[128 keys, N2] = K_j @ Q_j^T`` per 32-channel block j (K from
+  shared memory into registers, e4m3 -> fp16, exact), each block's result times its K scales (``2**(e - 127)``)
+  and summed; output ``[64 channels, N2] += V^T @ P'`` per 64 channels, V^T from registers (e4m3 -> fp16,
+  exact), P' in shared memory;
+- ``N2 = 2 * G_PAD`` columns: every head twice. Column c is head ``c % G_PAD`` of the 64-channel half's block
+  ``2m + c // G_PAD``: the probabilities of the left columns carry block 2m's V scales, the right ones block
+  2m+1's, so one MMA serves both blocks of a half (each output row keeps the columns of its own block). The
+  logits are computed for both copies (an MMA twice as wide, softmax work twice over: both cheap here) so that
+  probabilities, running maxima and rescale factors all live in the one MMA layout.
+V's scales are relative to a running per-block unit (the largest V exponent seen, as in ``decode_blocks``), so
+probabilities times ``2**(e - unit) <= 1`` stay inside fp16.
+
+Keys outside the split's range or the window: logits -inf, and, on a page that holds any, V and V scales zeroed
+(a TMA box reads the whole page, and bytes past a request's last key can be anything, NaN included).
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                                   warpgroup_mma_wait)
+
+from .device import decode_logits, fold_sinks, q_power_of_two_norm, request_split_len
+
+# The Triton helpers are plain scalar and elementwise code: the Gluon kernel runs the same functions (one copy of
+# the logit pipeline, the split lengths and the sinks), compiled as Gluon.
+g_decode_logits = gluon.jit(decode_logits.fn)
+g_fold_sinks = gluon.jit(fold_sinks.fn)
+g_q_power_of_two_norm = gluon.jit(q_power_of_two_norm.fn)
+g_request_split_len = gluon.jit(request_split_len.fn)
+
+HOPPER_NUM_WARPS = 4  # one warpgroup
+# The TMA load's name: tma.async_copy_global_to_shared up to Triton 3.6, tma.async_load since (3.9 raises on the
+# old name)
+tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+# A CTA-wide barrier: gl.thread_barrier up to Triton 3.6, gl.barrier since
+cta_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
+# shared_memory_descriptor._reinterpret up to Triton 3.6, .reinterpret since
+PUBLIC_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
+
+
+@gluon.jit
+def e8m0(byte):
+    return (byte.to(gl.int32) << 23).to(gl.float32, bitcast=True)
+
+
+@gluon.jit
+def load_scale_words(sf_ptr, offs, NB: gl.constexpr):
+    """The ``NB`` scale bytes of each key (contiguous in the interleaved atom) as 32-bit words of 4 blocks (one
+    16-bit word for NB = 2): a tuple of ``max(NB // 4, 1)`` tensors."""
+    words = ()
+    if NB == 2:
+        words = (gl.load(sf_ptr.to(gl.pointer_type(gl.int16)) + offs // 2).to(gl.int32) & 0xFFFF,)
+    else:
+        for w in gl.static_range(NB // 4):
+            words = words + (gl.load(sf_ptr.to(gl.pointer_type(gl.int32)) + offs // 4 + w),)
+    return words
+
+
+@gluon.jit
+def tile_slot(row_ptr, start, PAGE: gl.constexpr):
+    """The first slot of the tile at key ``start`` (a tile never crosses a page): int32, a TMA coordinate."""
+    return gl.load(row_ptr + start // PAGE).to(gl.int32) * PAGE + start % PAGE
+
+
+@gluon.jit
+def tile_scale_offsets(row_ptr, start, offs_t, h, HKV: gl.constexpr, NB: gl.constexpr, PAGE: gl.constexpr):
+    """Offsets of the first scale byte of keys ``start + offs_t`` of head ``h``: ``device.scale_offsets`` for an
+    interleaved pool (one ``(page, head)`` atom of ``[32, PAGE // 32, NB]`` bytes)."""
+    page = gl.load(row_ptr + start // PAGE).to(gl.int64)
+    po = start % PAGE + offs_t
+    return (page * HKV + h) * (PAGE * NB) + ((po % 32) * (PAGE // 32) + po // 32) * NB
+
+
+@gluon.jit
+def scale_byte(words, j: gl.constexpr):
+    """Block ``j``'s UE8M0 byte (as int32) from ``load_scale_words``."""
+    return (words[j // 4] >> (8 * (j % 4))) & 0xFF
+
+
+@gluon.jit
+def max2(a0, a1, b0, b1):
+    return gl.maximum(a0, b0), gl.maximum(a1, b1)
+
+
+@gluon.jit
+def max3(a0, a1, a2, b0, b1, b2):
+    return gl.maximum(a0, b0), gl.maximum(a1, b1), gl.maximum(a2, b2)
+
+
+@gluon.jit
+def max5(a0, a1, a2, a3, a4, b0, b1, b2, b3, b4):
+    return (gl.maximum(a0, b0), gl.maximum(a1, b1), gl.maximum(a2, b2), gl.maximum(a3, b3),
+            gl.maximum(a4, b4))
+
+
+@gluon.jit
+def column_maxes(qk, ecols, NH: gl.constexpr):
+    """Column maxima over the keys of ``qk`` and of each half's V exponents, in one reduction (one exchange
+    between the warps instead of 1 + NH)."""
+    if NH == 1:
+        maxes = gl.reduce((qk,) + ecols, 0, max2)
+    elif NH == 2:
+        maxes = gl.reduce((qk,) + ecols, 0, max3)
+    else:
+        maxes = gl.reduce((qk,) + ecols, 0, max5)
+    return maxes
+
+
+@gluon.jit
+def e4m3x2_to_f16(pairs):
+    """Two e4m3 bytes of each int16 (low, high) as two fp16 tensors: one packed conversion per pair."""
+    return gl.inline_asm_elementwise(
+        "{ .reg .b32 t; cvt.rn.f16x2.e4m3x2 t, $2; mov.b32 {$0, $1}, t; }", "=h,=h,h", [pairs],
+        dtype=(gl.float16, gl.float16), is_pure=True, pack=1)
+
+
+@gluon.jit
+def load_vt_pairs(vst, m: gl.constexpr, partial, pair_layout: gl.constexpr, a_layout: gl.constexpr,
+                  D: gl.constexpr, BLOCK_N: gl.constexpr):
+    """``load_vt`` in 16-bit loads: each thread's two rows r and r + 8 of the A operand are the adjacent channels
+    2p and 2p + 1 (``vt_channel``), read as one int16 per key (half the loads of one byte per element). Row r of
+    the result is channel ``64 m + vt_channel(r)``."""
+    SWIZZLE: gl.constexpr = vst.type.layout.swizzle_byte_width
+    layout16: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=SWIZZLE, element_bitwidth=16, rank=2)
+    if PUBLIC_REINTERPRET:
+        v16 = vst.reinterpret(gl.int16, [BLOCK_N, D // 2], layout16)
+    else:
+        v16 = vst._reinterpret(gl.int16, [BLOCK_N, D // 2], layout16)
+    pairs = v16.slice(32 * m, 32, dim=1).permute((1, 0)).load(pair_layout)  # [32 pairs, BLOCK_N]
+    lo, hi = e4m3x2_to_f16(pairs)
+    x = gl.join(lo, hi)  # [32, BLOCK_N, 2]
+    x = gl.reshape(x, [4, 8, BLOCK_N, 2])
+    x = gl.permute(x, (0, 3, 1, 2))  # [p // 8, lo/hi, p % 8, key]
+    vt = gl.convert_layout(gl.reshape(x, [64, BLOCK_N]), a_layout)
+    if partial:
+        vt = gl.maximum(vt, gl.full_like(vt, -448.0))
+    return vt
+
+
+@gluon.jit
+def vt_channel(r):
+    """The channel (within its 64-channel half) of row r of ``load_vt_pairs``' V^T."""
+    return 2 * (r % 8 + 8 * (r // 16)) + (r // 8) % 2
+
+
+@gluon.jit
+def load_vt(vst, m: gl.constexpr, partial, start, offs_tk, tok_end, first):
+    """V^T of channels [64 m, 64 m + 64) of a tile stage, ``[64, BLOCK_N]`` fp16 (exact for e4m3) in the MMA's A
+    layout. On a tile with keys outside ``[first, tok_end)`` (whose probabilities are 0) the bytes can be anything:
+    only e4m3's NaN (0x7F, 0xFF) would survive a 0 probability, and max(x, -448) (IEEE maxNum) turns it into a
+    number, one packed op per two values where a select per value cost 64 selects and 40 compares per half."""
+    vt = vst.slice(64 * m, 64, dim=1).permute((1, 0)).load(offs_tk.type.layout.parent).to(gl.float16)
+    if partial:
+        vt = gl.maximum(vt, gl.full_like(vt, -448.0))
+    return vt
+
+
+@gluon.constexpr_function
+def pair_layout_for(block_n):
+    """The int16 layout of ``load_vt_pairs``: [32 channel pairs, block_n keys] spread like the MMA's A operand
+    (keys k: bit 0 and 3 and up in registers, bits 1-2 the lane's low bits; pairs: the lane's high bits, then
+    the warp)."""
+    regs = [[0, 1], [0, 8]] + [[0, 16 << i] for i in range((block_n // 16).bit_length() - 1)]
+    return gl.DistributedLinearLayout(reg_bases=regs, lane_bases=[[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]],
+                                      warp_bases=[[8, 0], [16, 0]], block_bases=[], shape=[32, block_n])
+
+
+@gluon.jit
+def decode_hopper_kernel(
+    q_ptr, k_desc, v_desc, ksf_ptr, vsf_ptr,
+    lens_ptr, table_ptr, stride_table_row,
+    rel_bias_ptr, sinks_ptr,
+    out_ptr, part_o_ptr, part_lse_ptr,
+    stride_qb, stride_qh,
+    stride_rb_row, stride_rb_head, rel_extent,
+    stride_ob, stride_oh,
+    sm_scale, logit_cap, window,
+    split_len, max_splits,
+    G: gl.constexpr, G_PAD: gl.constexpr, D: gl.constexpr, HKV: gl.constexpr,
+    HAS_REL_BIAS: gl.constexpr, HAS_WINDOW: gl.constexpr, HAS_CAP: gl.constexpr, HAS_SINKS: gl.constexpr,
+    DIRECT: gl.constexpr, NUM_STAGES: gl.constexpr, BLOCK_N: gl.constexpr, VT_PAIRS: gl.constexpr = True,
+    ONE_P: gl.constexpr = False,
+):
+    PAGE: gl.constexpr = 128
+    NB: gl.constexpr = D // 32
+    NH: gl.constexpr = D // 64
+    N2: gl.constexpr = 2 * G_PAD
+    ATOM: gl.constexpr = PAGE * NB  # scale bytes of one (page, head)
+    b = gl.program_id(0)
+    h = gl.program_id(1)
+    split = gl.program_id(2)
+
+    # the split's keys: device.split_bounds with a page table and page-aligned tiles
+    seq_len = gl.load(lens_ptr + b).to(gl.int32)
+    first = seq_len * 0
+    if HAS_WINDOW:
+        first = gl.maximum(seq_len - window, 0)
+    start0 = (first // BLOCK_N) * BLOCK_N
+    length = g_request_split_len(seq_len - start0, split_len, max_splits, BLOCK_N)
+    tok_begin = start0 + split * length
+    tok_end = gl.minimum(tok_begin + length, seq_len)
+    if tok_begin >= tok_end:
+        return
+    q_pos = seq_len - 1
+    n_tiles = (tok_end - tok_begin + BLOCK_N - 1) // BLOCK_N
+    row_ptr = table_ptr + b.to(gl.int64) * stride_table_row
+
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N2, 16])
+    mma8: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N2, 32])
+    a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    rows: gl.constexpr = gl.SliceLayout(1, mma)
+    cols: gl.constexpr = gl.SliceLayout(0, mma)
+    q_blocked: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([N2, 32], gl.float8e4nv)
+    p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, N2], gl.float16)
+
+    # the ring: K and V pages, one barrier per stage; issue the first NUM_STAGES - 1 pages now
+    k_smem = gl.allocate_shared_memory(gl.float8e4nv, [NUM_STAGES, BLOCK_N, D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(gl.float8e4nv, [NUM_STAGES, BLOCK_N, D], v_desc.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(NUM_STAGES):
+        mbarrier.init(bars.index(s), count=1)
+    col0 = h * D
+    for s in gl.static_range(NUM_STAGES - 1):
+        if s < n_tiles:
+            slot = tile_slot(row_ptr, tok_begin + s * BLOCK_N, PAGE)
+            mbarrier.expect(bars.index(s), 2 * BLOCK_N * D)
+            tma_load(k_desc, [slot, col0], bars.index(s), k_smem.index(s))
+            tma_load(v_desc, [slot, col0], bars.index(s), v_smem.index(s))
+
+    # Q as two e4m3 parts of one scale, 16 q' = hi + lo with q' = q * 2**(130 - E) (|q'| < 16, E: max|q|'s
+    # biased exponent), hi = 16 e4m3(q') (exact), lo = e4m3(16 (q' - e4m3(q'))): both dots chain into one
+    # accumulator and give 16 q'.k exactly for bf16 q down to about 2**-17 of its largest element (relative error
+    # 1e-4 on random q and K over 4096 keys, against 0 for q in fp16), so K's dots run in e4m3 on the stored
+    # bytes, with no conversion of K. [N2, 32] per block, every head twice.
+    offs_qn = gl.arange(0, N2, layout=gl.SliceLayout(1, q_blocked))
+    offs_qc = gl.arange(0, 32, layout=gl.SliceLayout(0, q_blocked))
+    q_rows = q_ptr + b * stride_qb + gl.expand_dims((h * G + offs_qn % G_PAD) * stride_qh, 1) \
+        + gl.expand_dims(offs_qc, 0)
+    q_mask = gl.expand_dims(offs_qn % G_PAD < G, 1) & gl.expand_dims(offs_qc < 32, 0)
+    q_max = 0.0
+    for j in gl.static_range(NB):
+        qj = gl.abs(gl.load(q_rows + 32 * j, mask=q_mask, other=0.0).to(gl.float32))
+        q_max = gl.maximum(q_max, gl.max(gl.max(qj, 1), 0))
+    q_norm, qk_scale = g_q_power_of_two_norm(q_max, sm_scale * 1.4426950408889634)
+    q_norm = q_norm * 8.0
+    qk_scale = qk_scale * 0.0078125  # 1 / (8 * 16)
+    q_hi = gl.allocate_shared_memory(gl.float8e4nv, [NB, N2, 32], q_layout)
+    q_lo = gl.allocate_shared_memory(gl.float8e4nv, [NB, N2, 32], q_layout)
+    for j in gl.static_range(NB):
+        qj = gl.load(q_rows + 32 * j, mask=q_mask, other=0.0).to(gl.float32) * q_norm
+        hi = qj.to(gl.float8e4nv).to(gl.float32)
+        q_hi.index(j).store((hi * 16.0).to(gl.float8e4nv))
+        q_lo.index(j).store(((qj - hi) * 16.0).to(gl.float8e4nv))
+    P_BUFFERS: gl.constexpr = 1 if ONE_P else NH
+    p_smem = gl.allocate_shared_memory(gl.float16, [P_BUFFERS, BLOCK_N, N2], p_layout)
+    fence_async_shared()
+    cta_barrier()
+
+    offs_c = gl.arange(0, N2, layout=cols)
+    head_of_col = offs_c % G_PAD
+    heads = h * G + head_of_col
+    mask_g = head_of_col < G
+    right = gl.expand_dims(offs_c >= G_PAD, 0)  # the columns of a half's second block
+    offs_t = gl.arange(0, BLOCK_N, layout=rows)
+    offs_tk = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, a_op))  # carries a_op to load_vt
+    pairs: gl.constexpr = pair_layout_for(BLOCK_N)
+
+    m_i = gl.full([N2], float("-inf"), gl.float32, layout=cols)
+    l_acc = gl.zeros([BLOCK_N, N2], gl.float32, layout=mma)  # per-thread partial sums: one reduction at the end
+    accs = ()
+    units = ()
+    for m in gl.static_range(NH):
+        accs = accs + (gl.zeros([64, N2], gl.float32, layout=mma),)
+        units = units + (gl.full([N2], 1, gl.int32, layout=cols),)  # per column: its block's V unit
+
+    # scale bytes: one page's per key as words of (up to) 4 blocks, the first page now, then one page ahead
+    sf_offs = tile_scale_offsets(row_ptr, tok_begin, offs_t, h, HKV, NB, PAGE)
+    k_sf = load_scale_words(ksf_ptr, sf_offs, NB)
+    v_sf = load_scale_words(vsf_ptr, sf_offs, NB)
+
+    for i in range(0, n_tiles):
+        start = tok_begin + i * BLOCK_N
+        stage = i % NUM_STAGES
+        offs_n = start + offs_t
+        mask_n = offs_n < tok_end
+        if HAS_WINDOW:
+            mask_n = mask_n & (offs_n >= first)
+        partial = (start + BLOCK_N > tok_end) | (start < first)
+
+        # refill the stage the previous page used (every warp is past it) with the page NUM_STAGES - 1 ahead
+        ahead = i + NUM_STAGES - 1
+        if ahead < n_tiles:
+            astage = ahead % NUM_STAGES
+            aslot = tile_slot(row_ptr, tok_begin + ahead * BLOCK_N, PAGE)
+            mbarrier.expect(bars.index(astage), 2 * BLOCK_N * D)
+            tma_load(k_desc, [aslot, col0], bars.index(astage), k_smem.index(astage))
+            tma_load(v_desc, [aslot, col0], bars.index(astage), v_smem.index(astage))
+        # the next page's scale bytes, in flight during this page's math
+        nsf_offs = tile_scale_offsets(row_ptr, tok_begin + gl.minimum(i + 1, n_tiles - 1) * BLOCK_N, offs_t, h,
+                                      HKV, NB, PAGE)
+        nk_sf = load_scale_words(ksf_ptr, nsf_offs, NB)
+        nv_sf = load_scale_words(vsf_ptr, nsf_offs, NB)
+
+        mbarrier.wait(bars.index(stage), (i // NUM_STAGES) & 1)
+        kst = k_smem.index(stage)
+        vst = v_smem.index(stage)
+        # all the page's K dots at once (e4m3 x e4m3, K straight from the TMA stage), then V^T's first half into
+        # registers while they run
+        zero8 = gl.zeros([BLOCK_N, N2], gl.float32, layout=mma8)
+        parts = ()
+        for j in gl.static_range(NB):
+            kj = kst.slice(32 * j, 32, dim=1)
+            dot = warpgroup_mma(kj, q_hi.index(j).permute((1, 0)), zero8, use_acc=False, is_async=True)
+            parts = parts + (warpgroup_mma(kj, q_lo.index(j).permute((1, 0)), dot, is_async=True),)
+        if VT_PAIRS:
+            vt = load_vt_pairs(vst, 0, partial, pairs, a_op, D, BLOCK_N)
+        else:
+            vt = load_vt(vst, 0, partial, start, offs_tk, tok_end, first)
+        parts = warpgroup_mma_wait(num_outstanding=0, deps=parts)
+        if NB == 1:
+            parts = (parts,)
+        qk = gl.zeros([BLOCK_N, N2], gl.float32, layout=mma)
+        for j in gl.static_range(NB):
+            qk += gl.convert_layout(parts[j], mma) * gl.expand_dims(e8m0(scale_byte(k_sf, j)), 1)
+        qk = g_decode_logits(qk, qk_scale, start, offs_n, mask_n, q_pos, rel_bias_ptr + b * stride_rb_row, heads,
+                             mask_g, stride_rb_head, rel_extent, logit_cap, BLOCK_N, HAS_REL_BIAS, HAS_CAP,
+                             KEYS_FIRST=True)
+        # one reduction over the page's keys: the logits' max and each column's V exponent max
+        ecols = ()
+        for m in gl.static_range(NH):
+            e0 = gl.expand_dims(gl.where(mask_n, scale_byte(v_sf, 2 * m), 0), 1)
+            e1 = gl.expand_dims(gl.where(mask_n, scale_byte(v_sf, 2 * m + 1), 0), 1)
+            ecols = ecols + (gl.where(right, e1, e0),)
+        maxes = column_maxes(qk, ecols, NH)
+        m_new = gl.maximum(m_i, maxes[0])
+        alpha = gl.exp2(m_i - m_new)
+        p = gl.exp2(qk - gl.expand_dims(m_new, 0))
+        l_acc = l_acc * gl.expand_dims(alpha, 0) + p
+        m_i = m_new
+
+        new_units = ()
+        for m in gl.static_range(NH):
+            new_units = new_units + (gl.maximum(units[m], maxes[1 + m]),)
+        if ONE_P:
+            # one P' buffer for all halves (4 KiB less shared memory): each half's dots finish before the next
+            # half's probabilities overwrite it
+            new_accs = ()
+            for m in gl.static_range(NH):
+                f = e8m0(gl.maximum(ecols[m] - gl.expand_dims(new_units[m], 0), -126) + 127)
+                p_smem.index(0).store((p * f).to(gl.float16))
+                if m > 0:
+                    vt = load_vt_pairs(vst, m, partial, pairs, a_op, D, BLOCK_N)
+                fence_async_shared()
+                cta_barrier()
+                acc = accs[m] * gl.expand_dims(alpha * e8m0(units[m] - new_units[m] + 127), 0)
+                acc = warpgroup_mma(vt, p_smem.index(0), acc, is_async=True)
+                new_accs = new_accs + (warpgroup_mma_wait(num_outstanding=0, deps=(acc,)),)
+            accs = new_accs
+        else:
+            for m in gl.static_range(NH):
+                f = e8m0(gl.maximum(ecols[m] - gl.expand_dims(new_units[m], 0), -126) + 127)
+                p_smem.index(m).store((p * f).to(gl.float16))
+            fence_async_shared()
+            cta_barrier()
+            new_accs = ()
+            for m in gl.static_range(NH):
+                if m > 0:
+                    if VT_PAIRS:
+                        vt = load_vt_pairs(vst, m, partial, pairs, a_op, D, BLOCK_N)
+                    else:
+                        vt = load_vt(vst, m, partial, start, offs_tk, tok_end, first)
+                acc = accs[m] * gl.expand_dims(alpha * e8m0(units[m] - new_units[m] + 127), 0)
+                new_accs = new_accs + (warpgroup_mma(vt, p_smem.index(m), acc, is_async=True),)
+            accs = warpgroup_mma_wait(num_outstanding=0, deps=new_accs)
+            if NH == 1:
+                accs = (accs,)
+        units = new_units
+        k_sf = nk_sf
+        v_sf = nv_sf
+        # No barrier before the next page refills this stage and rewrites p_smem: each warp issued the V dots (a
+        # warpgroup MMA starts when all four warps have issued it, so every warp has loaded V^T) and waited for them.
+
+    for s in gl.static_range(NUM_STAGES):
+        mbarrier.invalidate(bars.index(s))
+
+    l_i = gl.sum(l_acc, 0)
+    if DIRECT and HAS_SINKS:
+        scale_old, l_i, m_i = g_fold_sinks(m_i, l_i, sinks_ptr, heads, mask_g)
+    else:
+        scale_old = gl.full([N2], 1.0, gl.float32, layout=cols)
+    o_scale = scale_old / l_i
+    offs_r = gl.arange(0, 64, layout=rows)
+    own = gl.expand_dims(offs_r >= 32, 1) == right  # the columns of each row's own block
+    store_mask = own & gl.expand_dims(mask_g, 0)
+    part_row = (b * (HKV * G) + heads).to(gl.int64) * max_splits + split
+    for m in gl.static_range(NH):
+        o = accs[m] * gl.expand_dims(o_scale * e8m0(units[m]), 0)
+        if VT_PAIRS:
+            chan = 64 * m + gl.expand_dims(vt_channel(offs_r), 1)
+        else:
+            chan = 64 * m + gl.expand_dims(offs_r, 1)
+        if DIRECT:
+            gl.store(out_ptr + b * stride_ob + gl.expand_dims(heads, 0) * stride_oh + chan,
+                     o.to(out_ptr.dtype.element_ty), mask=store_mask)
+        else:
+            gl.store(part_o_ptr + gl.expand_dims(part_row, 0) * D + chan, o, mask=store_mask)
+    if not DIRECT:
+        gl.store(part_lse_ptr + part_row, m_i + gl.log2(l_i), mask=mask_g & (offs_c < G_PAD))
+
+def hopper_tensor_maps(kv, head_dim: int, block_n: int):
+    """The pool-wide TMA descriptors of K and V: each buffer as ``[slots, Hkv * D]`` with a ``[block_n, D]`` box."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    layout = gl.NVMMASharedLayout.get_default_for([block_n, head_dim], gl.float8e4nv)
+    maps = []
+    for name in ("k_buffer", "v_buffer"):
+        buf = getattr(kv, name)
+        slots, hkv, d = buf.shape
+        if buf.stride(2) != 1 or buf.stride(1) != d or (buf.stride(0) % 16) or buf.data_ptr() % 16:
+            raise ValueError(f"kernel='hopper' reads {name} by TMA: it needs each slot's heads contiguous "
+                             f"(strides (s, {d}, 1) with s a multiple of 16, 16-byte aligned), got strides "
+                             f"{tuple(buf.stride())}")
+        flat = buf.as_strided((slots, hkv * d), (buf.stride(0), 1))
+        maps.append(TensorDescriptor(flat, [slots, hkv * d], [buf.stride(0), 1], [block_n, d], layout))
+    return maps
+
+
+def launch_decode_hopper(plan, q, kv, params, out, page_table, seq_lens, sf, dummy):
+    """Stage 1 on Hopper: one program per (request, KV head, split), as the Triton kernels' grid."""
+    import triton
+
+    batch, hq, d = q.shape
+    hkv = kv.num_kv_heads
+    group = hq // hkv
+    k_map, v_map = hopper_tensor_maps(kv, d, plan.block_n)
+    rb = params.rel_bias
+    direct = plan.num_splits == 1
+    decode_hopper_kernel[(batch, hkv, plan.num_splits)](
+        q, k_map, v_map, sf[0], sf[1],
+        seq_lens, page_table, page_table.stride(0),
+        rb if rb is not None else dummy, params.sinks if params.sinks is not None else dummy,
+        out, plan.part_o if not direct else dummy, plan.part_lse if not direct else dummy,
+        q.stride(0), q.stride(1),
+        rb.stride(0) if rb is not None else 0, rb.stride(1) if rb is not None else 0,
+        rb.shape[2] if rb is not None else 0,
+        out.stride(0), out.stride(1),
+        float(params.softmax_scale), float(params.logit_cap),
+        params.window if params.window is not None else 0,
+        plan.split_len, plan.num_splits,
+        G=group, G_PAD=max(8, triton.next_power_of_2(group)), D=d, HKV=hkv,
+        HAS_REL_BIAS=rb is not None, HAS_WINDOW=params.window is not None, HAS_CAP=params.logit_cap > 0,
+        HAS_SINKS=params.sinks is not None, DIRECT=direct, NUM_STAGES=plan.num_stages, BLOCK_N=plan.block_n,
+        num_warps=HOPPER_NUM_WARPS, **_launch_options(plan),
+    )
+
+
+def _launch_options(plan):
+    """Variant constexprs and launch options by tile and stage count (offline ptxas for sm_90a, head_dim 128):
+    - 128-key tiles, 2 stages: one P' buffer and at most 168 registers, so 3 programs fit an SM (74.5 KiB of
+      shared memory each; 64 bytes of spills);
+    - 64-key tiles, 2 stages: at most 128 registers (no spills), 4 programs per SM (41.7 KiB);
+    - otherwise (128-key tiles, 3 stages: 111 KiB, 217 registers): 2 programs per SM."""
+    if plan.block_n == 128 and plan.num_stages == 2:
+        return {"ONE_P": True, "maxnreg": 168}
+    if plan.block_n == 64 and plan.num_stages == 2:
+        return {"maxnreg": 128}
+    return {}

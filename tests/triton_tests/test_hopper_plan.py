@@ -1,0 +1,134 @@
+"""The Gluon Hopper decode kernel without a GPU: where plan_decode picks it, why it is off, the inputs it refuses
+before launching, and its offline compile for sm_90a (the installed Triton's Gluon and ptxas). Its results on a GPU
+are gpu_tests/check_triton_gpu.py's ("table(hopper)") and bench/bench_decode.py's (ours_mxfp8_hopper)."""
+
+import importlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from sglang_inkling_backend.reference.attention import AttentionParams, PagedKV
+from sglang_inkling_backend.scale_layout import ScaleLayout
+from sglang_inkling_backend.triton import DecodeConfig, plan_decode, run_decode
+from sglang_inkling_backend.triton import plan as plan_mod
+
+BIG = dict(num_q_heads=16, num_kv_heads=2, head_dim=128, max_seq_len=32768, page_size=128, device="cpu")
+
+
+def test_fits_rule_numbers():
+    fits = plan_mod.hopper_decode_fits
+    assert fits(128, 16, 2, 128, 32768)  # 256 (request, KV head) pairs x 32k keys
+    assert fits(1, 64, 8, 128, 32768)  # 8 pairs x 32768 keys = 2**18 exactly
+    assert not fits(1, 64, 8, 128, 16384)  # 2**17 pair-keys
+    assert not fits(128, 64, 8, 128, 1024)  # fewer than 2048 keys per request
+    assert not fits(128, 4, 1, 256, 32768)  # head_dim 256: 1.76-2.97x the Triton kernel's time
+    assert not fits(128, 32, 2, 128, 32768)  # 16 query heads per KV head
+
+
+def test_plan_takes_hopper_only_where_it_can_run(monkeypatch):
+    assert plan_decode(128, kv_format="mxfp8", **BIG).kernel == "blocks"  # a CPU: never
+    monkeypatch.setattr(plan_mod, "hopper_decode_status", lambda device: (True, "a test's sm_90"))
+    plan = plan_decode(128, kv_format="mxfp8", **BIG)
+    assert (plan.kernel, plan.block_n, plan.num_warps, plan.num_stages) == ("hopper", 128, 4, 3)
+    assert plan.num_splits == 1  # 256 pairs >= one round of 2 programs on each of 132 SMs
+    assert plan_decode(8, kv_format="mxfp8", **BIG).num_splits == 16  # 2 * 132 // 16 pairs
+    for kv_format in ("fp8", "float", None):  # only MXFP8 pools
+        assert plan_decode(128, kv_format=kv_format, **BIG).kernel != "hopper"
+    assert plan_decode(128, kv_format="mxfp8", **dict(BIG, page_size=64)).kernel != "hopper"
+    assert plan_decode(128, kv_format="mxfp8", **dict(BIG, head_dim=256)).kernel != "hopper"
+    assert plan_decode(2, kv_format="mxfp8", **dict(BIG, max_seq_len=4096)).kernel != "hopper"  # 2**14 pair-keys
+    # a kernel named by the caller wins over the route
+    assert plan_decode(128, kv_format="mxfp8", config=DecodeConfig(kernel="blocks"), **BIG).kernel == "blocks"
+    with pytest.raises(ValueError, match="kv_format must be None, 'mxfp8', 'fp8' or 'float', got 'e4m3'"):
+        plan_decode(128, kv_format="e4m3", **BIG)
+
+
+def test_status_says_why_it_is_off(monkeypatch):
+    assert plan_mod.hopper_decode_status("cpu") == (False, "not a CUDA device")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv("INKLING_DISABLE_HOPPER_DECODE", raising=False)
+    for cap, gluon in (((8, 0), False), ((9, 0), True), ((10, 0), False)):
+        monkeypatch.setattr(plan_mod, "_hopper_status", {})
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: cap)
+        ok, why = plan_mod.hopper_decode_status("cuda:0")
+        if not gluon:
+            assert (ok, why) == (False, f"sm_{cap[0]}{cap[1]} is not sm_90")
+            continue
+        try:  # under the interpreter (this process) Gluon's import itself refuses: an AssertionError
+            importlib.import_module("triton.experimental.gluon.language.nvidia.hopper")
+            assert (ok, why) == (True, "sm_90 with Triton's Gluon")
+        except Exception:  # noqa: BLE001
+            assert not ok and "has no usable Gluon Hopper module" in why
+    monkeypatch.setattr(plan_mod, "_hopper_status", {})
+    monkeypatch.setenv("INKLING_DISABLE_HOPPER_DECODE", "1")
+    assert plan_mod.hopper_decode_status("cuda:0") == (False, "INKLING_DISABLE_HOPPER_DECODE is set")
+
+
+def _pools(pages=3, hkv=2, d=128):
+    slots = pages * 128
+    layout = ScaleLayout.for_pool(slots, hkv, d, 128)
+    fp8 = lambda: torch.zeros(slots, hkv, d, dtype=torch.float8_e4m3fn)  # noqa: E731
+    mx = PagedKV(fp8(), fp8(), layout.empty("cpu"), layout.empty("cpu"), layout)
+    bf = PagedKV(torch.zeros(slots, hkv, d, dtype=torch.bfloat16), torch.zeros(slots, hkv, d, dtype=torch.bfloat16))
+    return mx, bf
+
+
+def test_hopper_plan_refuses_other_pools_and_maps_before_launch():
+    mx, bf = _pools()
+    q = torch.zeros(2, 16, 128, dtype=torch.bfloat16)
+    out = torch.full_like(q, 7.0)
+    table = torch.tensor([[1, 2], [2, 1]], dtype=torch.int32)
+    lens = torch.tensor([200, 100], dtype=torch.int32)
+    plan = plan_decode(2, num_q_heads=16, num_kv_heads=2, head_dim=128, max_seq_len=256, page_size=128,
+                       config=DecodeConfig(kernel="hopper"), device="cpu")
+    params = AttentionParams(1.0 / 128)
+    with pytest.raises(ValueError, match="kernel='hopper' reads MXFP8 pages .* got a page table over a "
+                                         "torch.bfloat16 pool"):
+        run_decode(plan, q, bf, params=params, page_table=table, seq_lens=lens, out=out)
+    indptr = torch.tensor([0, 128, 256], dtype=torch.int32)
+    with pytest.raises(ValueError, match="page_table needs a plan|kernel='hopper' reads MXFP8 pages .* got a CSR"):
+        run_decode(plan, q, mx, indptr, torch.arange(128, 384, dtype=torch.int32), params, out=out)
+    assert bool((out == 7.0).all())  # nothing written
+    with pytest.raises(ValueError, match="kernel='hopper' reads tiles of 64 or 128 keys of 128-slot pages .* "
+                                         "got page_size=64, block_n=128"):
+        plan_decode(2, num_q_heads=16, num_kv_heads=2, head_dim=128, max_seq_len=256, page_size=64,
+                    config=DecodeConfig(kernel="hopper"), device="cpu")
+
+
+def compile_report(**args):
+    """tools/compile_hopper.py's report, in a process of its own (this one may run the Triton interpreter, under
+    which Gluon does not import)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    cmd = [sys.executable, os.path.join(root, "tools", "compile_hopper.py")]
+    for name, value in args.items():
+        cmd += [f"--{name}"] if value is True else [f"--{name}", str(value)]
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=root, timeout=600)
+    if run.returncode != 0:
+        tail = run.stderr.strip().splitlines()[-3:]
+        if any("Gluon" in line or "gluon" in line for line in tail) and "Error" in run.stderr and \
+                "CompilationError" not in run.stderr:
+            pytest.skip(f"this Triton has no Gluon: {tail}")
+        raise AssertionError(f"compile_hopper.py failed: {run.stderr[-2000:]}")
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("d, g, flags, mmas", [(128, 8, False, 16), (64, 1, True, 8)])
+def test_kernel_compiles_for_sm90(d, g, flags, mmas):
+    """The installed Triton builds the kernel for sm_90a with the structure its docstring describes: per page, one
+    e4m3 MMA per 32-channel block, 64-key row half and Q part (two parts), one fp16 MMA per 64 channels and 16
+    keys, TMA loads of K and V at three places (the first stages, the refill and nowhere else), no spills."""
+    try:
+        importlib.util.find_spec("triton.experimental.gluon")
+    except Exception as err:  # noqa: BLE001
+        pytest.skip(f"no Gluon: {err}")
+    rep = compile_report(D=d, G=g, **({"all-flags": True} if flags else {}))
+    assert (rep["wgmma_e4m3"], rep["wgmma_f16"]) == (mmas, mmas)
+    assert rep["wgmma_e4m3"] == (d // 32) * 2 * 2 and rep["wgmma_f16"] == (d // 64) * (128 // 16)
+    assert rep["tma_loads"] == 6 and rep["stack"] == 0
+    assert rep["shared"] <= 232448  # an H100/H200 SM's 227 KiB
