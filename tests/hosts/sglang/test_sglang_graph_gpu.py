@@ -45,12 +45,13 @@ def whole_pages_req_to_token(rows, ctx, page, slots, g, dev):
     return (pages[:, pos // page] * page + pos % page).to(torch.int32)
 
 
-def check_decode_graph_capture_and_replay(kv_format, window, cached=False):
+def check_decode_graph_capture_and_replay(kv_format, window, cached=False, max_bs=8, ctx=512, expect_hopper=False):
     """Capture one decode step (the captured K/V store and one or two layers' decode) for the largest batch, then
     replay it for smaller batches refilled in place. MXFP8 pools read a page table (windowed layers too), the other
     formats per-token rails. ``cached``: the step's plan cache serves both layers (the backend's path); otherwise
     each call plans for itself. Plans are views of one workspace allocated before capture, so the graph writes
-    nowhere else."""
+    nowhere else. ``expect_hopper``: on an sm_90 GPU the plan must be the Gluon Hopper kernel's (a shape where
+    plan.hopper_decode_fits picks it: 32 requests of up to 4096 keys over 2 KV heads)."""
     from sglang_inkling_backend import mxfp8
     from sglang_inkling_backend.hosts.sglang.metadata import DecodeGraphBuffers, build_forward_metadata
     from sglang_inkling_backend.kv_views import store_kv_unchecked
@@ -59,12 +60,14 @@ def check_decode_graph_capture_and_replay(kv_format, window, cached=False):
 
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)
-    slots, page, max_bs, ctx = 8192, 128, 8, 512
+    page = 128
+    rows_n = max_bs + 1
+    slots = max(8192, (rows_n * ctx // page + 2) * page)
     kv = empty_paged_kv(kv_format, slots, page, dev)
     # fill history for every request row (positions 0..ctx-1 on random whole pages 1..)
-    r2t = whole_pages_req_to_token(9, ctx, page, slots, g, dev)
-    hist_k = torch.randn(9 * ctx, HKV, D, device=dev, generator=g).to(torch.bfloat16)
-    hist_v = torch.randn(9 * ctx, HKV, D, device=dev, generator=g).to(torch.bfloat16)
+    r2t = whole_pages_req_to_token(rows_n, ctx, page, slots, g, dev)
+    hist_k = torch.randn(rows_n * ctx, HKV, D, device=dev, generator=g).to(torch.bfloat16)
+    hist_v = torch.randn(rows_n * ctx, HKV, D, device=dev, generator=g).to(torch.bfloat16)
     store_kv_unchecked(kv, r2t.reshape(-1).long(), hist_k, hist_v)
 
     route = choose_route(dev, {D})
@@ -105,12 +108,15 @@ def check_decode_graph_capture_and_replay(kv_format, window, cached=False):
     if cached:
         (plan,) = plans.plans()  # planned once, on the warm-up, for both runs and both layers
         assert plan.batch == max_bs and (plan.part_o is None) == (plan.num_splits == 1)
+        if expect_hopper:
+            from sglang_inkling_backend.triton import hopper_decode_status
+            assert plan.kernel == ("hopper" if hopper_decode_status(dev)[0] else "blocks"), plan.kernel
         if plan.part_o is not None:
             start = workspace.part_o.data_ptr()
             assert start <= plan.part_o.data_ptr() < start + workspace.part_o.numel() * 4
 
-    for trial, bs in enumerate((3, 8, 5)):
-        rows = torch.randperm(9, device=dev, generator=g)[:bs]
+    for trial, bs in enumerate((3, max_bs, 5)):
+        rows = torch.randperm(rows_n, device=dev, generator=g)[:bs]
         lens = torch.randint(1, ctx + 1, (bs,), device=dev, generator=g)
         static_rows.zero_(); static_lens.fill_(1); static_loc.zero_()
         static_rows[:bs], static_lens[:bs] = rows, lens
@@ -200,7 +206,14 @@ if pytest is not None:
         check_decode_graph_capture_and_replay(kv_format, window, cached)
 
 
+    @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+    def test_decode_graph_hopper_sized_batch():
+        check_decode_graph_capture_and_replay("mxfp8", None, cached=True, max_bs=32, ctx=4096, expect_hopper=True)
+
+
 if __name__ == "__main__":
+    check_decode_graph_capture_and_replay("mxfp8", None, cached=True, max_bs=32, ctx=4096, expect_hopper=True)
+    print("ok mxfp8 hopper-sized (32 x 4096)")
     for case in CASES:
         check_decode_graph_capture_and_replay(*case)
         check_decode_graph_capture_and_replay(*case, cached=True)
