@@ -35,7 +35,8 @@ def _executable_tools():
             os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
 
-def compile_hopper(D=128, G=8, block_n=128, stages=3, one_p=False, flags=(), maxnreg=None, hkv=2):
+def compile_hopper(D=128, G=8, block_n=128, stages=3, one_p=False, flags=(), maxnreg=None, hkv=2,
+                   page_table=True):
     """The compiled kernel (``triton.compile``'s result) for one configuration, specialized like a launch."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -52,6 +53,7 @@ def compile_hopper(D=128, G=8, block_n=128, stages=3, one_p=False, flags=(), max
              "out_ptr": "*bf16", "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "sm_scale": "fp32",
              "logit_cap": "fp32"}
     consts = dict(G=G, G_PAD=g_pad, D=D, HKV=hkv, NUM_STAGES=stages, BLOCK_N=block_n, VT_PAIRS=True, ONE_P=one_p,
+                  PAGE_TABLE=page_table,
                   **{f: f in flags for f in FLAGS})
     sig, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
@@ -94,11 +96,13 @@ def main():
     ap.add_argument("--stages", type=int, default=3)
     ap.add_argument("--one-p", action="store_true", help="one P' buffer (the 2-stage variant's layout)")
     ap.add_argument("--maxnreg", type=int)
+    ap.add_argument("--csr", action="store_true", help="a CSR of whole pages instead of a page table")
     ap.add_argument("--all-flags", action="store_true", help="rel bias, window, cap, sinks, one split")
     ap.add_argument("--sass", help="write SASS here")
     ap.add_argument("--ttgir", help="write TTGIR here")
     a = ap.parse_args()
-    k = compile_hopper(a.D, a.G, a.block_n, a.stages, a.one_p, FLAGS if a.all_flags else (), a.maxnreg)
+    k = compile_hopper(a.D, a.G, a.block_n, a.stages, a.one_p, FLAGS if a.all_flags else (), a.maxnreg,
+                       page_table=not a.csr)
     print(json.dumps(report(k)))
     if a.ttgir:
         open(a.ttgir, "w").write(k.asm["ttgir"])

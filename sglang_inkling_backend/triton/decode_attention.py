@@ -90,13 +90,12 @@ def run_decode(plan: DecodePlan, q: torch.Tensor, kv: PagedKV, kv_indptr: Option
         lens, index, stride_index_row, kv_page = kv_indptr, kv_indices, 0, 0
     grid = (batch, hkv, plan.num_splits)
     if plan.kernel == "hopper":
-        if fmt != KV_MXFP8 or not interleaved or not table:
-            raise ValueError("kernel='hopper' reads MXFP8 pages (interleaved scales, page 128) through a page_table; "
-                             f"got a {'page table' if table else 'CSR'} over a "
-                             f"{'MXFP8' if fmt == KV_MXFP8 else str(kv.k_buffer.dtype)} pool")
+        if fmt != KV_MXFP8 or not interleaved:
+            raise ValueError("kernel='hopper' reads MXFP8 pages (interleaved scales, page 128); got a "
+                             f"{'page table' if table else 'CSR'} over a {str(kv.k_buffer.dtype)} pool")
         from .decode_hopper import launch_decode_hopper  # Gluon: imported only where this kernel runs
 
-        launch_decode_hopper(plan, q, kv, params, out, page_table, seq_lens, (ksf, vsf), dummy)
+        launch_decode_hopper(plan, q, kv, params, out, lens, index, stride_index_row, table, (ksf, vsf), dummy)
     elif plan.kernel == "blocks":
         pv_dtype = tl.float32 if interpreting() else (dot_dtype(kv) if fmt == KV_FLOAT else tl.float16)
         kernel, variant = decode_blocks_kernel, dict(PV_DTYPE=pv_dtype)

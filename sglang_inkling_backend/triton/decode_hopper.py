@@ -1,5 +1,5 @@
-"""Decode stage 1 for Hopper (sm_90a), in Gluon: ``decode_hopper_kernel``, for MXFP8 pools read through a page
-table (SGLang's layout: page 128, interleaved scales).
+"""Decode stage 1 for Hopper (sm_90a), in Gluon: ``decode_hopper_kernel``, for MXFP8 pools of 128-slot pages
+(SGLang's layout, interleaved scales) read through a page table or a CSR of whole pages.
 
 The same plan, workspace and merge as the Triton block kernel (``decode_blocks``), and its arithmetic; what
 changes is how the bytes arrive and which instructions do the dots:
@@ -69,17 +69,22 @@ def load_scale_words(sf_ptr, offs, NB: gl.constexpr):
 
 
 @gluon.jit
-def tile_slot(row_ptr, start, PAGE: gl.constexpr):
-    """The first slot of the tile at key ``start`` (a tile never crosses a page): int32, a TMA coordinate."""
-    return gl.load(row_ptr + start // PAGE).to(gl.int32) * PAGE + start % PAGE
+def tile_slot(row_ptr, start, PAGE: gl.constexpr, PAGE_TABLE: gl.constexpr):
+    """The first slot of the tile at key ``start`` (a tile never crosses a page): int32, a TMA coordinate.
+    ``row_ptr``: the request's page-table row, or (a CSR of whole pages) its first entry of per-key slots."""
+    if PAGE_TABLE:
+        slot = gl.load(row_ptr + start // PAGE).to(gl.int32) * PAGE + start % PAGE
+    else:
+        slot = gl.load(row_ptr + start).to(gl.int32)
+    return slot
 
 
 @gluon.jit
-def tile_scale_offsets(row_ptr, start, offs_t, h, HKV: gl.constexpr, NB: gl.constexpr, PAGE: gl.constexpr):
-    """Offsets of the first scale byte of keys ``start + offs_t`` of head ``h``: ``device.scale_offsets`` for an
-    interleaved pool (one ``(page, head)`` atom of ``[32, PAGE // 32, NB]`` bytes)."""
-    page = gl.load(row_ptr + start // PAGE).to(gl.int64)
-    po = start % PAGE + offs_t
+def tile_scale_offsets(slot0, offs_t, h, HKV: gl.constexpr, NB: gl.constexpr, PAGE: gl.constexpr):
+    """Offsets of the first scale byte of slots ``slot0 + offs_t`` of head ``h`` (one tile, inside one page):
+    ``device.scale_offsets`` for an interleaved pool (one ``(page, head)`` atom of ``[32, PAGE // 32, NB]`` bytes)."""
+    page = (slot0 // PAGE).to(gl.int64)
+    po = slot0 % PAGE + offs_t
     return (page * HKV + h) * (PAGE * NB) + ((po % 32) * (PAGE // 32) + po // 32) * NB
 
 
@@ -191,7 +196,7 @@ def decode_hopper_kernel(
     G: gl.constexpr, G_PAD: gl.constexpr, D: gl.constexpr, HKV: gl.constexpr,
     HAS_REL_BIAS: gl.constexpr, HAS_WINDOW: gl.constexpr, HAS_CAP: gl.constexpr, HAS_SINKS: gl.constexpr,
     DIRECT: gl.constexpr, NUM_STAGES: gl.constexpr, BLOCK_N: gl.constexpr, VT_PAIRS: gl.constexpr = True,
-    ONE_P: gl.constexpr = False,
+    ONE_P: gl.constexpr = False, PAGE_TABLE: gl.constexpr = True,
 ):
     PAGE: gl.constexpr = 128
     NB: gl.constexpr = D // 32
@@ -202,8 +207,14 @@ def decode_hopper_kernel(
     h = gl.program_id(1)
     split = gl.program_id(2)
 
-    # the split's keys: device.split_bounds with a page table and page-aligned tiles
-    seq_len = gl.load(lens_ptr + b).to(gl.int32)
+    # the split's keys: device.split_bounds with page-aligned tiles; lens_ptr: seq_lens (PAGE_TABLE) or kv_indptr
+    if PAGE_TABLE:
+        seq_len = gl.load(lens_ptr + b).to(gl.int32)
+        row_ptr = table_ptr + b.to(gl.int64) * stride_table_row
+    else:
+        kv_start = gl.load(lens_ptr + b).to(gl.int64)
+        seq_len = (gl.load(lens_ptr + b + 1) - gl.load(lens_ptr + b)).to(gl.int32)
+        row_ptr = table_ptr + kv_start
     first = seq_len * 0
     if HAS_WINDOW:
         first = gl.maximum(seq_len - window, 0)
@@ -215,7 +226,6 @@ def decode_hopper_kernel(
         return
     q_pos = seq_len - 1
     n_tiles = (tok_end - tok_begin + BLOCK_N - 1) // BLOCK_N
-    row_ptr = table_ptr + b.to(gl.int64) * stride_table_row
 
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N2, 16])
     mma8: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N2, 32])
@@ -235,7 +245,7 @@ def decode_hopper_kernel(
     col0 = h * D
     for s in gl.static_range(NUM_STAGES - 1):
         if s < n_tiles:
-            slot = tile_slot(row_ptr, tok_begin + s * BLOCK_N, PAGE)
+            slot = tile_slot(row_ptr, tok_begin + s * BLOCK_N, PAGE, PAGE_TABLE)
             mbarrier.expect(bars.index(s), 2 * BLOCK_N * D)
             tma_load(k_desc, [slot, col0], bars.index(s), k_smem.index(s))
             tma_load(v_desc, [slot, col0], bars.index(s), v_smem.index(s))
@@ -287,7 +297,7 @@ def decode_hopper_kernel(
         units = units + (gl.full([N2], 1, gl.int32, layout=cols),)  # per column: its block's V unit
 
     # scale bytes: one page's per key as words of (up to) 4 blocks, the first page now, then one page ahead
-    sf_offs = tile_scale_offsets(row_ptr, tok_begin, offs_t, h, HKV, NB, PAGE)
+    sf_offs = tile_scale_offsets(tile_slot(row_ptr, tok_begin, PAGE, PAGE_TABLE), offs_t, h, HKV, NB, PAGE)
     k_sf = load_scale_words(ksf_ptr, sf_offs, NB)
     v_sf = load_scale_words(vsf_ptr, sf_offs, NB)
 
@@ -304,13 +314,13 @@ def decode_hopper_kernel(
         ahead = i + NUM_STAGES - 1
         if ahead < n_tiles:
             astage = ahead % NUM_STAGES
-            aslot = tile_slot(row_ptr, tok_begin + ahead * BLOCK_N, PAGE)
+            aslot = tile_slot(row_ptr, tok_begin + ahead * BLOCK_N, PAGE, PAGE_TABLE)
             mbarrier.expect(bars.index(astage), 2 * BLOCK_N * D)
             tma_load(k_desc, [aslot, col0], bars.index(astage), k_smem.index(astage))
             tma_load(v_desc, [aslot, col0], bars.index(astage), v_smem.index(astage))
         # the next page's scale bytes, in flight during this page's math
-        nsf_offs = tile_scale_offsets(row_ptr, tok_begin + gl.minimum(i + 1, n_tiles - 1) * BLOCK_N, offs_t, h,
-                                      HKV, NB, PAGE)
+        nslot = tile_slot(row_ptr, tok_begin + gl.minimum(i + 1, n_tiles - 1) * BLOCK_N, PAGE, PAGE_TABLE)
+        nsf_offs = tile_scale_offsets(nslot, offs_t, h, HKV, NB, PAGE)
         nk_sf = load_scale_words(ksf_ptr, nsf_offs, NB)
         nv_sf = load_scale_words(vsf_ptr, nsf_offs, NB)
 
@@ -438,8 +448,9 @@ def hopper_tensor_maps(kv, head_dim: int, block_n: int):
     return maps
 
 
-def launch_decode_hopper(plan, q, kv, params, out, page_table, seq_lens, sf, dummy):
-    """Stage 1 on Hopper: one program per (request, KV head, split), as the Triton kernels' grid."""
+def launch_decode_hopper(plan, q, kv, params, out, lens, index, stride_index_row, table, sf, dummy):
+    """Stage 1 on Hopper: one program per (request, KV head, split), as the Triton kernels' grid. ``lens`` /
+    ``index``: seq_lens and the page table (``table``), or kv_indptr and the per-key slots of whole pages."""
     import triton
 
     batch, hq, d = q.shape
@@ -450,7 +461,7 @@ def launch_decode_hopper(plan, q, kv, params, out, page_table, seq_lens, sf, dum
     direct = plan.num_splits == 1
     decode_hopper_kernel[(batch, hkv, plan.num_splits)](
         q, k_map, v_map, sf[0], sf[1],
-        seq_lens, page_table, page_table.stride(0),
+        lens, index, stride_index_row,
         rb if rb is not None else dummy, params.sinks if params.sinks is not None else dummy,
         out, plan.part_o if not direct else dummy, plan.part_lse if not direct else dummy,
         q.stride(0), q.stride(1),
@@ -463,6 +474,7 @@ def launch_decode_hopper(plan, q, kv, params, out, page_table, seq_lens, sf, dum
         G=group, G_PAD=max(8, triton.next_power_of_2(group)), D=d, HKV=hkv,
         HAS_REL_BIAS=rb is not None, HAS_WINDOW=params.window is not None, HAS_CAP=params.logit_cap > 0,
         HAS_SINKS=params.sinks is not None, DIRECT=direct, NUM_STAGES=plan.num_stages, BLOCK_N=plan.block_n,
+        PAGE_TABLE=table,
         num_warps=HOPPER_NUM_WARPS, **_launch_options(plan),
     )
 

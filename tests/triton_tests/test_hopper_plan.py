@@ -79,7 +79,7 @@ def _pools(pages=3, hkv=2, d=128):
 
 
 def test_hopper_plan_refuses_other_pools_and_maps_before_launch():
-    mx, bf = _pools()
+    _, bf = _pools()
     q = torch.zeros(2, 16, 128, dtype=torch.bfloat16)
     out = torch.full_like(q, 7.0)
     table = torch.tensor([[1, 2], [2, 1]], dtype=torch.int32)
@@ -91,8 +91,8 @@ def test_hopper_plan_refuses_other_pools_and_maps_before_launch():
                                          "torch.bfloat16 pool"):
         run_decode(plan, q, bf, params=params, page_table=table, seq_lens=lens, out=out)
     indptr = torch.tensor([0, 128, 256], dtype=torch.int32)
-    with pytest.raises(ValueError, match="page_table needs a plan|kernel='hopper' reads MXFP8 pages .* got a CSR"):
-        run_decode(plan, q, mx, indptr, torch.arange(128, 384, dtype=torch.int32), params, out=out)
+    with pytest.raises(ValueError, match="kernel='hopper' reads MXFP8 pages .* got a CSR over a torch.bfloat16 pool"):
+        run_decode(plan, q, bf, indptr, torch.arange(128, 384, dtype=torch.int32), params, out=out)
     assert bool((out == 7.0).all())  # nothing written
     with pytest.raises(ValueError, match="kernel='hopper' reads tiles of 64 or 128 keys of 128-slot pages .* "
                                          "got page_size=64, block_n=128"):
@@ -118,8 +118,8 @@ def compile_report(**args):
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("d, g, flags, mmas", [(128, 8, False, 16), (64, 1, True, 8)])
-def test_kernel_compiles_for_sm90(d, g, flags, mmas):
+@pytest.mark.parametrize("d, g, flags, csr, mmas", [(128, 8, False, False, 16), (64, 1, True, True, 8)])
+def test_kernel_compiles_for_sm90(d, g, flags, csr, mmas):
     """The installed Triton builds the kernel for sm_90a with the structure its docstring describes: per page, one
     e4m3 MMA per 32-channel block, 64-key row half and Q part (two parts), one fp16 MMA per 64 channels and 16
     keys, TMA loads of K and V at three places (the first stages, the refill and nowhere else), no spills."""
@@ -127,7 +127,7 @@ def test_kernel_compiles_for_sm90(d, g, flags, mmas):
         importlib.util.find_spec("triton.experimental.gluon")
     except Exception as err:  # noqa: BLE001
         pytest.skip(f"no Gluon: {err}")
-    rep = compile_report(D=d, G=g, **({"all-flags": True} if flags else {}))
+    rep = compile_report(D=d, G=g, **({"all-flags": True} if flags else {}), **({"csr": True} if csr else {}))
     assert (rep["wgmma_e4m3"], rep["wgmma_f16"]) == (mmas, mmas)
     assert rep["wgmma_e4m3"] == (d // 32) * 2 * 2 and rep["wgmma_f16"] == (d // 64) * (128 // 16)
     assert rep["tma_loads"] == 6 and rep["stack"] == 0
