@@ -20,7 +20,9 @@ int32 page ids, ``seq_lens [B]``, ``page_size``; positions absolute, page-aligne
 while capturing a CUDA graph is valid for every replay. ``check_decode_inputs`` (no sync) and
 ``validate_slots`` / ``validate_page_table`` (one sync) raise ValueError/TypeError naming the bad argument.
 Modules: ``device`` (shared device helpers), ``encode`` (the MXFP8 encoder), ``plan``, ``decode_tiles`` /
-``decode_blocks`` (the two stage-1 kernels), ``decode_merge``, ``decode_attention`` (the launcher), ``inputs``,
+``decode_blocks`` (the two Triton stage-1 kernels), ``decode_hopper`` (the Gluon stage-1 kernel for sm_90a, MXFP8
+pages: ``plan_decode(kv_format="mxfp8")`` picks it where it is faster, ``hopper_decode_status`` says whether it can
+run), ``decode_merge``, ``decode_attention`` (the launcher), ``inputs``,
 ``extend_attention``, ``kv_store``, ``prologue``.
 """
 

@@ -4,8 +4,10 @@ One query token per request. Split-KV (flash-decoding): stage 1 runs one program
 the request's keys) and processes all ``G = Hq / Hkv`` query heads of that KV head together with ``tl.dot``, so
 every KV byte is read once; stage 2 merges the splits' partial results (skipped when a batch needs one split).
 
-- stage 1: ``decode_tiles.decode_tiles_kernel`` ("tiles": per-token slots, or page-aligned tiles) or
-  ``decode_blocks.decode_blocks_kernel`` ("blocks": page-aligned tiles, one dot per 32-channel block);
+- stage 1: ``decode_tiles.decode_tiles_kernel`` ("tiles": per-token slots, or page-aligned tiles),
+  ``decode_blocks.decode_blocks_kernel`` ("blocks": page-aligned tiles, one dot per 32-channel block) or, on sm_90a
+  over MXFP8 pages, ``decode_hopper.decode_hopper_kernel`` ("hopper", Gluon: TMA and warpgroup MMAs; imported only
+  when a plan names it);
 - stage 2: ``decode_merge.decode_merge_kernel``;
 - planning (configuration, split count, workspace): ``plan``; input checks: ``inputs``; device helpers: ``device``.
 

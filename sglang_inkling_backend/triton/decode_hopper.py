@@ -1,27 +1,28 @@
 """Decode stage 1 for Hopper (sm_90a), in Gluon: ``decode_hopper_kernel``, for MXFP8 pools of 128-slot pages
 (SGLang's layout, interleaved scales) read through a page table or a CSR of whole pages.
 
-The same plan, workspace and merge as the Triton block kernel (``decode_blocks``), and its arithmetic; what
-changes is how the bytes arrive and which instructions do the dots:
-- one tile is one page (128 keys): its K and V rows come in by TMA (two ``[128, D]`` boxes of one pool-wide
-  2-D tensor map, ``[slots, Hkv * D]``) into a ring of ``NUM_STAGES`` shared-memory stages, issued
-  ``NUM_STAGES - 1`` pages ahead of the math on an mbarrier per stage; the pages' scale bytes are loaded one page
-  ahead into registers;
+The same plan, workspace and merge as the Triton block kernel (``decode_blocks``), and its semantics; what
+changes is how the bytes arrive and which instructions do the dots (docs/HOPPER_DECODE.md has the design and the
+measurements):
+- a tile is one page (128 keys; 64 as a variant): its K and V rows come in by TMA (two ``[BLOCK_N, D]`` boxes of
+  one pool-wide 2-D tensor map, ``[slots, Hkv * D]``) into a ring of ``NUM_STAGES`` shared-memory stages, issued
+  ``NUM_STAGES - 1`` tiles ahead of the math on an mbarrier per stage; the tile's scale bytes come one tile ahead
+  into registers;
 - the dots are warpgroup MMAs (one warpgroup, 4 warps), keys and channels on the M side and the query heads on
-  the N side, like the block kernel: logits ``[128 keys, N2] = K_j @ Q_j^T`` per 32-channel block j (K from
-  shared memory into registers, e4m3 -> fp16, exact), each block's result times its K scales (``2**(e - 127)``)
-  and summed; output ``[64 channels, N2] += V^T @ P'`` per 64 channels, V^T from registers (e4m3 -> fp16,
-  exact), P' in shared memory;
+  the N side, like the block kernel: logits ``[BLOCK_N, N2] = K_j @ Q_j^T`` per 32-channel block j in e4m3, K
+  straight from the TMA stage and Q as two e4m3 parts (see the Q comment in the kernel), each block's result times
+  its K scales; output ``[64 channels, N2] += V^T @ P'`` per 64 channels in fp16, V^T from registers (e4m3 ->
+  fp16, exact), P' in shared memory;
 - ``N2 = 2 * G_PAD`` columns: every head twice. Column c is head ``c % G_PAD`` of the 64-channel half's block
   ``2m + c // G_PAD``: the probabilities of the left columns carry block 2m's V scales, the right ones block
   2m+1's, so one MMA serves both blocks of a half (each output row keeps the columns of its own block). The
-  logits are computed for both copies (an MMA twice as wide, softmax work twice over: both cheap here) so that
-  probabilities, running maxima and rescale factors all live in the one MMA layout.
+  logits are computed for both copies so that probabilities, running maxima and rescale factors all live in the
+  one MMA layout.
 V's scales are relative to a running per-block unit (the largest V exponent seen, as in ``decode_blocks``), so
 probabilities times ``2**(e - unit) <= 1`` stay inside fp16.
 
-Keys outside the split's range or the window: logits -inf, and, on a page that holds any, V and V scales zeroed
-(a TMA box reads the whole page, and bytes past a request's last key can be anything, NaN included).
+Keys outside the split's range or the window: logits -inf, and on a tile that holds any, V's e4m3 NaN bytes made
+numbers (a TMA box reads the whole tile, and bytes past a request's last key can be anything).
 """
 
 from __future__ import annotations
