@@ -13,6 +13,7 @@ Every check draws fresh random inputs (the seed is printed) and poisons outputs 
      (scale = amax / 448), on Gaussian data and on data with 1e4x outlier channels; MXFP8 must be the smaller on the
      ordinary channels of the outlier data.
   4. extend over an MXFP8 prefix against float64, and its speed next to the same kernel over a bf16 pool.
+After each pool's decodes, every stored data and scale byte must be as the store left it (decode only reads).
 Prints one line per check and a summary; exits 1 if any check failed.
 """
 
@@ -207,6 +208,7 @@ def check_decode():
         batches = {whole: make_batch(hkv, d, lens, whole_pages=whole) for whole in (False, True)}
         for whole, (k, v, indptr, indices, slots) in batches.items():
             pool = mx_pool_from(k, v, 128)
+            stored = [t.clone() for t in (pool.k_buffer, pool.v_buffer, pool.k_scales, pool.v_scales)]
             table = page_table_of(indptr, indices) if whole else None
             for mode, params in modes.items():
                 ref = reference_f64(q, pool, indptr, indices, params)
@@ -222,6 +224,11 @@ def check_decode():
                         record(f"decode mxfp8 {hq}/{hkv}/{d} {mode} {cname} splits={ns}",
                                nan == 0 and err <= DECODE_TOL, rel_err=err, nan=nan,
                                max_abs=float((out.double() - ref).abs().max()))
+            # decode only reads the pool: every stored data and scale byte as the store left it
+            changed = sum(int((a.view(torch.uint8) != b.view(torch.uint8)).sum()) for a, b in zip(
+                stored, (pool.k_buffer, pool.v_buffer, pool.k_scales, pool.v_scales)))
+            record(f"decode mxfp8 {hq}/{hkv}/{d} {'pages' if whole else 'per-token'}: pool bytes untouched",
+                   changed == 0, changed_bytes=changed)
         # the bf16 pool through the same kernels
         k, v, indptr, indices, slots = batches[True]
         params = modes["inkling"]
