@@ -203,7 +203,6 @@ def decode_hopper_kernel(
     NB: gl.constexpr = D // 32
     NH: gl.constexpr = D // 64
     N2: gl.constexpr = 2 * G_PAD
-    ATOM: gl.constexpr = PAGE * NB  # scale bytes of one (page, head)
     b = gl.program_id(0)
     h = gl.program_id(1)
     split = gl.program_id(2)

@@ -21,7 +21,6 @@ import math
 import os
 import shutil
 import subprocess
-import sys
 import time
 
 import torch
