@@ -42,6 +42,7 @@ def compile_hopper(D=128, G=8, block_n=128, stages=3, one_p=False, flags=(), max
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from sglang_inkling_backend.triton import decode_hopper
+    from tools.compile_sm90 import launch_signature
 
     _executable_tools()
     g_pad = max(8, triton.next_power_of_2(G))
@@ -55,16 +56,7 @@ def compile_hopper(D=128, G=8, block_n=128, stages=3, one_p=False, flags=(), max
     consts = dict(G=G, G_PAD=g_pad, D=D, HKV=hkv, NUM_STAGES=stages, BLOCK_N=block_n, VT_PAIRS=True, ONE_P=one_p,
                   PAGE_TABLE=page_table,
                   **{f: f in flags for f in FLAGS})
-    sig, attrs = {}, {}
-    for i, name in enumerate(fn.arg_names):
-        if name in consts:
-            sig[name] = "constexpr"
-            continue
-        sig[name] = types.get(name, "i32")
-        # as Triton's JIT specializes a launch: pointers and ints (strides, lengths) divisible by 16, but not the
-        # split count
-        if (sig[name].startswith("*") or sig[name] == "i32") and name != "max_splits":
-            attrs[(i,)] = [["tt.divisibility", 16]]
+    sig, attrs = launch_signature(fn, types, consts)
     options = {"num_warps": decode_hopper.HOPPER_NUM_WARPS}
     if maxnreg:
         options["maxnreg"] = maxnreg

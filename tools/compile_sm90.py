@@ -35,6 +35,24 @@ from sglang_inkling_backend.triton import decode_tiles  # noqa: E402
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 
+def launch_signature(fn, types, consts, unmarked=()):
+    """``fn``'s signature and attributes as Triton's JIT specializes a real launch: ``types`` by argument name
+    (ints otherwise), ``consts`` as constexprs, and every pointer and int argument marked divisible by 16 except
+    ``max_splits`` (the split count) and ``unmarked``. At run time every stride, split_len (whole tiles), window
+    and rel_extent (0 when unused) are multiples of 16. Without the marks on stride_qh / stride_oh, q's load took
+    another layout and some variants compiled with 30 fewer registers than launched (124 against 154,
+    bench/results/history/2026-11-30-offline-vs-jit-registers/)."""
+    sig, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in consts:
+            sig[name] = "constexpr"
+            continue
+        sig[name] = types.get(name, "i32")
+        if sig[name].startswith("*") or sig[name] == "i32" and name not in ("max_splits",) + tuple(unmarked):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return sig, attrs
+
+
 def compile_decode(D=128, G=8, HKV=2, fmt="mxfp8", block_n=64, warps=2, stages=2, paged=False, direct=False,
                    extra=None):
     fn = decode_blocks.decode_blocks_kernel if paged == "blocks" else decode_tiles.decode_tiles_kernel
@@ -60,21 +78,8 @@ def compile_decode(D=128, G=8, HKV=2, fmt="mxfp8", block_n=64, warps=2, stages=2
     for param in fn.params:  # constexprs not set above take their defaults (else they would compile as runtime ints)
         if param.is_constexpr and param.name not in consts and param.has_default:
             consts[param.name] = param.default
-    sig, attrs = {}, {}
-    for i, name in enumerate(fn.arg_names):
-        if name in consts:
-            sig[name] = "constexpr"
-            continue
-        sig[name] = types.get(name, "i32")
-        # the launch's specialization (Triton's JIT marks every pointer and int argument divisible by 16): at run
-        # time every stride, split_len (whole tiles), window and rel_extent (0 when unused) are multiples of 16;
-        # max_splits (the split count) need not be. Without the marks on stride_qh / stride_oh, q's load took
-        # another layout and some variants compiled with 30 fewer registers than launched (124 against 154,
-        # bench/results/history/2026-11-30-offline-vs-jit-registers/).
-        # COMPILE_UNMARKED (comma-separated names) leaves arguments unmarked, as do_not_specialize would.
-        unmarked = ("max_splits",) + tuple(os.environ.get("COMPILE_UNMARKED", "").split(","))
-        if sig[name].startswith("*") or sig[name] == "i32" and name not in unmarked:
-            attrs[(i,)] = [["tt.divisibility", 16]]
+    # COMPILE_UNMARKED (comma-separated names) leaves arguments unmarked, as do_not_specialize would.
+    sig, attrs = launch_signature(fn, types, consts, tuple(os.environ.get("COMPILE_UNMARKED", "").split(",")))
     src = ASTSource(fn, sig, constexprs=consts, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict({"num_warps": warps, "num_stages": stages}, **json.loads(os.environ.get("COMPILE_OPTIONS", "{}"))))
 
