@@ -44,6 +44,9 @@ DECODE_TOL = 4e-3
 # DECODE_PLAN_OPTIONS='{"map": "table", "block_n": 32, ...}': check one kernel configuration (DecodeConfig fields,
 # and "map": "csr" / "pages" / "table") instead of DECODE_CONFIGS
 PLAN_OPTIONS = json.loads(os.environ.get("DECODE_PLAN_OPTIONS", "{}") or "{}")
+# GPU_CHECKS_DECODE_SHAPES='8/8/128,32/2/128': the decode checks' (Hq/Hkv/D) shapes instead of the three defaults
+DECODE_SHAPES = [tuple(int(x) for x in s.split("/")) for s in
+                 (os.environ.get("GPU_CHECKS_DECODE_SHAPES") or "16/2/128,64/8/128,4/1/256").split(",")]
 RESULTS = []
 
 
@@ -195,7 +198,7 @@ def check_decode():
         configs = {"env": (env.pop("map", "table"), env)}
     else:
         configs = DECODE_CONFIGS
-    for hq, hkv, d in ((16, 2, 128), (64, 8, 128), (4, 1, 256)):
+    for hq, hkv, d in DECODE_SHAPES:
         lens = [int(x) for x in torch.randint(1, 12000 // SHRINK, (6,))] + [1, 129, 20000 // SHRINK]
         b = len(lens)
         q = torch.randn(b, hq, d, device=DEV).bfloat16()
