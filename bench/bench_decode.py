@@ -10,6 +10,10 @@ Measures, on the grid Hq/Hkv/D in {16/2/128, 64/8/128, 4/1/256} x batch {1, 8, 3
   - ``flashinfer_xqa_bf16`` / ``flashinfer_xqa_fp8`` (FlashInfer >= 0.7 only): TensorRT-LLM's XQA decode through
     ``flashinfer.decode.trtllm_batch_decode_with_kv_cache(..., backend="xqa")``, NHD pages of 128, per-tensor fp8
     (what vLLM runs by default on Hopper),
+  - ``hpcops_fp8`` (when ``BENCH_HPCOPS_SO`` names a build of bench/peers/hpc_ops/): Tencent HPC-Ops' SM90
+    ``attention_decode_fp8`` (dynamic task map), the same per-tensor fp8 copy read as 64-token pages (a view of our
+    128-slot pages), Q quantized beforehand per (token, head) as that op requires (not timed); head_dim 128 and
+    Hq/Hkv 4 or 8 only,
   - ``sdpa_bf16``: torch SDPA over contiguous (unpaged) bf16 KV.
 Every peer row names its library and version (``library``) and backend. Every kernel's output is checked against a
 float64 reference on the values that kernel reads (bf16, the fp8 copy, or the MXFP8 pool dequantized) for the
@@ -55,6 +59,11 @@ from sglang_inkling_backend.scale_layout import ScaleLayout  # noqa: E402
 from sglang_inkling_backend.triton import DecodeConfig, DecodeWorkspace, plan_decode, run_decode  # noqa: E402
 from sglang_inkling_backend.triton.kv_store import store_kv_mxfp8  # noqa: E402
 
+try:
+    from sglang_inkling_backend.triton import decode_hopper  # Gluon: imports where Triton has it
+except ImportError:
+    decode_hopper = None
+
 PAGE = 128
 CHECK_REQUESTS = 2
 # The GPU checks' decode bound (gpu_tests/check_triton_gpu.py DECODE_TOL): 2**-8, bf16 output rounding.
@@ -65,7 +74,8 @@ CHECK_TOL = 4e-3
 # roundoff: rounding Q and P to e4m3 in a float64 reference gives 2.1-2.7% relative error on random data like
 # this grid's (bench/e4m3_math_error.py), so 2**-4 + 2**-8 passes that precision and fails a wrong page, scale or window,
 # which is off by far more. Each row records its tol, and its rel_err says what the precision costs.
-P_ROUNDOFF = {"flashinfer_xqa_fp8": 2 ** -4, "flashinfer_xqa_bf16": 2 ** -8}
+# HPC-Ops' fp8 decode rounds Q and P to e4m3 the same way (bench/peers/hpc_ops/README.md).
+P_ROUNDOFF = {"flashinfer_xqa_fp8": 2 ** -4, "flashinfer_xqa_bf16": 2 ** -8, "hpcops_fp8": 2 ** -4}
 
 
 def tolerance(kernel=None):
@@ -202,6 +212,39 @@ def time_ours(case, kv, nbytes, eager=False, config=None):
 
 
 OURS = "sglang_inkling_backend (Triton)"
+
+
+def load_hpcops():
+    """HPC-Ops' fp8 decode when ``BENCH_HPCOPS_SO`` names its built library (bench/peers/hpc_ops/build_and_call.py
+    builds it): the module holding its adapters, else None."""
+    so = os.environ.get("BENCH_HPCOPS_SO")
+    if not so:
+        return None
+    import importlib.util
+
+    torch.ops.load_library(so)
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers", "hpc_ops", "build_and_call.py")
+    spec = importlib.util.spec_from_file_location("hpcops_build_and_call", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def hpcops_call(hpc, case):
+    """A call of HPC-Ops' dynamic fp8 decode on ``case``'s fp8 copy, its task map assigned once for the batch's
+    lengths (as its own benchmark does; the lengths do not change between replays)."""
+    Hkv, D = case.Hkv, case.D
+    q8, qscale = hpc.quant_q_per_token_head(case.q)
+    kc64, bt64 = hpc.split_pages_nhd(case.k8.view(-1, PAGE, Hkv, D), case.page_table, PAGE, 64)
+    vc64, _ = hpc.split_pages_nhd(case.v8.view(-1, PAGE, Hkv, D), case.page_table, PAGE, 64)
+    # its softmax scale is fixed at 1/sqrt(D) (one_over_dk_log2e in its launcher) and multiplied by q's and k's
+    # scales: a k scale of 1/sqrt(D) makes it the grid's 1/D
+    kscale = torch.full((1,), D ** -0.5, device=case.q.device)
+    vscale = torch.ones(1, device=case.q.device)
+    task_map = hpc.get_attention_decode_task_workspace(case.B, case.ctx, Hkv, min_process_len=64)
+    hpc.assign_attention_decode_task(case.seq_lens, task_map, Hkv, 1, True, 64)
+    out = torch.empty_like(case.q)
+    return lambda: hpc.hpc_decode_fp8(q8, qscale, kc64, vc64, bt64, case.seq_lens, kscale, vscale, task_map, out)
 HOPPER = False  # main() sets it: an sm_90 GPU also times the Gluon Hopper kernel (ours_mxfp8_hopper)
 
 
@@ -259,6 +302,9 @@ def main():
     if args.no_grid:
         grid = []
     ws = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=dev) if flashinfer else None
+    hpc = load_hpcops()
+    if hpc is not None:
+        meta["hpcops"] = "Tencent/hpc-ops 6e2eced (bench/peers/hpc_ops)"
     # XQA keeps semaphores in its workspace's first 8 MiB: they must start at zero
     xqa_ws = torch.zeros(256 * 1024 * 1024, dtype=torch.uint8, device=dev) if flashinfer else None
     for (name, Hq, Hkv, D), B, ctx in grid:
@@ -278,17 +324,28 @@ def main():
         if HOPPER:  # the Gluon kernel, forced (the Triton block kernel is ours_mxfp8 unless the route picks it)
             ours.insert(1, ("ours_mxfp8_hopper", case.mx, case.bytes_mxfp8, False, DecodeConfig(kernel="hopper")))
             # BENCH_HOPPER_VARIANTS='{"s2": {"num_stages": 2}}': more configurations of it, rows ours_mxfp8_hopper_<name>
+            # (a "constexprs" entry: the kernel's variant constexprs, decode_hopper.EXTRA_CONSTEXPRS while it is
+            # captured)
             for vname, fields in json.loads(os.environ.get("BENCH_HOPPER_VARIANTS", "{}")).items():
+                fields = dict(fields)
+                consts = fields.pop("constexprs", {})
                 ours.insert(2, (f"ours_mxfp8_hopper_{vname}", case.mx, case.bytes_mxfp8, False,
-                                DecodeConfig(kernel="hopper", **fields)))
-        for kernel, kv, nbytes, eager, config in ours:
+                                DecodeConfig(kernel="hopper", **fields), consts))
+        for kernel, kv, nbytes, eager, config, *consts in ours:
             try:
-                ms, gbps, plan, out = time_ours(case, kv, nbytes, eager=eager, config=config)
+                if consts and consts[0]:
+                    decode_hopper.EXTRA_CONSTEXPRS.update(consts[0])
+                try:
+                    ms, gbps, plan, out = time_ours(case, kv, nbytes, eager=eager, config=config)
+                finally:
+                    if consts and consts[0]:
+                        decode_hopper.EXTRA_CONSTEXPRS.clear()
                 err, ok = check(out, refs["bf16" if kernel == "ours_bf16" else "mxfp8"], kernel)
                 rows.append(row(kernel, name, case, ms, gbps, num_splits=plan.num_splits, variant=plan.kernel,
                                 block_n=plan.block_n, num_warps=plan.num_warps, num_stages=plan.num_stages,
                                 load_v_transposed=plan.kernel == "blocks",  # the block kernel loads V^T
-                                timing="eager" if eager else "cuda_graph", library=OURS, rel_err=err, correct=ok))
+                                timing="eager" if eager else "cuda_graph", library=OURS, rel_err=err, correct=ok,
+                                constexprs=consts[0] if consts else None))
                 got[kernel] = ms
             except Exception as e:  # noqa: BLE001
                 print(f"{kernel} {name} B={B} ctx={ctx} failed: {repr(e)[:300]}", flush=True)
@@ -328,6 +385,18 @@ def main():
                         got[kernel] = ms
                     except Exception as e:  # noqa: BLE001
                         print(f"{kernel} {name} B={B} ctx={ctx} failed: {repr(e)[:300]}", flush=True)
+        if hpc is not None and D == 128 and Hq // Hkv in (4, 8):
+            kernel = "hpcops_fp8"
+            try:
+                fn = hpcops_call(hpc, case)
+                err, ok = check(fn(), refs["fp8"], kernel)
+                ms, method = bench_graph(fn, kernel)
+                rows.append(row(kernel, name, case, ms, case.bytes_fp8 / (ms * 1e-3) / 1e9, timing=method,
+                                library="hpc-ops 6e2eced", backend="sm90 fp8 dynamic", rel_err=err, correct=ok,
+                                tol=tolerance(kernel)))
+                got[kernel] = ms
+            except Exception as e:  # noqa: BLE001
+                print(f"{kernel} {name} B={B} ctx={ctx} failed: {repr(e)[:300]}", flush=True)
         try:
             kc = case.k[PAGE:PAGE + B * ctx].view(B, ctx, Hkv, D).transpose(1, 2).contiguous()
             vc = case.v[PAGE:PAGE + B * ctx].view(B, ctx, Hkv, D).transpose(1, 2).contiguous()
@@ -370,7 +439,7 @@ def plot(rows, path, copy):
     import matplotlib.pyplot as plt
 
     kernels = ["ours_mxfp8", "ours_bf16", "flashinfer_bf16", "flashinfer_fp8", "flashinfer_xqa_bf16",
-               "flashinfer_xqa_fp8", "sdpa_bf16"]
+               "flashinfer_xqa_fp8", "hpcops_fp8", "sdpa_bf16"]
     fig, axes = plt.subplots(len(SHAPES), len(BATCHES), figsize=(4 * len(BATCHES), 3.2 * len(SHAPES)),
                              sharex=True, sharey=True, squeeze=False)
     for i, (name, Hq, Hkv, D) in enumerate(SHAPES):
@@ -396,7 +465,7 @@ def plot(rows, path, copy):
 
 
 BF16_PEERS = ("flashinfer_bf16", "flashinfer_xqa_bf16", "sdpa_bf16")
-FP8_PEERS = ("flashinfer_fp8", "flashinfer_xqa_fp8")
+FP8_PEERS = ("flashinfer_fp8", "flashinfer_xqa_fp8", "hpcops_fp8")
 
 
 def fastest(by, kernels, key):

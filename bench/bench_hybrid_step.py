@@ -8,7 +8,9 @@ it and fails the check). The step, all layers one after the other, is captured i
 timed from its replays (``bench_decode.bench_graph``: L2 cleared between replays).
 
 Kernels (each with its own window argument):
-  - ``ours_mxfp8`` / ``ours_bf16``: ``plan_decode(window=...)`` per layer kind, page table;
+  - ``ours_mxfp8`` / ``ours_bf16``: ``plan_decode(window=..., kv_format=...)`` per layer, page table, as the route
+    serves it (each row's ``layer_kernels``); ``ours_mxfp8_triton``, where the route took the Hopper kernel for a
+    layer: every layer on the Triton kernels;
   - ``flashinfer_bf16`` / ``flashinfer_fp8``: FlashInfer's FA2 decode wrapper, ``window_left = window - 1``;
   - ``flashinfer_xqa_bf16`` / ``flashinfer_xqa_fp8`` (FlashInfer >= 0.7): XQA, ``window_left = window - 1``;
   - ``sdpa_bf16``: torch SDPA over each layer's visible keys, contiguous (what an unpaged cache would read).
@@ -137,7 +139,7 @@ def main():
                 "fp8": [lay.reference(q, lambda s, lay=lay: (lay.k8[s].float(), lay.v8[s].float())) for lay in layers]}
         outs = [torch.empty_like(q) for _ in layers]
 
-        def record(kernel, fmt, step, library, backend):
+        def record(kernel, fmt, step, library, backend, **extra):
             step()
             checks = [bd.check(o, r, kernel) for o, r in zip(outs, refs[fmt])]  # (rel_err, correct) per layer
             errs = [err for err, _ in checks]
@@ -147,26 +149,35 @@ def main():
                          "window": args.window, "layers": args.layers, "ms": ms,
                          "GBps": bytes_of[fmt] / (ms * 1e-3) / 1e9, "bytes": bytes_of[fmt], "timing": timing,
                          "library": library, "backend": backend, "rel_err_max": max(errs), "correct": ok,
-                         "tol": bd.tolerance(kernel)})
+                         "tol": bd.tolerance(kernel), **extra})
             print(f"{shape} {kernel}: {ms:.4f} ms, {rows[-1]['GBps']:.0f} GB/s, rel_err max {max(errs):.2e}"
                   f"{'' if ok else ' WRONG'}", flush=True)
 
-        for kernel, fmt in (("ours_mxfp8", "mxfp8"), ("ours_bf16", "bf16")):
+        # ours as the route serves each layer (plan_decode(kv_format=): on an H100/H200 the Gluon Hopper kernel
+        # where plan.hopper_decode_fits, the Triton kernels elsewhere); where it took the Hopper kernel for a layer,
+        # also ours_mxfp8_triton: every layer on the Triton kernels, the same run
+        variants = [("ours_mxfp8", "mxfp8", True), ("ours_bf16", "bf16", True), ("ours_mxfp8_triton", "mxfp8", False)]
+        took_hopper = False
+        for kernel, fmt, routed in variants:
+            if kernel == "ours_mxfp8_triton" and not took_hopper:
+                continue
             try:
-                calls = []
+                calls, kernels = [], []
                 for lay, out in zip(layers, outs):
                     kv = lay.mx if fmt == "mxfp8" else lay.bf
                     work = DecodeWorkspace.for_max_context(B, Hq, Hkv, D, ctx, dev)
                     plan = plan_decode(B, num_q_heads=Hq, num_kv_heads=Hkv, head_dim=D, max_seq_len=ctx,
                                        window=lay.window, page_size=PAGE, kv_dtype=kv.k_buffer.dtype,
-                                       workspace=work)
+                                       workspace=work, kv_format=kv.kv_format if routed else None)
                     calls.append((plan, kv, lay, out, work))
+                    kernels.append(plan.kernel)
+                took_hopper = took_hopper or "hopper" in kernels
 
                 def step(calls=calls):
                     for plan, kv, lay, out, _ in calls:
                         run_decode(plan, q, kv, params=lay.params, page_table=lay.page_table,
                                    seq_lens=lay.seq_lens, out=out, check=False)
-                record(kernel, fmt, step, bd.OURS, "triton")
+                record(kernel, fmt, step, bd.OURS, "+".join(dict.fromkeys(kernels)), layer_kernels=kernels)
             except Exception as e:  # noqa: BLE001
                 print(f"{kernel} {shape} failed: {repr(e)[:300]}", flush=True)
         if flashinfer is not None:

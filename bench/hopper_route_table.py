@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from sglang_inkling_backend.triton.plan import hopper_decode_fits  # noqa: E402
 
 BF16_PEERS = ("flashinfer_bf16", "flashinfer_xqa_bf16", "sdpa_bf16", "ours_bf16")
-FP8_PEERS = ("flashinfer_fp8", "flashinfer_xqa_fp8")
+FP8_PEERS = ("flashinfer_fp8", "flashinfer_xqa_fp8", "hpcops_fp8")
 
 
 def route_rows(rows):

@@ -116,7 +116,7 @@ class TritonRoute:
                                          page_size=page_size)
         batch, hq, d = q.shape
         hkv, kv_dtype = kv.num_kv_heads, kv.k_buffer.dtype
-        kv_format = "mxfp8" if kv.is_mxfp8 else "float" if kv_dtype.itemsize > 1 else "fp8"
+        kv_format = kv.kv_format
         key = (params.window, hq, hkv, d, kv_dtype, kv_format, page_size, batch, max_seq_len)
         plan = plans.get(key, lambda: self.kernels.plan_decode(
             batch, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, window=params.window, max_seq_len=max_seq_len,

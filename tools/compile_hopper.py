@@ -36,7 +36,7 @@ def _executable_tools():
 
 
 def compile_hopper(D=128, G=8, block_n=128, stages=3, one_p=False, flags=(), maxnreg=None, hkv=2,
-                   page_table=True):
+                   page_table=True, extra=None):
     """The compiled kernel (``triton.compile``'s result) for one configuration, specialized like a launch."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -55,7 +55,7 @@ def compile_hopper(D=128, G=8, block_n=128, stages=3, one_p=False, flags=(), max
              "logit_cap": "fp32"}
     consts = dict(G=G, G_PAD=g_pad, D=D, HKV=hkv, NUM_STAGES=stages, BLOCK_N=block_n, VT_PAIRS=True, ONE_P=one_p,
                   PAGE_TABLE=page_table,
-                  **{f: f in flags for f in FLAGS})
+                  **{f: f in flags for f in FLAGS}, **(extra or {}))
     sig, attrs = launch_signature(fn, types, consts)
     options = {"num_warps": decode_hopper.HOPPER_NUM_WARPS}
     if maxnreg:
@@ -90,11 +90,14 @@ def main():
     ap.add_argument("--maxnreg", type=int)
     ap.add_argument("--csr", action="store_true", help="a CSR of whole pages instead of a page table")
     ap.add_argument("--all-flags", action="store_true", help="rel bias, window, cap, sinks, one split")
+    ap.add_argument("--constexpr", action="append", default=[], metavar="NAME=0|1",
+                    help="a variant constexpr of the kernel, e.g. SLOTS_AHEAD=0")
     ap.add_argument("--sass", help="write SASS here")
     ap.add_argument("--ttgir", help="write TTGIR here")
     a = ap.parse_args()
     k = compile_hopper(a.D, a.G, a.block_n, a.stages, a.one_p, FLAGS if a.all_flags else (), a.maxnreg,
-                       page_table=not a.csr)
+                       page_table=not a.csr,
+                       extra={n: bool(int(v)) for n, v in (c.split("=") for c in a.constexpr)})
     print(json.dumps(report(k)))
     if a.ttgir:
         open(a.ttgir, "w").write(k.asm["ttgir"])

@@ -74,6 +74,11 @@ class PagedKV:
         return self.k_scales is not None
 
     @property
+    def kv_format(self) -> str:
+        """The pool's format as ``plan_decode(kv_format=)`` takes it: "mxfp8", "fp8" (per-tensor) or "float"."""
+        return "mxfp8" if self.is_mxfp8 else "float" if self.k_buffer.dtype.itemsize > 1 else "fp8"
+
+    @property
     def num_slots(self) -> int:
         return self.k_buffer.shape[0]
 

@@ -177,7 +177,7 @@ def paged_decode_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: Optional[tor
         options["config"] = DecodeConfig(**{**vars(options.get("config") or DecodeConfig()),
                                             "num_splits": num_splits})
     options.setdefault("kv_dtype", kv.k_buffer.dtype)
-    options.setdefault("kv_format", "mxfp8" if kv.is_mxfp8 else "float" if kv.k_buffer.dtype.itemsize > 1 else "fp8")
+    options.setdefault("kv_format", kv.kv_format)
     if max_seq_len is None:
         max_seq_len = int(seq_lens.max()) if table else int(kv_indptr.diff().max())  # one sync
     plan = plan_decode(q.shape[0], num_q_heads=q.shape[1], num_kv_heads=kv.num_kv_heads, head_dim=q.shape[2],

@@ -197,7 +197,7 @@ def decode_hopper_kernel(
     G: gl.constexpr, G_PAD: gl.constexpr, D: gl.constexpr, HKV: gl.constexpr,
     HAS_REL_BIAS: gl.constexpr, HAS_WINDOW: gl.constexpr, HAS_CAP: gl.constexpr, HAS_SINKS: gl.constexpr,
     DIRECT: gl.constexpr, NUM_STAGES: gl.constexpr, BLOCK_N: gl.constexpr, VT_PAIRS: gl.constexpr = True,
-    ONE_P: gl.constexpr = False, PAGE_TABLE: gl.constexpr = True,
+    ONE_P: gl.constexpr = False, PAGE_TABLE: gl.constexpr = True, SLOTS_AHEAD: gl.constexpr = True,
 ):
     PAGE: gl.constexpr = 128
     NB: gl.constexpr = D // 32
@@ -249,6 +249,12 @@ def decode_hopper_kernel(
             mbarrier.expect(bars.index(s), 2 * BLOCK_N * D)
             tma_load(k_desc, [slot, col0], bars.index(s), k_smem.index(s))
             tma_load(v_desc, [slot, col0], bars.index(s), v_smem.index(s))
+    # SLOTS_AHEAD: the first slots of tiles i + 1 and i + 2 ride in registers (slot_1, slot_2), and tile i + 3's is
+    # loaded at the top of iteration i and used one iteration later, so no TMA issue (2 or 3 stages) or scale load
+    # waits on a page-table read (a dependent global load, twice per tile otherwise)
+    last = n_tiles - 1
+    slot_1 = tile_slot(row_ptr, tok_begin + gl.minimum(1, last) * BLOCK_N, PAGE, PAGE_TABLE)
+    slot_2 = tile_slot(row_ptr, tok_begin + gl.minimum(2, last) * BLOCK_N, PAGE, PAGE_TABLE)
 
     # Q as two e4m3 parts of one scale, 16 q' = hi + lo with q' = q * 2**(130 - E) (|q'| < 16, E: max|q|'s
     # biased exponent), hi = 16 e4m3(q') (exact), lo = e4m3(16 (q' - e4m3(q'))): both dots chain into one
@@ -312,14 +318,23 @@ def decode_hopper_kernel(
 
         # refill the stage the previous page used (every warp is past it) with the page NUM_STAGES - 1 ahead
         ahead = i + NUM_STAGES - 1
+        slot_3 = tile_slot(row_ptr, tok_begin + gl.minimum(i + 3, last) * BLOCK_N, PAGE, PAGE_TABLE)
         if ahead < n_tiles:
             astage = ahead % NUM_STAGES
-            aslot = tile_slot(row_ptr, tok_begin + ahead * BLOCK_N, PAGE, PAGE_TABLE)
+            if SLOTS_AHEAD and NUM_STAGES == 3:
+                aslot = slot_2
+            elif SLOTS_AHEAD and NUM_STAGES == 2:
+                aslot = slot_1
+            else:
+                aslot = tile_slot(row_ptr, tok_begin + ahead * BLOCK_N, PAGE, PAGE_TABLE)
             mbarrier.expect(bars.index(astage), 2 * BLOCK_N * D)
             tma_load(k_desc, [aslot, col0], bars.index(astage), k_smem.index(astage))
             tma_load(v_desc, [aslot, col0], bars.index(astage), v_smem.index(astage))
         # the next page's scale bytes, in flight during this page's math
-        nslot = tile_slot(row_ptr, tok_begin + gl.minimum(i + 1, n_tiles - 1) * BLOCK_N, PAGE, PAGE_TABLE)
+        if SLOTS_AHEAD:
+            nslot = slot_1
+        else:
+            nslot = tile_slot(row_ptr, tok_begin + gl.minimum(i + 1, last) * BLOCK_N, PAGE, PAGE_TABLE)
         nsf_offs = tile_scale_offsets(nslot, offs_t, h, HKV, NB, PAGE)
         nk_sf = load_scale_words(ksf_ptr, nsf_offs, NB)
         nv_sf = load_scale_words(vsf_ptr, nsf_offs, NB)
@@ -400,6 +415,8 @@ def decode_hopper_kernel(
         units = new_units
         k_sf = nk_sf
         v_sf = nv_sf
+        slot_1 = slot_2  # (dead code without SLOTS_AHEAD)
+        slot_2 = slot_3
         # No barrier before the next page refills this stage and rewrites p_smem: each warp issued the V dots (a
         # warpgroup MMA starts when all four warps have issued it, so every warp has loaded V^T) and waited for them.
 
@@ -479,6 +496,11 @@ def launch_decode_hopper(plan, q, kv, params, out, lens, index, stride_index_row
     )
 
 
+# Constexpr overrides for every launch, for a benchmark that times kernel variants in one run (empty otherwise):
+# bench/bench_decode.py's BENCH_HOPPER_VARIANTS '{"name": {"constexprs": {"SLOTS_AHEAD": false}}}'
+EXTRA_CONSTEXPRS: dict = {}
+
+
 def _launch_options(plan):
     """Variant constexprs and launch options by tile and stage count (offline ptxas for sm_90a, head_dim 128):
     - 128-key tiles, 2 stages: one P' buffer and at most 168 registers, so 3 programs fit an SM (74.5 KiB of
@@ -486,7 +508,7 @@ def _launch_options(plan):
     - 64-key tiles, 2 stages: at most 128 registers (no spills), 4 programs per SM (41.7 KiB);
     - otherwise (128-key tiles, 3 stages: 111 KiB, 217 registers): 2 programs per SM."""
     if plan.block_n == 128 and plan.num_stages == 2:
-        return {"ONE_P": True, "maxnreg": 168}
+        return {"ONE_P": True, "maxnreg": 168, **EXTRA_CONSTEXPRS}
     if plan.block_n == 64 and plan.num_stages == 2:
-        return {"maxnreg": 128}
-    return {}
+        return {"maxnreg": 128, **EXTRA_CONSTEXPRS}
+    return dict(EXTRA_CONSTEXPRS)

@@ -94,7 +94,9 @@ def build_load(verbose=True):
     )
 
 
-def build_manual():
+def build_manual(cuda_only=False):
+    """nvcc/g++ in parallel, then link; an object newer than its source is kept (a bundle can carry the .cu
+    objects prebuilt: they need no torch). ``cuda_only``: compile the .cu sources and stop."""
     from torch.utils.cpp_extension import include_paths, library_paths
 
     CUDA_HOME = _cuda_home()
@@ -106,6 +108,8 @@ def build_manual():
     sysinc = [f"-isystem{p}" for p in tinc] + [f"-isystem{cuda_inc}"]
     cmds, objs = [], []
     for src in SOURCES:
+        if cuda_only and not src.endswith(".cu"):
+            continue
         obj = os.path.join(BUILD_DIR, os.path.basename(src) + ".o")
         objs.append(obj)
         if os.path.exists(obj) and os.path.getmtime(obj) > os.path.getmtime(src):
@@ -130,6 +134,8 @@ def build_manual():
             if rc != 0:
                 print(err)
                 raise RuntimeError(f"compile failed: {obj}")
+    if cuda_only:
+        return
     so = os.path.join(BUILD_DIR, "hpc_dec.so")
     libdirs = library_paths() + [os.path.join(CUDA_HOME, "lib64")]
     # the binding only needs c10/torch core + cudart (no c10_cuda/torch_cuda symbols are used)
@@ -140,7 +146,7 @@ def build_manual():
     torch.ops.load_library(so)
 
 
-def build(mode="auto"):
+def build(mode="auto", cuda_only=False):
     t0 = time.time()
     if mode == "auto":
         try:
@@ -150,7 +156,10 @@ def build(mode="auto"):
         except Exception:
             mode = "manual"
     print(f"[build] mode={mode} root={ROOT}", flush=True)
-    (build_load if mode == "load" else build_manual)()
+    if cuda_only:
+        build_manual(cuda_only=True)
+    else:
+        (build_load if mode == "load" else build_manual)()
     print(f"[build] done in {time.time() - t0:.0f}s", flush=True)
 
 
@@ -249,8 +258,12 @@ def main():
     ap.add_argument("--min-process-len", type=int, default=64)  # upstream bench default
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--build-only", action="store_true")
+    ap.add_argument("--cuda-objects-only", action="store_true",
+                    help="compile the .cu objects (no GPU or torch ABI needed) and stop: make_bundle.sh --objects")
     a = ap.parse_args()
-    build(a.build)
+    build("manual" if a.cuda_objects_only else a.build, cuda_only=a.cuda_objects_only)
+    if a.cuda_objects_only:
+        return
     if a.build_only:
         print(torch.ops.hpc_dec.attention_decode_fp8.default._schema)
         return
