@@ -245,6 +245,8 @@ def hpcops_call(hpc, case):
     hpc.assign_attention_decode_task(case.seq_lens, task_map, Hkv, 1, True, 64)
     out = torch.empty_like(case.q)
     return lambda: hpc.hpc_decode_fp8(q8, qscale, kc64, vc64, bt64, case.seq_lens, kscale, vscale, task_map, out)
+
+
 HOPPER = False  # main() sets it: an sm_90 GPU also times the Gluon Hopper kernel (ours_mxfp8_hopper)
 
 
@@ -318,11 +320,13 @@ def main():
         refs = {"mxfp8": reference_f64(case, paged_reader(case, case.mx.read)),
                 "bf16": reference_f64(case, paged_reader(case, case.bf.read)),
                 "fp8": reference_f64(case, paged_reader(case, lambda sl: (case.k8[sl].float(), case.v8[sl].float())))}
-        ours = [("ours_mxfp8", case.mx, case.bytes_mxfp8, False, None),
-                ("ours_bf16", case.bf, case.bytes_bf16, False, None),
-                ("ours_mxfp8_eager", case.mx, case.bytes_mxfp8, True, None)]
+        # (row, pool, bytes, eager, DecodeConfig, the Hopper kernel's variant constexprs)
+        ours = [("ours_mxfp8", case.mx, case.bytes_mxfp8, False, None, {}),
+                ("ours_bf16", case.bf, case.bytes_bf16, False, None, {}),
+                ("ours_mxfp8_eager", case.mx, case.bytes_mxfp8, True, None, {})]
         if HOPPER:  # the Gluon kernel, forced (the Triton block kernel is ours_mxfp8 unless the route picks it)
-            ours.insert(1, ("ours_mxfp8_hopper", case.mx, case.bytes_mxfp8, False, DecodeConfig(kernel="hopper")))
+            ours.insert(1, ("ours_mxfp8_hopper", case.mx, case.bytes_mxfp8, False, DecodeConfig(kernel="hopper"),
+                            {}))
             # BENCH_HOPPER_VARIANTS='{"s2": {"num_stages": 2}}': more configurations of it, rows ours_mxfp8_hopper_<name>
             # (a "constexprs" entry: the kernel's variant constexprs, decode_hopper.EXTRA_CONSTEXPRS while it is
             # captured)
@@ -331,21 +335,21 @@ def main():
                 consts = fields.pop("constexprs", {})
                 ours.insert(2, (f"ours_mxfp8_hopper_{vname}", case.mx, case.bytes_mxfp8, False,
                                 DecodeConfig(kernel="hopper", **fields), consts))
-        for kernel, kv, nbytes, eager, config, *consts in ours:
+        for kernel, kv, nbytes, eager, config, consts in ours:
             try:
-                if consts and consts[0]:
-                    decode_hopper.EXTRA_CONSTEXPRS.update(consts[0])
+                if consts:
+                    decode_hopper.EXTRA_CONSTEXPRS.update(consts)
                 try:
                     ms, gbps, plan, out = time_ours(case, kv, nbytes, eager=eager, config=config)
                 finally:
-                    if consts and consts[0]:
+                    if consts:
                         decode_hopper.EXTRA_CONSTEXPRS.clear()
                 err, ok = check(out, refs["bf16" if kernel == "ours_bf16" else "mxfp8"], kernel)
                 rows.append(row(kernel, name, case, ms, gbps, num_splits=plan.num_splits, variant=plan.kernel,
                                 block_n=plan.block_n, num_warps=plan.num_warps, num_stages=plan.num_stages,
                                 load_v_transposed=plan.kernel == "blocks",  # the block kernel loads V^T
                                 timing="eager" if eager else "cuda_graph", library=OURS, rel_err=err, correct=ok,
-                                constexprs=consts[0] if consts else None))
+                                constexprs=consts or None))
                 got[kernel] = ms
             except Exception as e:  # noqa: BLE001
                 print(f"{kernel} {name} B={B} ctx={ctx} failed: {repr(e)[:300]}", flush=True)

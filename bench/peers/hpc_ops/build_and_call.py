@@ -155,7 +155,7 @@ def build(mode="auto", cuda_only=False):
             mode = "load" if is_ninja_available() else "manual"
         except Exception:
             mode = "manual"
-    print(f"[build] mode={mode} root={ROOT}", flush=True)
+    print(f"[build] mode={'manual, .cu objects only' if cuda_only else mode} root={ROOT}", flush=True)
     if cuda_only:
         build_manual(cuda_only=True)
     else:
@@ -261,7 +261,7 @@ def main():
     ap.add_argument("--cuda-objects-only", action="store_true",
                     help="compile the .cu objects (no GPU or torch ABI needed) and stop: make_bundle.sh --objects")
     a = ap.parse_args()
-    build("manual" if a.cuda_objects_only else a.build, cuda_only=a.cuda_objects_only)
+    build(a.build, cuda_only=a.cuda_objects_only)
     if a.cuda_objects_only:
         return
     if a.build_only:
