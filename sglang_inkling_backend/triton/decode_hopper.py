@@ -506,7 +506,8 @@ def _launch_options(plan):
     - 128-key tiles, 2 stages: one P' buffer and at most 168 registers, so 3 programs fit an SM (74.5 KiB of
       shared memory each; 64 bytes of spills);
     - 64-key tiles, 2 stages: at most 128 registers (no spills), 4 programs per SM (41.7 KiB);
-    - otherwise (128-key tiles, 3 stages: 111 KiB, 219 registers on Triton 3.6 (tools/compile_hopper.py)): 2 programs per SM."""
+    - otherwise (128-key tiles, 3 stages: 111 KiB, 219 registers on Triton 3.6 by tools/compile_hopper.py): 2
+      programs per SM."""
     options = {}
     if plan.block_n == 128 and plan.num_stages == 2:
         options = {"ONE_P": True, "maxnreg": 168}
