@@ -41,8 +41,13 @@ def launch_signature(fn, types, consts, unmarked=()):
     ``max_splits`` (the split count) and ``unmarked``. At run time every stride, split_len (whole tiles), window
     and rel_extent (0 when unused) are multiples of 16. Without the marks on stride_qh / stride_oh, q's load took
     another layout and some variants compiled with 30 fewer registers than launched (124 against 154,
-    bench/results/history/2026-11-30-offline-vs-jit-registers/)."""
+    bench/results/history/2026-11-30-offline-vs-jit-registers/). A constexpr parameter that ``consts`` does not
+    name takes its default, as at a launch (added to ``consts``: without it the compile would make it an int
+    argument and compile every branch on it at run time)."""
     sig, attrs = {}, {}
+    for param in fn.params:
+        if param.is_constexpr and param.has_default and param.name not in consts:
+            consts[param.name] = param.default
     for i, name in enumerate(fn.arg_names):
         if name in consts:
             sig[name] = "constexpr"
