@@ -257,11 +257,21 @@ def row(kernel, name, case, ms, gbps, **extra):
     return r
 
 
+def wanted(peer: str) -> bool:
+    """Whether this run times ``peer`` (a row name): ``BENCH_PEERS='flashinfer_xqa_fp8,sdpa_bf16'`` keeps those
+    peers only (a variant study that needs one peer in the same run and not every peer's JIT builds); all by
+    default. Ours are always timed."""
+    chosen = os.environ.get("BENCH_PEERS")
+    return not chosen or peer in chosen.split(",")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "bench/results/current"))
     ap.add_argument("--no-grid", action="store_true")
     ap.add_argument("--quick", action="store_true", help="a few grid points only")
+    ap.add_argument("--points", help="these grid points only: 'shape:B:ctx,...' with a SHAPES name, e.g. "
+                    "'inkling-tp4:128:32768,gqa8-tp1:32:16384'")
     ap.add_argument("--table", metavar="JSON", help="print the table of a run's JSON (no GPU): each row's check is "
                     "re-applied with tolerance(kernel) to its recorded rel_err")
     args = ap.parse_args()
@@ -301,6 +311,9 @@ def main():
     grid = [(s, b, c) for s in SHAPES for b in BATCHES for c in CTXS]
     if args.quick:
         grid = [(SHAPES[0], 1, 1024), (SHAPES[0], 128, 32768), (SHAPES[1], 32, 16384), (SHAPES[2], 8, 32768)]
+    if args.points:
+        by_name = {s[0]: s for s in SHAPES}
+        grid = [(by_name[n], int(b), int(c)) for n, b, c in (p.split(":") for p in args.points.split(","))]
     if args.no_grid:
         grid = []
     ws = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=dev) if flashinfer else None
@@ -361,6 +374,8 @@ def main():
                     ("flashinfer_bf16", torch.bfloat16, kv_bf, case.bytes_bf16, {}, refs["bf16"]),
                     ("flashinfer_fp8", torch.float8_e4m3fn, kv_f8, case.bytes_fp8, dict(k_scale=1.0, v_scale=1.0),
                      refs["fp8"])):
+                if not wanted(kernel):
+                    continue
                 try:
                     w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=True)
                     w.plan(case.page_indptr, case.page_indices, case.last_page_len, Hq, Hkv, D, PAGE,
@@ -378,6 +393,8 @@ def main():
                 seq_lens_u32 = case.seq_lens.to(torch.uint32)
                 for kernel, kvs, nbytes, ref in (("flashinfer_xqa_bf16", kv_bf, case.bytes_bf16, refs["bf16"]),
                                                  ("flashinfer_xqa_fp8", kv_f8, case.bytes_fp8, refs["fp8"])):
+                    if not wanted(kernel):
+                        continue
                     try:
                         # bmm1_scale = softmax scale x k_scale, bmm2_scale = v_scale (per-tensor scales of 1 here)
                         fn = lambda: xqa(case.q, kvs, xqa_ws, case.page_table, seq_lens_u32, ctx,  # noqa: E731
@@ -389,7 +406,7 @@ def main():
                         got[kernel] = ms
                     except Exception as e:  # noqa: BLE001
                         print(f"{kernel} {name} B={B} ctx={ctx} failed: {repr(e)[:300]}", flush=True)
-        if hpc is not None and D == 128 and Hq // Hkv in (4, 8):
+        if hpc is not None and D == 128 and Hq // Hkv in (4, 8) and wanted("hpcops_fp8"):
             kernel = "hpcops_fp8"
             try:
                 fn = hpcops_call(hpc, case)
@@ -401,21 +418,22 @@ def main():
                 got[kernel] = ms
             except Exception as e:  # noqa: BLE001
                 print(f"{kernel} {name} B={B} ctx={ctx} failed: {repr(e)[:300]}", flush=True)
-        try:
-            kc = case.k[PAGE:PAGE + B * ctx].view(B, ctx, Hkv, D).transpose(1, 2).contiguous()
-            vc = case.v[PAGE:PAGE + B * ctx].view(B, ctx, Hkv, D).transpose(1, 2).contiguous()
-            q4 = case.q[:, :, None, :]
-            fn = lambda: torch.nn.functional.scaled_dot_product_attention(  # noqa: E731
-                q4, kc, vc, scale=1.0 / D, enable_gqa=True)
-            # SDPA reads contiguous rows, not the page table's pages: its own float64 reference
-            err, ok = check(fn(), reference_f64(case, lambda b: (kc[b].transpose(0, 1), vc[b].transpose(0, 1))))
-            ms, method = bench_graph(fn, "sdpa")
-            rows.append(row("sdpa_bf16", name, case, ms, case.bytes_bf16 / (ms * 1e-3) / 1e9, timing=method,
-                            library=f"torch {torch.__version__}", backend="sdpa", rel_err=err, correct=ok))
-            got["sdpa_bf16"] = ms
-            del kc, vc
-        except Exception as e:  # noqa: BLE001
-            print(f"sdpa {name} B={B} ctx={ctx} failed: {repr(e)[:300]}", flush=True)
+        if wanted("sdpa_bf16"):
+            try:
+                kc = case.k[PAGE:PAGE + B * ctx].view(B, ctx, Hkv, D).transpose(1, 2).contiguous()
+                vc = case.v[PAGE:PAGE + B * ctx].view(B, ctx, Hkv, D).transpose(1, 2).contiguous()
+                q4 = case.q[:, :, None, :]
+                fn = lambda: torch.nn.functional.scaled_dot_product_attention(  # noqa: E731
+                    q4, kc, vc, scale=1.0 / D, enable_gqa=True)
+                # SDPA reads contiguous rows, not the page table's pages: its own float64 reference
+                err, ok = check(fn(), reference_f64(case, lambda b: (kc[b].transpose(0, 1), vc[b].transpose(0, 1))))
+                ms, method = bench_graph(fn, "sdpa")
+                rows.append(row("sdpa_bf16", name, case, ms, case.bytes_bf16 / (ms * 1e-3) / 1e9, timing=method,
+                                library=f"torch {torch.__version__}", backend="sdpa", rel_err=err, correct=ok))
+                got["sdpa_bf16"] = ms
+                del kc, vc
+            except Exception as e:  # noqa: BLE001
+                print(f"sdpa {name} B={B} ctx={ctx} failed: {repr(e)[:300]}", flush=True)
         line = " ".join(f"{k}={v:.4f}" for k, v in got.items())
         print(f"{name} B={B} ctx={ctx}: {line}", flush=True)
         with open(os.path.join(args.out, f"{stamp}-{gpu}.json"), "w") as f:  # kept current if the run is cut

@@ -17,6 +17,9 @@ Kernels (each with its own window argument):
 Every layer's output is checked against float64 attention over the values that kernel reads, for the first
 ``bench_decode.CHECK_REQUESTS`` requests, with ``bench_decode.tolerance`` (XQA's fp8 kernel rounds Q and P to e4m3).
 
+``BENCH_PEERS`` (bench_decode.wanted) keeps only the peers it names; ``BENCH_HOPPER_VARIANTS`` adds rows of the
+Hopper kernel's variants.
+
 Bytes per step: each layer's visible keys (window or whole context) x KV heads x (K + V) in the format's bytes.
 
     python bench/bench_hybrid_step.py --out $OUT        # writes $OUT/hybrid-step.json and prints the table
@@ -156,11 +159,19 @@ def main():
         # ours as the route serves each layer (plan_decode(kv_format=): on an H100/H200 the Gluon Hopper kernel
         # where plan.hopper_decode_fits, the Triton kernels elsewhere); where it took the Hopper kernel for a layer,
         # also ours_mxfp8_triton: every layer on the Triton kernels, the same run
-        variants = [("ours_mxfp8", "mxfp8", True), ("ours_bf16", "bf16", True), ("ours_mxfp8_triton", "mxfp8", False)]
+        # BENCH_HOPPER_VARIANTS (bench_decode.py's): rows ours_mxfp8_<name>, routed, with the Hopper kernel's variant
+        # constexprs set while they are captured
+        variants = [("ours_mxfp8", "mxfp8", True, {}), ("ours_bf16", "bf16", True, {}),
+                    ("ours_mxfp8_triton", "mxfp8", False, {})]
+        for vname, fields in json.loads(os.environ.get("BENCH_HOPPER_VARIANTS", "{}")).items():
+            variants.append((f"ours_mxfp8_{vname}", "mxfp8", True, dict(fields).get("constexprs", {})))
         took_hopper = False
-        for kernel, fmt, routed in variants:
+        for kernel, fmt, routed, consts in variants:
             if kernel == "ours_mxfp8_triton" and not took_hopper:
                 continue
+            if consts:
+                from sglang_inkling_backend.triton import decode_hopper
+                decode_hopper.EXTRA_CONSTEXPRS.update(consts)
             try:
                 calls, kernels = [], []
                 for lay, out in zip(layers, outs):
@@ -177,13 +188,19 @@ def main():
                     for plan, kv, lay, out, _ in calls:
                         run_decode(plan, q, kv, params=lay.params, page_table=lay.page_table,
                                    seq_lens=lay.seq_lens, out=out, check=False)
-                record(kernel, fmt, step, bd.OURS, "+".join(dict.fromkeys(kernels)), layer_kernels=kernels)
+                record(kernel, fmt, step, bd.OURS, "+".join(dict.fromkeys(kernels)), layer_kernels=kernels,
+                       constexprs=consts or None)
             except Exception as e:  # noqa: BLE001
                 print(f"{kernel} {shape} failed: {repr(e)[:300]}", flush=True)
+            finally:
+                if consts:
+                    decode_hopper.EXTRA_CONSTEXPRS.clear()
         if flashinfer is not None:
             fi = f"flashinfer {fi_version}"
             for kernel, dtype, fmt in (("flashinfer_bf16", torch.bfloat16, "bf16"),
                                        ("flashinfer_fp8", torch.float8_e4m3fn, "fp8")):
+                if not bd.wanted(kernel):
+                    continue
                 try:
                     wrappers = []
                     for lay in layers:
@@ -204,6 +221,8 @@ def main():
             xqa = getattr(getattr(flashinfer, "decode", None), "trtllm_batch_decode_with_kv_cache", None)
             if xqa is not None:
                 for kernel, fmt in (("flashinfer_xqa_bf16", "bf16"), ("flashinfer_xqa_fp8", "fp8")):
+                    if not bd.wanted(kernel):
+                        continue
                     try:
                         args_per = []
                         for lay in layers:
@@ -219,18 +238,19 @@ def main():
                         record(kernel, fmt, step, fi, "xqa")
                     except Exception as e:  # noqa: BLE001
                         print(f"{kernel} {shape} failed: {repr(e)[:300]}", flush=True)
-        try:
-            dense = [lay.visible_rows() for lay in layers]
-            q4 = q[:, :, None, :]
+        if bd.wanted("sdpa_bf16"):
+            try:
+                dense = [lay.visible_rows() for lay in layers]
+                q4 = q[:, :, None, :]
 
-            def step(dense=dense):
-                for (kc, vc), out in zip(dense, outs):
-                    out.copy_(torch.nn.functional.scaled_dot_product_attention(q4, kc, vc, scale=1.0 / D,
-                                                                               enable_gqa=True)[:, :, 0])
-            record("sdpa_bf16", "bf16", step, f"torch {torch.__version__}", "sdpa")
-            del dense
-        except Exception as e:  # noqa: BLE001
-            print(f"sdpa_bf16 {shape} failed: {repr(e)[:300]}", flush=True)
+                def step(dense=dense):
+                    for (kc, vc), out in zip(dense, outs):
+                        out.copy_(torch.nn.functional.scaled_dot_product_attention(q4, kc, vc, scale=1.0 / D,
+                                                                                   enable_gqa=True)[:, :, 0])
+                record("sdpa_bf16", "bf16", step, f"torch {torch.__version__}", "sdpa")
+                del dense
+            except Exception as e:  # noqa: BLE001
+                print(f"sdpa_bf16 {shape} failed: {repr(e)[:300]}", flush=True)
         del layers
         torch.cuda.empty_cache()
     os.makedirs(args.out, exist_ok=True)

@@ -44,6 +44,9 @@ DECODE_TOL = 4e-3
 # DECODE_PLAN_OPTIONS='{"map": "table", "block_n": 32, ...}': check one kernel configuration (DecodeConfig fields,
 # and "map": "csr" / "pages" / "table") instead of DECODE_CONFIGS
 PLAN_OPTIONS = json.loads(os.environ.get("DECODE_PLAN_OPTIONS", "{}") or "{}")
+# GPU_CHECKS_HOPPER_CONSTEXPRS='{"HEADS_ONCE": true}': the Gluon Hopper kernel's variant constexprs for every launch
+# of it (decode_hopper.EXTRA_CONSTEXPRS, as bench_decode.py's BENCH_HOPPER_VARIANTS)
+HOPPER_CONSTEXPRS = json.loads(os.environ.get("GPU_CHECKS_HOPPER_CONSTEXPRS", "{}") or "{}")
 # GPU_CHECKS_DECODE_SHAPES='8/8/128,32/2/128': the decode checks' (Hq/Hkv/D) shapes instead of the three defaults
 DECODE_SHAPES = [tuple(int(x) for x in s.split("/")) for s in
                  (os.environ.get("GPU_CHECKS_DECODE_SHAPES") or "16/2/128,64/8/128,4/1/256").split(",")]
@@ -344,6 +347,10 @@ def main():
     torch.manual_seed(seed)
     name = "cpu (smoke)" if SMOKE else torch.cuda.get_device_name()
     print(f"plan options {PLAN_OPTIONS or 'defaults'}", flush=True)
+    if HOPPER_CONSTEXPRS:
+        from sglang_inkling_backend.triton import decode_hopper
+        decode_hopper.EXTRA_CONSTEXPRS.update(HOPPER_CONSTEXPRS)
+        print(f"Hopper kernel constexprs {HOPPER_CONSTEXPRS}", flush=True)
     print(f"seed {seed} device {name} torch {torch.__version__} triton {triton.__version__}",
           flush=True)
     if not SMOKE and torch.cuda.get_device_capability() == (9, 0):
@@ -362,7 +369,8 @@ def main():
     out = os.environ.get("OUT")
     if out:
         with open(os.path.join(out, "gpu_checks.json"), "w") as f:
-            json.dump({"seed": seed, "results": RESULTS}, f, indent=1)
+            json.dump({"seed": seed, "plan_options": PLAN_OPTIONS, "hopper_constexprs": HOPPER_CONSTEXPRS,
+                       "results": RESULTS}, f, indent=1)
     failed = [r["check"] for r in RESULTS if not r["ok"]]
     print(f"\n{len(RESULTS) - len(failed)}/{len(RESULTS)} GPU checks passed" + (f"; FAILED: {failed}" if failed else ""))
     sys.exit(1 if failed else 0)

@@ -1,9 +1,12 @@
-"""One decode launch of the Gluon Hopper kernel at a grid point, for ncu."""
-import os, sys
+"""One decode launch of the Gluon Hopper kernel at a grid point, for ncu. ``HOPPER_CONSTEXPRS='{"HEADS_ONCE": true}'``:
+the kernel's variant constexprs (decode_hopper.EXTRA_CONSTEXPRS)."""
+import json, os, sys
 sys.path.insert(0, os.getcwd())
 import torch
 from bench.bench_decode import Case
 from sglang_inkling_backend.triton import DecodeConfig, DecodeWorkspace, plan_decode, run_decode
+from sglang_inkling_backend.triton import decode_hopper
+decode_hopper.EXTRA_CONSTEXPRS.update(json.loads(os.environ.get("HOPPER_CONSTEXPRS", "{}") or "{}"))
 Hq, Hkv, D, B, ctx = (int(x) for x in os.environ.get("POINT", "16,2,128,128,32768").split(","))
 case = Case(Hq, Hkv, D, B, ctx, "cuda", with_fp8=False)
 ws = DecodeWorkspace.for_max_context(B, Hq, Hkv, D, ctx, "cuda")
