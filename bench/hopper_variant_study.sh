@@ -56,7 +56,7 @@ for name in current ${CHECKED//,/ }; do
   consts='{}'
   if [ "$name" != current ]; then consts=$(constexprs "$name"); fi
   stamp "ncu $name"
-  HOPPER_CONSTEXPRS="$consts" timeout "$(limit 45)" ncu --section SpeedOfLight --section Occupancy --section WarpStateStats \
+  HOPPER_CONSTEXPRS="$consts" timeout "$(limit 45)" ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \
     --section SchedulerStats --section LaunchStats -k regex:decode_ -c 1 -s 2 python3 tools/profile_decode.py \
     >> "$W/ncu.log" 2>&1
 done
