@@ -8,7 +8,7 @@
 #   4. the SGLang host's CUDA-graph test (the route's own kernel choice), into study.log;
 #   5. ncu's warp-state and scheduler sections of one launch per kernel at 16/2/128, B 128, 32k.
 # Every step has its own time limit so that the call ends inside the device's 10 minutes.
-#   VARIANTS='{"once": {"constexprs": {"HEADS_ONCE": true}}}' CHECKED=once bash bench/hopper_variant_study.sh "$OUT"
+#   VARIANTS='{"noslots": {"constexprs": {"SLOTS_AHEAD": false}}}' CHECKED=noslots bash bench/hopper_variant_study.sh "$OUT"
 # CHECKED: the variants steps 1 and 5 run (default: the first); every variant's grid and hybrid rows are also
 # checked against float64 on their own data.
 set -uo pipefail

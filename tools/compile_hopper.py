@@ -49,17 +49,12 @@ def compile_hopper(D=128, G=8, block_n=128, stages=3, one_p=False, flags=(), max
     layout = gl.NVMMASharedLayout.get_default_for([block_n, D], gl.float8e4nv)
     desc = f"tensordesc<fp8e4nv[{block_n}, {D}],{layout!r}>"
     fn = decode_hopper.decode_hopper_kernel
-    extra = dict(extra or {})
-    if extra.pop("HEADS_ONCE", False):
-        fn = decode_hopper.decode_hopper_once_kernel
     types = {"q_ptr": "*bf16", "k_desc": desc, "v_desc": desc, "ksf_ptr": "*u8", "vsf_ptr": "*u8",
              "lens_ptr": "*i32", "table_ptr": "*i32", "rel_bias_ptr": "*bf16", "sinks_ptr": "*bf16",
              "out_ptr": "*bf16", "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "sm_scale": "fp32",
              "logit_cap": "fp32"}
-    consts = dict(G=G, G_PAD=g_pad, D=D, HKV=hkv, NUM_STAGES=stages, BLOCK_N=block_n, PAGE_TABLE=page_table,
-                  **{f: f in flags for f in FLAGS}, **extra)
-    if fn is decode_hopper.decode_hopper_kernel:
-        consts.update(VT_PAIRS=True, ONE_P=one_p)
+    consts = dict(G=G, G_PAD=g_pad, D=D, HKV=hkv, NUM_STAGES=stages, BLOCK_N=block_n, ONE_P=one_p,
+                  PAGE_TABLE=page_table, **{f: f in flags for f in FLAGS}, **(extra or {}))
     sig, attrs = launch_signature(fn, types, consts)
     options = {"num_warps": decode_hopper.HOPPER_NUM_WARPS}
     if maxnreg:

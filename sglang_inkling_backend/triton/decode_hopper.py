@@ -4,7 +4,7 @@
 The same plan, workspace and merge as the Triton block kernel (``decode_blocks``), and its semantics; what
 changes is how the bytes arrive and which instructions do the dots (docs/HOPPER_DECODE.md has the design and the
 measurements):
-- a tile is one page (128 keys; 64 as a variant): its K and V rows come in by TMA (two ``[BLOCK_N, D]`` boxes of
+- a tile is one page (128 keys): its K and V rows come in by TMA (two ``[BLOCK_N, D]`` boxes of
   one pool-wide 2-D tensor map, ``[slots, Hkv * D]``) into a ring of ``NUM_STAGES`` shared-memory stages, issued
   ``NUM_STAGES - 1`` tiles ahead of the math on an mbarrier per stage; the tile's scale bytes come one tile ahead
   into registers;
@@ -135,9 +135,13 @@ def e4m3x2_to_f16(pairs):
 @gluon.jit
 def load_vt_pairs(vst, m: gl.constexpr, partial, pair_layout: gl.constexpr, a_layout: gl.constexpr,
                   D: gl.constexpr, BLOCK_N: gl.constexpr):
-    """``load_vt`` in 16-bit loads: each thread's two rows r and r + 8 of the A operand are the adjacent channels
-    2p and 2p + 1 (``vt_channel``), read as one int16 per key (half the loads of one byte per element). Row r of
-    the result is channel ``64 m + vt_channel(r)``."""
+    """V^T of channels [64 m, 64 m + 64) of a tile stage, ``[64, BLOCK_N]`` fp16 (exact for e4m3) in the MMA's A
+    layout, read in 16-bit loads: each thread's two rows r and r + 8 of the A operand are the adjacent channels
+    2p and 2p + 1 (``vt_channel``), one int16 per key (half the loads of one byte per element; 8% fewer
+    instructions per page, bench/results/history/2026-12-02-hopper-kernel-steps/). Row r of the result is channel
+    ``64 m + vt_channel(r)``. On a tile with keys outside the split or the window (``partial``; their
+    probabilities are 0) the bytes can be anything: only e4m3's NaN (0x7F, 0xFF) would survive a 0 probability,
+    and max(x, -448) (IEEE maxNum) turns it into a number, one packed op per two values."""
     SWIZZLE: gl.constexpr = vst.type.layout.swizzle_byte_width
     layout16: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=SWIZZLE, element_bitwidth=16, rank=2)
     if PUBLIC_REINTERPRET:
@@ -159,18 +163,6 @@ def load_vt_pairs(vst, m: gl.constexpr, partial, pair_layout: gl.constexpr, a_la
 def vt_channel(r):
     """The channel (within its 64-channel half) of row r of ``load_vt_pairs``' V^T."""
     return 2 * (r % 8 + 8 * (r // 16)) + (r // 8) % 2
-
-
-@gluon.jit
-def load_vt(vst, m: gl.constexpr, partial, start, offs_tk, tok_end, first):
-    """V^T of channels [64 m, 64 m + 64) of a tile stage, ``[64, BLOCK_N]`` fp16 (exact for e4m3) in the MMA's A
-    layout. On a tile with keys outside ``[first, tok_end)`` (whose probabilities are 0) the bytes can be anything:
-    only e4m3's NaN (0x7F, 0xFF) would survive a 0 probability, and max(x, -448) (IEEE maxNum) turns it into a
-    number, one packed op per two values where a select per value cost 64 selects and 40 compares per half."""
-    vt = vst.slice(64 * m, 64, dim=1).permute((1, 0)).load(offs_tk.type.layout.parent).to(gl.float16)
-    if partial:
-        vt = gl.maximum(vt, gl.full_like(vt, -448.0))
-    return vt
 
 
 @gluon.constexpr_function
@@ -196,8 +188,8 @@ def decode_hopper_kernel(
     split_len, max_splits,
     G: gl.constexpr, G_PAD: gl.constexpr, D: gl.constexpr, HKV: gl.constexpr,
     HAS_REL_BIAS: gl.constexpr, HAS_WINDOW: gl.constexpr, HAS_CAP: gl.constexpr, HAS_SINKS: gl.constexpr,
-    DIRECT: gl.constexpr, NUM_STAGES: gl.constexpr, BLOCK_N: gl.constexpr, VT_PAIRS: gl.constexpr = True,
-    ONE_P: gl.constexpr = False, PAGE_TABLE: gl.constexpr = True, SLOTS_AHEAD: gl.constexpr = True,
+    DIRECT: gl.constexpr, NUM_STAGES: gl.constexpr, BLOCK_N: gl.constexpr, ONE_P: gl.constexpr = False,
+    PAGE_TABLE: gl.constexpr = True, SLOTS_AHEAD: gl.constexpr = True,
 ):
     PAGE: gl.constexpr = 128
     NB: gl.constexpr = D // 32
@@ -291,7 +283,6 @@ def decode_hopper_kernel(
     mask_g = head_of_col < G
     right = gl.expand_dims(offs_c >= G_PAD, 0)  # the columns of a half's second block
     offs_t = gl.arange(0, BLOCK_N, layout=rows)
-    offs_tk = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, a_op))  # carries a_op to load_vt
     pairs: gl.constexpr = pair_layout_for(BLOCK_N)
 
     m_i = gl.full([N2], float("-inf"), gl.float32, layout=cols)
@@ -350,10 +341,7 @@ def decode_hopper_kernel(
             kj = kst.slice(32 * j, 32, dim=1)
             dot = warpgroup_mma(kj, q_hi.index(j).permute((1, 0)), zero8, use_acc=False, is_async=True)
             parts = parts + (warpgroup_mma(kj, q_lo.index(j).permute((1, 0)), dot, is_async=True),)
-        if VT_PAIRS:
-            vt = load_vt_pairs(vst, 0, partial, pairs, a_op, D, BLOCK_N)
-        else:
-            vt = load_vt(vst, 0, partial, start, offs_tk, tok_end, first)
+        vt = load_vt_pairs(vst, 0, partial, pairs, a_op, D, BLOCK_N)
         parts = warpgroup_mma_wait(num_outstanding=0, deps=parts)
         if NB == 1:
             parts = (parts,)
@@ -403,10 +391,7 @@ def decode_hopper_kernel(
             new_accs = ()
             for m in gl.static_range(NH):
                 if m > 0:
-                    if VT_PAIRS:
-                        vt = load_vt_pairs(vst, m, partial, pairs, a_op, D, BLOCK_N)
-                    else:
-                        vt = load_vt(vst, m, partial, start, offs_tk, tok_end, first)
+                    vt = load_vt_pairs(vst, m, partial, pairs, a_op, D, BLOCK_N)
                 acc = accs[m] * gl.expand_dims(alpha * e8m0(units[m] - new_units[m] + 127), 0)
                 new_accs = new_accs + (warpgroup_mma(vt, p_smem.index(m), acc, is_async=True),)
             accs = warpgroup_mma_wait(num_outstanding=0, deps=new_accs)
@@ -435,10 +420,7 @@ def decode_hopper_kernel(
     part_row = (b * (HKV * G) + heads).to(gl.int64) * max_splits + split
     for m in gl.static_range(NH):
         o = accs[m] * gl.expand_dims(o_scale * e8m0(units[m]), 0)
-        if VT_PAIRS:
-            chan = 64 * m + gl.expand_dims(vt_channel(offs_r), 1)
-        else:
-            chan = 64 * m + gl.expand_dims(offs_r, 1)
+        chan = 64 * m + gl.expand_dims(vt_channel(offs_r), 1)
         if DIRECT:
             gl.store(out_ptr + b * stride_ob + gl.expand_dims(heads, 0) * stride_oh + chan,
                      o.to(out_ptr.dtype.element_ty), mask=store_mask)
@@ -446,272 +428,6 @@ def decode_hopper_kernel(
             gl.store(part_o_ptr + gl.expand_dims(part_row, 0) * D + chan, o, mask=store_mask)
     if not DIRECT:
         gl.store(part_lse_ptr + part_row, m_i + gl.log2(l_i), mask=mask_g & (offs_c < G_PAD))
-
-@gluon.jit
-def max9(a0, a1, a2, a3, a4, a5, a6, a7, a8, b0, b1, b2, b3, b4, b5, b6, b7, b8):
-    return (gl.maximum(a0, b0), gl.maximum(a1, b1), gl.maximum(a2, b2), gl.maximum(a3, b3), gl.maximum(a4, b4),
-            gl.maximum(a5, b5), gl.maximum(a6, b6), gl.maximum(a7, b7), gl.maximum(a8, b8))
-
-
-@gluon.jit
-def block_column_maxes(qk, eblocks, NB: gl.constexpr):
-    """Column maxima over the keys of ``qk`` and of each V block's exponents, in one reduction."""
-    if NB == 2:
-        maxes = gl.reduce((qk,) + eblocks, 0, max3)
-    elif NB == 4:
-        maxes = gl.reduce((qk,) + eblocks, 0, max5)
-    else:
-        maxes = gl.reduce((qk,) + eblocks, 0, max9)
-    return maxes
-
-
-@gluon.jit
-def k_block_dots(kst, q_hi, q_lo, zero8, NB: gl.constexpr):
-    """The page's K dots, issued (asynchronous): per 32-channel block j, ``K_j @ (hi_j + lo_j)^T`` in e4m3 with K
-    straight from the TMA stage; a tuple of NB accumulators ``[BLOCK_N, G_PAD]``."""
-    parts = ()
-    for j in gl.static_range(NB):
-        kj = kst.slice(32 * j, 32, dim=1)
-        dot = warpgroup_mma(kj, q_hi.index(j).permute((1, 0)), zero8, use_acc=False, is_async=True)
-        parts = parts + (warpgroup_mma(kj, q_lo.index(j).permute((1, 0)), dot, is_async=True),)
-    return parts
-
-
-@gluon.jit
-def decode_hopper_once_kernel(
-    q_ptr, k_desc, v_desc, ksf_ptr, vsf_ptr,
-    lens_ptr, table_ptr, stride_table_row,
-    rel_bias_ptr, sinks_ptr,
-    out_ptr, part_o_ptr, part_lse_ptr,
-    stride_qb, stride_qh,
-    stride_rb_row, stride_rb_head, rel_extent,
-    stride_ob, stride_oh,
-    sm_scale, logit_cap, window,
-    split_len, max_splits,
-    G: gl.constexpr, G_PAD: gl.constexpr, D: gl.constexpr, HKV: gl.constexpr,
-    HAS_REL_BIAS: gl.constexpr, HAS_WINDOW: gl.constexpr, HAS_CAP: gl.constexpr, HAS_SINKS: gl.constexpr,
-    DIRECT: gl.constexpr, NUM_STAGES: gl.constexpr, BLOCK_N: gl.constexpr, PAGE_TABLE: gl.constexpr = True,
-    KDOTS_AHEAD: gl.constexpr = True,
-):
-    """``decode_hopper_kernel`` with each query head once on the N side (N = G_PAD, not 2 G_PAD): the logits,
-    softmax and running sums are computed once per head, and every 32-channel V block j gets its own P'_j (the
-    probabilities times its V scales) and its own accumulator ``[64, G_PAD]`` (``V^T`` of the block's half times
-    P'_j; the half's other 32 rows are not kept). ``KDOTS_AHEAD``: the next page's K dots are issued right after
-    this page's V dots, so their latency runs under the V dots instead of after the page wait."""
-    PAGE: gl.constexpr = 128
-    NB: gl.constexpr = D // 32
-    NH: gl.constexpr = D // 64
-    N1: gl.constexpr = G_PAD
-    b = gl.program_id(0)
-    h = gl.program_id(1)
-    split = gl.program_id(2)
-
-    if PAGE_TABLE:
-        seq_len = gl.load(lens_ptr + b).to(gl.int32)
-        row_ptr = table_ptr + b.to(gl.int64) * stride_table_row
-    else:
-        kv_start = gl.load(lens_ptr + b).to(gl.int64)
-        seq_len = (gl.load(lens_ptr + b + 1) - gl.load(lens_ptr + b)).to(gl.int32)
-        row_ptr = table_ptr + kv_start
-    first = seq_len * 0
-    if HAS_WINDOW:
-        first = gl.maximum(seq_len - window, 0)
-    start0 = (first // BLOCK_N) * BLOCK_N
-    length = g_request_split_len(seq_len - start0, split_len, max_splits, BLOCK_N)
-    tok_begin = start0 + split * length
-    tok_end = gl.minimum(tok_begin + length, seq_len)
-    if tok_begin >= tok_end:
-        return
-    q_pos = seq_len - 1
-    n_tiles = (tok_end - tok_begin + BLOCK_N - 1) // BLOCK_N
-
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N1, 16])
-    mma8: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N1, 32])
-    a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-    rows: gl.constexpr = gl.SliceLayout(1, mma)
-    cols: gl.constexpr = gl.SliceLayout(0, mma)
-    q_blocked: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
-    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([N1, 32], gl.float8e4nv)
-    # P'_j stored keys-contiguous ([heads, keys]): the V dots' B operand K-major, as Q's
-    p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([N1, BLOCK_N], gl.float16)
-
-    k_smem = gl.allocate_shared_memory(gl.float8e4nv, [NUM_STAGES, BLOCK_N, D], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(gl.float8e4nv, [NUM_STAGES, BLOCK_N, D], v_desc.layout)
-    bars = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(NUM_STAGES):
-        mbarrier.init(bars.index(s), count=1)
-    col0 = h * D
-    for s in gl.static_range(NUM_STAGES - 1):
-        if s < n_tiles:
-            slot = tile_slot(row_ptr, tok_begin + s * BLOCK_N, PAGE, PAGE_TABLE)
-            mbarrier.expect(bars.index(s), 2 * BLOCK_N * D)
-            tma_load(k_desc, [slot, col0], bars.index(s), k_smem.index(s))
-            tma_load(v_desc, [slot, col0], bars.index(s), v_smem.index(s))
-    # page-table reads ahead, as decode_hopper_kernel's SLOTS_AHEAD
-    last = n_tiles - 1
-    slot_1 = tile_slot(row_ptr, tok_begin + gl.minimum(1, last) * BLOCK_N, PAGE, PAGE_TABLE)
-    slot_2 = tile_slot(row_ptr, tok_begin + gl.minimum(2, last) * BLOCK_N, PAGE, PAGE_TABLE)
-
-    # Q as two e4m3 parts of one scale (decode_hopper_kernel's comment), [N1, 32] per block, each head once
-    offs_qn = gl.arange(0, N1, layout=gl.SliceLayout(1, q_blocked))
-    offs_qc = gl.arange(0, 32, layout=gl.SliceLayout(0, q_blocked))
-    q_rows = q_ptr + b * stride_qb + gl.expand_dims((h * G + offs_qn) * stride_qh, 1) + gl.expand_dims(offs_qc, 0)
-    q_mask = gl.expand_dims(offs_qn < G, 1) & gl.expand_dims(offs_qc < 32, 0)
-    q_max = 0.0
-    for j in gl.static_range(NB):
-        qj = gl.abs(gl.load(q_rows + 32 * j, mask=q_mask, other=0.0).to(gl.float32))
-        q_max = gl.maximum(q_max, gl.max(gl.max(qj, 1), 0))
-    q_norm, qk_scale = g_q_power_of_two_norm(q_max, sm_scale * 1.4426950408889634)
-    q_norm = q_norm * 8.0
-    qk_scale = qk_scale * 0.0078125  # 1 / (8 * 16)
-    q_hi = gl.allocate_shared_memory(gl.float8e4nv, [NB, N1, 32], q_layout)
-    q_lo = gl.allocate_shared_memory(gl.float8e4nv, [NB, N1, 32], q_layout)
-    for j in gl.static_range(NB):
-        qj = gl.load(q_rows + 32 * j, mask=q_mask, other=0.0).to(gl.float32) * q_norm
-        hi = qj.to(gl.float8e4nv).to(gl.float32)
-        q_hi.index(j).store((hi * 16.0).to(gl.float8e4nv))
-        q_lo.index(j).store(((qj - hi) * 16.0).to(gl.float8e4nv))
-    p_smem = gl.allocate_shared_memory(gl.float16, [NB, N1, BLOCK_N], p_layout)
-    fence_async_shared()
-    cta_barrier()
-
-    offs_c = gl.arange(0, N1, layout=cols)
-    heads = h * G + offs_c
-    mask_g = offs_c < G
-    offs_t = gl.arange(0, BLOCK_N, layout=rows)
-    pairs: gl.constexpr = pair_layout_for(BLOCK_N)
-    zero_cols = gl.zeros([BLOCK_N, N1], gl.int32, layout=mma)
-    zero8 = gl.zeros([BLOCK_N, N1], gl.float32, layout=mma8)
-
-    m_i = gl.full([N1], float("-inf"), gl.float32, layout=cols)
-    l_acc = gl.zeros([BLOCK_N, N1], gl.float32, layout=mma)
-    accs = ()
-    units = ()
-    for j in gl.static_range(NB):
-        accs = accs + (gl.zeros([64, N1], gl.float32, layout=mma),)
-        units = units + (gl.full([N1], 1, gl.int32, layout=cols),)
-
-    sf_offs = tile_scale_offsets(tile_slot(row_ptr, tok_begin, PAGE, PAGE_TABLE), offs_t, h, HKV, NB, PAGE)
-    k_sf = load_scale_words(ksf_ptr, sf_offs, NB)
-    v_sf = load_scale_words(vsf_ptr, sf_offs, NB)
-
-    if KDOTS_AHEAD:
-        mbarrier.wait(bars.index(0), 0)
-        parts = k_block_dots(k_smem.index(0), q_hi, q_lo, zero8, NB)
-
-    for i in range(0, n_tiles):
-        start = tok_begin + i * BLOCK_N
-        stage = i % NUM_STAGES
-        offs_n = start + offs_t
-        mask_n = offs_n < tok_end
-        if HAS_WINDOW:
-            mask_n = mask_n & (offs_n >= first)
-        partial = (start + BLOCK_N > tok_end) | (start < first)
-        vst = v_smem.index(stage)
-
-        if KDOTS_AHEAD:
-            # this page's K dots (issued in the previous iteration) and the previous page's V dots are done, so
-            # the stage that page used is free for the refill below
-            parts = warpgroup_mma_wait(num_outstanding=0, deps=parts)
-            if NB == 1:
-                parts = (parts,)
-        ahead = i + NUM_STAGES - 1
-        slot_3 = tile_slot(row_ptr, tok_begin + gl.minimum(i + 3, last) * BLOCK_N, PAGE, PAGE_TABLE)
-        if ahead < n_tiles:
-            astage = ahead % NUM_STAGES
-            if NUM_STAGES == 3:
-                aslot = slot_2
-            else:
-                aslot = slot_1
-            mbarrier.expect(bars.index(astage), 2 * BLOCK_N * D)
-            tma_load(k_desc, [aslot, col0], bars.index(astage), k_smem.index(astage))
-            tma_load(v_desc, [aslot, col0], bars.index(astage), v_smem.index(astage))
-        nsf_offs = tile_scale_offsets(slot_1, offs_t, h, HKV, NB, PAGE)
-        nk_sf = load_scale_words(ksf_ptr, nsf_offs, NB)
-        nv_sf = load_scale_words(vsf_ptr, nsf_offs, NB)
-
-        if not KDOTS_AHEAD:
-            mbarrier.wait(bars.index(stage), (i // NUM_STAGES) & 1)
-            parts = k_block_dots(k_smem.index(stage), q_hi, q_lo, zero8, NB)
-            parts = warpgroup_mma_wait(num_outstanding=0, deps=parts)
-            if NB == 1:
-                parts = (parts,)
-        qk = gl.zeros([BLOCK_N, N1], gl.float32, layout=mma)
-        for j in gl.static_range(NB):
-            qk += gl.convert_layout(parts[j], mma) * gl.expand_dims(e8m0(scale_byte(k_sf, j)), 1)
-        qk = g_decode_logits(qk, qk_scale, start, offs_n, mask_n, q_pos, rel_bias_ptr + b * stride_rb_row, heads,
-                             mask_g, stride_rb_head, rel_extent, logit_cap, BLOCK_N, HAS_REL_BIAS, HAS_CAP,
-                             KEYS_FIRST=True)
-        eblocks = ()
-        for j in gl.static_range(NB):
-            eblocks = eblocks + (gl.expand_dims(gl.where(mask_n, scale_byte(v_sf, j), 0), 1) + zero_cols,)
-        maxes = block_column_maxes(qk, eblocks, NB)
-        m_new = gl.maximum(m_i, maxes[0])
-        alpha = gl.exp2(m_i - m_new)
-        p = gl.exp2(qk - gl.expand_dims(m_new, 0))
-        l_acc = l_acc * gl.expand_dims(alpha, 0) + p
-        m_i = m_new
-
-        new_units = ()
-        for j in gl.static_range(NB):
-            new_units = new_units + (gl.maximum(units[j], maxes[1 + j]),)
-            f = e8m0(gl.maximum(eblocks[j] - gl.expand_dims(new_units[j], 0), -126) + 127)
-            p_smem.index(j).permute((1, 0)).store((p * f).to(gl.float16))
-        fence_async_shared()
-        cta_barrier()
-        new_accs = ()
-        for m in gl.static_range(NH):
-            vt = load_vt_pairs(vst, m, partial, pairs, a_op, D, BLOCK_N)
-            for c in gl.static_range(2):
-                acc = accs[2 * m + c] * gl.expand_dims(alpha * e8m0(units[2 * m + c] - new_units[2 * m + c] + 127), 0)
-                new_accs = new_accs + (warpgroup_mma(vt, p_smem.index(2 * m + c).permute((1, 0)), acc,
-                                                     is_async=True),)
-        if KDOTS_AHEAD:
-            # the next page's K dots behind the V dots (on the last page: this page's again, never read), then
-            # wait for the V dots only
-            nxt = gl.minimum(i + 1, last)
-            nstage = nxt % NUM_STAGES
-            mbarrier.wait(bars.index(nstage), (nxt // NUM_STAGES) & 1)
-            parts = k_block_dots(k_smem.index(nstage), q_hi, q_lo, zero8, NB)
-            accs = warpgroup_mma_wait(num_outstanding=2 * NB, deps=new_accs)
-        else:
-            accs = warpgroup_mma_wait(num_outstanding=0, deps=new_accs)
-        units = new_units
-        k_sf = nk_sf
-        v_sf = nv_sf
-        slot_1 = slot_2
-        slot_2 = slot_3
-
-    if KDOTS_AHEAD:
-        parts = warpgroup_mma_wait(num_outstanding=0, deps=parts)
-    for s in gl.static_range(NUM_STAGES):
-        mbarrier.invalidate(bars.index(s))
-
-    l_i = gl.sum(l_acc, 0)
-    if DIRECT and HAS_SINKS:
-        scale_old, l_i, m_i = g_fold_sinks(m_i, l_i, sinks_ptr, heads, mask_g)
-    else:
-        scale_old = gl.full([N1], 1.0, gl.float32, layout=cols)
-    o_scale = scale_old / l_i
-    offs_r = gl.arange(0, 64, layout=rows)
-    upper = gl.expand_dims(offs_r >= 32, 1)  # rows of a half's second block
-    lower = gl.expand_dims(offs_r < 32, 1)
-    part_row = (b * (HKV * G) + heads).to(gl.int64) * max_splits + split
-    for j in gl.static_range(NB):
-        o = accs[j] * gl.expand_dims(o_scale * e8m0(units[j]), 0)
-        chan = 64 * (j // 2) + gl.expand_dims(vt_channel(offs_r), 1)
-        if j % 2 == 1:
-            store_mask = upper & gl.expand_dims(mask_g, 0)
-        else:
-            store_mask = lower & gl.expand_dims(mask_g, 0)
-        if DIRECT:
-            gl.store(out_ptr + b * stride_ob + gl.expand_dims(heads, 0) * stride_oh + chan,
-                     o.to(out_ptr.dtype.element_ty), mask=store_mask)
-        else:
-            gl.store(part_o_ptr + gl.expand_dims(part_row, 0) * D + chan, o, mask=store_mask)
-    if not DIRECT:
-        gl.store(part_lse_ptr + part_row, m_i + gl.log2(l_i), mask=mask_g)
-
 
 def hopper_tensor_maps(kv, head_dim: int, block_n: int):
     """The pool-wide TMA descriptors of K and V: each buffer as ``[slots, Hkv * D]`` with a ``[block_n, D]`` box."""
@@ -742,8 +458,7 @@ def launch_decode_hopper(plan, q, kv, params, out, lens, index, stride_index_row
     k_map, v_map = hopper_tensor_maps(kv, d, plan.block_n)
     rb = params.rel_bias
     direct = plan.num_splits == 1
-    kernel, options = _kernel_and_options(plan)
-    kernel[(batch, hkv, plan.num_splits)](
+    decode_hopper_kernel[(batch, hkv, plan.num_splits)](
         q, k_map, v_map, sf[0], sf[1],
         lens, index, stride_index_row,
         rb if rb is not None else dummy, params.sinks if params.sinks is not None else dummy,
@@ -759,7 +474,7 @@ def launch_decode_hopper(plan, q, kv, params, out, lens, index, stride_index_row
         HAS_REL_BIAS=rb is not None, HAS_WINDOW=params.window is not None, HAS_CAP=params.logit_cap > 0,
         HAS_SINKS=params.sinks is not None, DIRECT=direct, NUM_STAGES=plan.num_stages, BLOCK_N=plan.block_n,
         PAGE_TABLE=table,
-        num_warps=HOPPER_NUM_WARPS, **options,
+        num_warps=HOPPER_NUM_WARPS, **_launch_options(plan),
     )
 
 
@@ -768,23 +483,10 @@ def launch_decode_hopper(plan, q, kv, params, out, lens, index, stride_index_row
 EXTRA_CONSTEXPRS: dict = {}
 
 
-def _kernel_and_options(plan):
-    """The kernel and its variant constexprs and launch options, by tile and stage count (offline ptxas for sm_90a,
-    head_dim 128):
-    - 128-key tiles, 2 stages: one P' buffer and at most 168 registers, so 3 programs fit an SM (74.5 KiB of
-      shared memory each; 64 bytes of spills);
-    - 64-key tiles, 2 stages: at most 128 registers (no spills), 4 programs per SM (41.7 KiB);
-    - otherwise (128-key tiles, 3 stages: 111 KiB, 223 registers on Triton 3.6 by tools/compile_hopper.py): 2
-      programs per SM.
-    ``EXTRA_CONSTEXPRS["HEADS_ONCE"]``: ``decode_hopper_once_kernel`` instead (a benchmark's variant; 2 stages
-    with it: at most 168 registers)."""
-    extra = dict(EXTRA_CONSTEXPRS)
-    if extra.pop("HEADS_ONCE", False):
-        options = {"maxnreg": 168} if plan.num_stages == 2 else {}
-        return decode_hopper_once_kernel, {**options, **extra}
-    options = {}
-    if plan.block_n == 128 and plan.num_stages == 2:
-        options = {"ONE_P": True, "maxnreg": 168}
-    elif plan.block_n == 64 and plan.num_stages == 2:
-        options = {"maxnreg": 128}
-    return decode_hopper_kernel, {**options, **extra}
+def _launch_options(plan):
+    """Variant constexprs and launch options by stage count (offline ptxas for sm_90a, head_dim 128):
+    - 2 stages: one P' buffer and at most 168 registers, so 3 programs fit an SM (74.5 KiB of shared memory each;
+      64 bytes of spills; 1.11-1.32x the 3-stage kernel's time in bench/results/current/2026-12-02-h200.json);
+    - 3 stages (the plan's): 111 KiB and 223 registers on Triton 3.6 (tools/compile_hopper.py), 2 programs per SM."""
+    options = {"ONE_P": True, "maxnreg": 168} if plan.num_stages == 2 else {}
+    return {**options, **EXTRA_CONSTEXPRS}

@@ -401,9 +401,9 @@ def plan_decode(batch: Union[int, torch.Tensor], *, num_q_heads: int, num_kv_hea
         raise ValueError(f"block_n must be a power of two >= 16, got {block_n}")
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-    if kernel == "hopper" and (block_n not in (64, 128) or page_size != 128):
-        raise ValueError(f"kernel='hopper' reads tiles of 64 or 128 keys of 128-slot pages (an MXFP8 pool's): it "
-                         f"needs page_size=128 and block_n 64 or 128, got page_size={page_size!r}, block_n={block_n}")
+    if kernel == "hopper" and (block_n != 128 or page_size != 128):
+        raise ValueError(f"kernel='hopper' reads whole 128-slot pages (an MXFP8 pool's) as its tiles: it needs "
+                         f"page_size=128 and block_n=128, got page_size={page_size!r}, block_n={block_n}")
     if page_size is not None:
         if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size <= 0 or page_size % block_n:
             raise ValueError(f"page_size must be a positive multiple of block_n={block_n}, got {page_size!r}")
