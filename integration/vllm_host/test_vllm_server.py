@@ -117,8 +117,10 @@ def test_a_bad_configuration_is_refused_at_startup_naming_the_flag(vllm_failed_s
 
 def test_fp8_per_token_head_keeps_vllms_meaning_without_this_backend(model_dir, vllm_logs, vllm_workload):
     """Without ``--attention-backend CUSTOM`` the flag is vLLM's per-token-head fp8: CPU_ATTN serves it where the
-    CPU can (its own page size, 520 B per token and layer, not MXFP8's 528) or refuses it (x86 without AVX-512 or
-    AMX). Either way this backend never reads that cache."""
+    CPU can, or refuses it (x86 without AVX-512 or AMX: ``cpu_attn.py`` ``_get_attn_isa``). Served, its pages are
+    vLLM's own size: CPU_ATTN has no ``customize_spec``, so a token and layer take (256 + 256) x 1 B = 512 B
+    (``AttentionSpec.state_content_size_bytes``), the same as per-tensor fp8 and not MXFP8's 528. Either way this
+    backend never reads that cache."""
     server = VllmServer(model_dir(MODEL), "default", MXFP8, log_path=vllm_logs / "default-fp8-per-token-head.log")
     try:
         server.start()
@@ -130,6 +132,6 @@ def test_fp8_per_token_head_keeps_vllms_meaning_without_this_backend(model_dir, 
     assert USING_CUSTOM not in log
     if started:
         bf16_tokens = kv_tokens(vllm_workload(MODEL, "CUSTOM", "auto")[1])
-        assert kv_tokens(log) / bf16_tokens == pytest.approx(1024 / 520, rel=0.004)  # MXFP8 would be 1024 / 528
+        assert kv_tokens(log) / bf16_tokens == pytest.approx(1024 / 512, rel=0.004)  # MXFP8 would be 1024 / 528
     else:
         assert "FP8 KV cache on CPU requires" in log, log[-3000:]
