@@ -195,3 +195,18 @@ def test_rank2_models_have_one_ranks_heads_with_replicated_kv_where_tp_exceeds_t
     assert make_models.CONFIGS["inkling-swa"](False)["text_config"]["num_attention_heads"] == 8  # not mutated
     with pytest.raises(ValueError, match="does not split over tp=3"):
         make_models.rank_shape(make_models.CONFIGS["llama-gqa4"](False), 3)
+
+
+def test_summarize_compares_the_per_rank_models_like_the_full_ones(tmp_path):
+    summarize = _harness_module("summarize")
+    assert summarize.per_rank("inkling-swa_triton_auto_noprefillgraph") == "inkling-swa-rank2_triton_auto_noprefillgraph"
+    out = {"output_ids": [7, 8], "logprobs": [-0.5, -0.5], "top2": [[[7, -0.5], [1, -2.0]], [[8, -0.5], [1, -2.0]]]}
+    other = {**out, "output_ids": [7, 9]}  # diverges at its second token, not a near-tie (gap 1.5 nats)
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    for name, o in (("gemma3-swa-rank2_triton_auto", out), ("gemma3-swa-rank2_inkling_auto", other)):
+        (folder / f"{name}.json").write_text(json.dumps({"concurrent": [o], "text": None, "prefix_hit": None}))
+    cmd = [sys.executable, str(HARNESS / "summarize.py"), str(folder)]
+    text = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    (row,) = [line for line in text.splitlines() if line.startswith("| gemma3-swa-rank2 | parity bf16")]
+    assert row.split(" | ")[3:5] == ["1/2", "1"]  # tokens before the first divergence; divergences off a near-tie

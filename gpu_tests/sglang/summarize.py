@@ -39,6 +39,16 @@ PAIRS = [
 ]
 
 
+def per_rank(run: str) -> str:
+    """The same configuration on make_models.py's ``<model>-rank2`` (tp 2's per-rank head counts at tp 1)."""
+    model, rest = run.split("_", 1)
+    return f"{model}-rank2_{rest}"
+
+
+# every comparison again for the per-rank models (a pair shows only where both runs are in the folders given)
+PAIRS += [(what, per_rank(ref), per_rank(other)) for what, ref, other in PAIRS]
+
+
 def _num(x, fmt=".4f"):
     return "-" if x is None else format(x, fmt)
 
