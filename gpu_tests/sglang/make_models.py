@@ -98,14 +98,19 @@ def rank_shape(config: dict, tp: int) -> dict:
     return config
 
 
+def rank2_name(model: str) -> str:
+    """The name of ``model``'s configuration with one rank's heads at tp 2."""
+    return f"{model}-rank2"
+
+
 CONFIGS = {"llama-gqa4": llama_config, "gemma3-swa": gemma3_config,
            "llama-gqa4-l16": lambda tiny: llama_config(tiny, layers=16), "inkling-swa": inkling_config}
 # tp 2's per-rank shapes: llama 4 query / 1 KV head, gemma3 2 / 1 (its one KV head replicated), inkling 4 / 1
-CONFIGS.update({f"{name}-rank2": (lambda tiny, make=CONFIGS[name]: rank_shape(make(tiny), 2))
+CONFIGS.update({rank2_name(name): (lambda tiny, make=CONFIGS[name]: rank_shape(make(tiny), 2))
                 for name in ("llama-gqa4", "gemma3-swa", "inkling-swa")})
 # Served with --load-format dummy: weights come from sitecustomize.py's seeded initializer (INKLING_TEST_SEEDED_INIT),
 # so only the config and the tokenizer are written.
-DUMMY_LOAD = {"inkling-swa", "inkling-swa-rank2"}
+DUMMY_LOAD = {"inkling-swa", rank2_name("inkling-swa")}
 DEFAULT_MODELS = ("llama-gqa4", "gemma3-swa")
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare import (NEAR_TIE_NATS, compare, compare_prompt_logprobs, decode_vs_prefill,  # noqa: E402
                      pool_decode_rows)
+from make_models import rank2_name  # noqa: E402
 
 # (what the row shows, reference run, compared run)
 PAIRS = [
@@ -40,9 +41,9 @@ PAIRS = [
 
 
 def per_rank(run: str) -> str:
-    """The same configuration on make_models.py's ``<model>-rank2`` (tp 2's per-rank head counts at tp 1)."""
+    """The same configuration on make_models.py's per-rank model (tp 2's head counts at tp 1)."""
     model, rest = run.split("_", 1)
-    return f"{model}-rank2_{rest}"
+    return f"{rank2_name(model)}_{rest}"
 
 
 # every comparison again for the per-rank models (a pair shows only where both runs are in the folders given)
