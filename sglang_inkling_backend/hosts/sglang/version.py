@@ -42,11 +42,13 @@ def check_sglang_version(version: str | None = None) -> str:
         release = parse_release(version)
     except ValueError as err:
         raise UnsupportedSGLangVersion(
-            f"sglang-inkling-backend supports sglang {SUPPORTED_SGLANG_TEXT}; {err}") from err
+            f"--attention-backend inkling (sglang-inkling-backend) supports sglang {SUPPORTED_SGLANG_TEXT}; {err}"
+        ) from err
     lower, upper = SUPPORTED_SGLANG
     if not lower <= release < upper:
         raise UnsupportedSGLangVersion(
-            f"sglang-inkling-backend supports sglang {SUPPORTED_SGLANG_TEXT}, but sglang {version} is installed. "
+            f"--attention-backend inkling (sglang-inkling-backend) supports sglang {SUPPORTED_SGLANG_TEXT}, but "
+            f"sglang {version} is installed. "
             f"Install a supported SGLang (pip install 'sglang{SUPPORTED_SGLANG_TEXT}') or an "
             "sglang-inkling-backend release made for sglang " + version + ".")
     return version

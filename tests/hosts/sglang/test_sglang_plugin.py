@@ -72,13 +72,42 @@ def test_apple_silicon_registers_the_mlx_runner_hook(monkeypatch):
     assert [h for _, h, _ in HookRegistry._hooks[target]].count(mlx_host._after_init_model_runner) == 1
 
 
-def test_failed_registration_logs_and_raises(monkeypatch, caplog):
+@pytest.fixture
+def without_inkling_choice():
+    """SGLang's choice list with ``inkling`` taken out (in place: SGLang's adder is bound to this list object)."""
+    listed = choices.ATTENTION_BACKEND_CHOICES
+    saved = list(listed)
+    listed[:] = [c for c in listed if c != "inkling"]
+    yield
+    listed[:] = saved
+
+
+def test_unsupported_sglang_warns_and_refuses_only_when_selected(monkeypatch, caplog, without_inkling_choice):
+    """On a release outside the range, SGLang must start as usual: register() warns, lists the choice, and the
+    backend refuses when it is built (selected), naming the flag and the range."""
     monkeypatch.setattr(version, "installed_sglang_version", lambda: "0.6.1")
+    with caplog.at_level(logging.WARNING, logger="sglang_inkling_backend.hosts.sglang"):
+        entry.register()  # no exception
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("0.6.1" in w and ">=0.5.23,<0.5.24" in w and "refuses when selected" in w for w in warnings), warnings
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert "inkling" in choices.ATTENTION_BACKEND_CHOICES
+    with pytest.raises(version.UnsupportedSGLangVersion,
+                       match=r"--attention-backend inkling \(sglang-inkling-backend\) supports sglang "
+                             r">=0\.5\.23,<0\.5\.24, but sglang 0\.6\.1 is installed"):
+        entry.create_inkling_backend(runner=None)
+
+
+def test_failed_registration_logs_and_never_raises(monkeypatch, caplog, without_inkling_choice):
+    def broken(names):
+        raise AttributeError("a newer SGLang moved this API")
+
+    monkeypatch.setattr(choices, "add_attention_backend_choices", broken)
     with caplog.at_level(logging.ERROR, logger="sglang_inkling_backend.hosts.sglang"):
-        with pytest.raises(version.UnsupportedSGLangVersion):
-            entry.register()
+        entry.register()  # SGLang goes on without this backend
     lines = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
-    assert any("registering --attention-backend inkling FAILED" in line and "0.6.1" in line for line in lines), lines
+    assert any("registering --attention-backend inkling FAILED" in line and "a newer SGLang moved this API" in line
+               for line in lines), lines
 
 
 def test_sglang_loader_finds_and_runs_entry_point(monkeypatch):
