@@ -32,7 +32,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                    warpgroup_mma_wait)
 
-from .device import decode_logits, fold_sinks, q_power_of_two_norm, request_split_len
+from .device import LOG2E, decode_logits, fold_sinks, q_power_of_two_norm, request_split_len
 
 # The Triton helpers are plain scalar and elementwise code: the Gluon kernel runs the same functions (one copy of
 # the logit pipeline, the split lengths and the sinks), compiled as Gluon.
@@ -262,7 +262,7 @@ def decode_hopper_kernel(
     for j in gl.static_range(NB):
         qj = gl.abs(gl.load(q_rows + 32 * j, mask=q_mask, other=0.0).to(gl.float32))
         q_max = gl.maximum(q_max, gl.max(gl.max(qj, 1), 0))
-    q_norm, qk_scale = g_q_power_of_two_norm(q_max, sm_scale * 1.4426950408889634)
+    q_norm, qk_scale = g_q_power_of_two_norm(q_max, sm_scale * LOG2E)
     q_norm = q_norm * 8.0
     qk_scale = qk_scale * 0.0078125  # 1 / (8 * 16)
     q_hi = gl.allocate_shared_memory(gl.float8e4nv, [NB, N2, 32], q_layout)
