@@ -40,7 +40,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import bench_decode as bd  # noqa: E402
-from sglang_inkling_backend.reference.attention import AttentionParams, PagedKV, attend  # noqa: E402
+from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV  # noqa: E402
+from sglang_inkling_backend.reference.attention import attend  # noqa: E402
 from sglang_inkling_backend.triton import DecodeWorkspace, plan_decode, run_decode  # noqa: E402
 
 PAGE = bd.PAGE

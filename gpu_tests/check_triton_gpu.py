@@ -30,7 +30,8 @@ import triton
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from sglang_inkling_backend import mxfp8  # noqa: E402
-from sglang_inkling_backend.reference.attention import AttentionParams, PagedKV, attend  # noqa: E402
+from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV  # noqa: E402
+from sglang_inkling_backend.reference.attention import attend  # noqa: E402
 from sglang_inkling_backend.scale_layout import ScaleLayout  # noqa: E402
 from sglang_inkling_backend.triton import DecodeConfig, paged_decode_attention  # noqa: E402
 from sglang_inkling_backend.triton import paged_extend_attention, store_kv_mxfp8  # noqa: E402

@@ -23,7 +23,8 @@ import pytest
 import torch
 
 from harness import HERE, REPORT, STARTUP_TIMEOUT_S
-from sglang_inkling_backend.reference.attention import AttentionParams, attend
+from sglang_inkling_backend.attention_inputs import AttentionParams
+from sglang_inkling_backend.reference.attention import attend
 
 GPU_HARNESS = HERE.parent / "gpu_tests" / "sglang"
 PROMPT_LEN = 24

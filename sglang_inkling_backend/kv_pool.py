@@ -17,7 +17,7 @@ import torch
 from . import mxfp8
 from .checks import require_positive_int, require_positive_real, require_slots
 from .layer_plan import LayerPlan
-from .reference.attention import PagedKV
+from .attention_inputs import PagedKV
 from .scale_layout import ScaleLayout
 
 FLOAT_STORE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}

@@ -14,7 +14,7 @@ from typing import Callable, Optional
 import torch
 
 from sglang_inkling_backend import mxfp8
-from sglang_inkling_backend.reference.attention import PagedKV
+from sglang_inkling_backend.attention_inputs import PagedKV
 from sglang_inkling_backend.scale_layout import ScaleLayout
 
 

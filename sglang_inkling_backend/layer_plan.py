@@ -22,7 +22,7 @@ from typing import Any, Mapping, Optional, Sequence
 import torch
 
 from .checks import require_non_negative_real, require_positive_real
-from .reference.attention import AttentionParams
+from .attention_inputs import AttentionParams
 
 
 @dataclass(frozen=True)

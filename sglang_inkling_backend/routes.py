@@ -7,6 +7,14 @@
   allocated at start-up with ``make_workspace``) once per step and key, in the step's ``DecodePlanCache``, and
   runs every layer with ``run_decode``; it reads page tables (``reads_page_tables``).
 
+Hosts read a route's capabilities, never its name (``name`` is for log lines):
+- ``graph_capturable``: decode can be captured in a CUDA graph (plans are views of one workspace);
+- ``reads_page_tables``: decode takes a page table (``KVPages``) as well as per-token rails;
+- ``query_in_model_dtype``: the kernels multiply the query in the model's dtype, so a float32 query (one dequantized
+  from fp8) is cast to it first; the torch route computes in float32 and takes any float query;
+- ``runs_triton``: the route's device runs Triton, so the host's own helpers may use Triton there too;
+- ``mxfp8_store``: the fused MXFP8 K/V store, or None (``kv_views`` quantizes with the torch reference).
+
 A route answers ``decode(q, kv, keys, params, *, max_seq_len, plans, workspace)`` (``keys``: ``KVRails``, or
 ``KVPages`` where ``reads_page_tables``) and ``extend(q, kv, rails, qo_indptr, params)`` with ``[rows, Hq, D]``
 (float32 or q's dtype; the backend casts to the model dtype). The host chooses the route once
@@ -20,7 +28,7 @@ from typing import Callable, Hashable, Optional, Union
 import torch
 
 from sglang_inkling_backend.reference import attention as reference
-from sglang_inkling_backend.reference.attention import AttentionParams, PagedKV
+from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV
 from sglang_inkling_backend.rails import KVPages, KVRails
 
 logger = logging.getLogger(__name__)
@@ -62,6 +70,8 @@ class TorchRoute:
     name = "torch"
     graph_capturable = False
     reads_page_tables = False  # it reads per-token rails
+    query_in_model_dtype = False
+    runs_triton = False
     mxfp8_store = None  # kv_views.store_kv_unchecked quantizes with the torch reference
 
     def make_workspace(self, **limits):
@@ -85,6 +95,8 @@ class TritonRoute:
     name = "triton"
     graph_capturable = True
     reads_page_tables = True
+    query_in_model_dtype = True
+    runs_triton = True
 
     def __init__(self, kernels):
         self.kernels = kernels
@@ -131,7 +143,7 @@ class TritonRoute:
 
 
 KERNEL_NAMES = ("check_decode_inputs", "plan_decode", "run_decode", "paged_extend_attention", "store_kv_mxfp8",
-                "DecodeWorkspace", "decode_workspace_shape", "hopper_decode_status")
+                "DecodeWorkspace", "decode_workspace_shape", "route_note")
 
 
 def triton_unavailable(err: BaseException) -> bool:
@@ -163,24 +175,29 @@ def triton_head_dim_ok(head_dim: int) -> bool:
     return head_dim >= 32 and head_dim & (head_dim - 1) == 0
 
 
+def triton_route_possible(head_dims=()) -> tuple[bool, str]:
+    """Whether ``choose_route`` would pick the Triton route on a CUDA/ROCm device for these head sizes, answered
+    without touching a device (the launcher's start-up checks ask it too): ``(True, "")`` or ``(False, why)``."""
+    kernels, why = triton_decode_kernel()
+    if kernels is None:
+        return False, f"sglang_inkling_backend.triton kernels are not available: {why}"
+    unsupported = sorted(d for d in set(head_dims) if not triton_head_dim_ok(d))
+    if unsupported:
+        return False, f"the Triton kernels need a power-of-two head_dim >= 32, the model has {unsupported}"
+    return True, ""
+
+
 def choose_route(device: torch.device, head_dims=()):
     """Torch on CPU; Triton on CUDA/ROCm when our kernels import and serve the model's head sizes; else torch, with
     one log line saying why."""
     if device.type == "cpu":
         logger.info("inkling: attention route: torch reference (device %s)", device)
         return TorchRoute()
-    kernels, why = triton_decode_kernel()
-    if kernels is None:
-        logger.warning("inkling: attention route: torch reference on %s (sglang_inkling_backend.triton kernels are "
-                       "not available: %s); slower than the Triton route", device, why)
+    possible, why = triton_route_possible(head_dims)
+    if not possible:
+        logger.warning("inkling: attention route: torch reference on %s (%s); slower than the Triton route",
+                       device, why)
         return TorchRoute()
-    unsupported = sorted(d for d in set(head_dims) if not triton_head_dim_ok(d))
-    if unsupported:
-        logger.warning("inkling: attention route: torch reference on %s (the Triton kernels need a power-of-two "
-                       "head_dim >= 32, the model has %s); slower than the Triton route", device, unsupported)
-        return TorchRoute()
-    hopper, why = kernels.hopper_decode_status(device)
-    logger.info("inkling: attention route: Triton kernels on %s; MXFP8 decode %s", device,
-                "also through the Gluon Hopper kernel where it is faster (plan.hopper_decode_fits)" if hopper
-                else f"through the Triton kernels only (Hopper kernel off: {why})")
+    kernels, _ = triton_decode_kernel()
+    logger.info("inkling: attention route: Triton kernels on %s; %s", device, kernels.route_note(device))
     return TritonRoute(kernels)

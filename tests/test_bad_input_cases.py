@@ -17,7 +17,8 @@ import torch
 from sglang_inkling_backend import InklingKVPool, LayerPlan, mxfp8
 from sglang_inkling_backend.decode_context import BatchedDecodeContext
 from sglang_inkling_backend.layer_plan import LayerSpec
-from sglang_inkling_backend.reference.attention import AttentionParams, PagedKV, paged_decode_attention
+from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV
+from sglang_inkling_backend.reference.attention import paged_decode_attention
 from sglang_inkling_backend.scale_layout import ScaleLayout
 from sglang_inkling_backend.hosts.sglang.cpu_testing import prepare_sglang_cpu_import
 

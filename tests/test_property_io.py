@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, event, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from sglang_inkling_backend import InklingKVPool, LayerPlan, mxfp8  # noqa: E402
-from sglang_inkling_backend.reference.attention import AttentionParams, PagedKV  # noqa: E402
+from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV  # noqa: E402
 from sglang_inkling_backend.reference.attention import paged_decode_attention as reference_decode  # noqa: E402
 from sglang_inkling_backend.scale_layout import ScaleLayout  # noqa: E402
 

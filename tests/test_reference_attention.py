@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from sglang_inkling_backend import InklingKVPool, LayerPlan
-from sglang_inkling_backend.reference.attention import (AttentionParams, inkling_params, paged_decode_attention,
-                                                        paged_extend_attention)
+from sglang_inkling_backend.attention_inputs import AttentionParams, inkling_params
+from sglang_inkling_backend.reference.attention import paged_decode_attention, paged_extend_attention
 
 
 def dense_float64(q, k, v, q_positions, scale, window=None, rel=None, cap=0.0, sinks=None):

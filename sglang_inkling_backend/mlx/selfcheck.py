@@ -20,7 +20,8 @@ from sglang_inkling_backend.mlx import rope_scatter as rs
 from sglang_inkling_backend.mlx.decode_attention import decode_attention_mxfp8
 from sglang_inkling_backend.mlx.interop import from_torch, to_torch
 from sglang_inkling_backend.mlx.kv_pool import MlxMXFP8KVPool
-from sglang_inkling_backend.reference.attention import AttentionParams, PagedKV, paged_decode_attention
+from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV
+from sglang_inkling_backend.reference.attention import paged_decode_attention
 from sglang_inkling_backend.scale_layout import ScaleLayout
 
 failures: list[str] = []

@@ -3,7 +3,7 @@
 On a machine without a GPU they run under the Triton interpreter (``TRITON_INTERPRET=1``, set before the first
 import of this package), which is how the CPU tests exercise them.
 
-API (``q [B, Hq, D]``, ``kv`` a ``reference.attention.PagedKV``, ``params`` an ``AttentionParams``). The keys
+API (``q [B, Hq, D]``, ``kv`` an ``attention_inputs.PagedKV``, ``params`` an ``AttentionParams``). The keys
 come as a per-token CSR (``kv_indptr [B + 1]``, ``kv_indices``) or as a page table (``page_table [B, max_pages]``
 int32 page ids, ``seq_lens [B]``, ``page_size``; positions absolute, page-aligned kernels, windows included):
 
@@ -31,9 +31,10 @@ from .extend_attention import paged_extend_attention
 from .inputs import check_decode_inputs, validate_page_table, validate_slots
 from .kv_store import store_kv_mxfp8
 from .plan import (DecodeConfig, DecodePlan, DecodeWorkspace, decode_workspace_shape, decode_workspace_splits,
-                   hopper_decode_status, plan_decode)
+                   hopper_decode_status, plan_decode, route_note)
 
 __all__ = ["DecodeConfig", "DecodePlan", "DecodeWorkspace", "check_decode_inputs", "decode_workspace_shape",
            "decode_workspace_splits", "hopper_decode_status",
-           "paged_decode_attention", "paged_extend_attention", "plan_decode", "run_decode", "store_kv_mxfp8",
+           "paged_decode_attention", "paged_extend_attention", "plan_decode", "route_note", "run_decode",
+           "store_kv_mxfp8",
            "validate_page_table", "validate_slots"]

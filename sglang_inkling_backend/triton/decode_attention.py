@@ -33,13 +33,13 @@ import torch
 import triton
 import triton.language as tl
 
-from ..reference.attention import AttentionParams, PagedKV
+from ..attention_inputs import AttentionParams, PagedKV
 from .decode_blocks import decode_blocks_kernel
 from .decode_merge import decode_merge_kernel
 from .decode_tiles import decode_tiles_kernel
 from .device import KV_FLOAT, KV_MXFP8
 from .inputs import (check_decode_inputs, check_kv_map, check_query_and_pool, dot_dtype, interpreting, kv_format,
-                     launch_scalars, launch_strides, scale_args, validate_page_table, validate_slots)
+                     scale_args, validate_page_table, validate_slots)
 from .plan import DecodeConfig, DecodePlan, DecodeWorkspace, plan_decode
 
 logger = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ import torch
 import triton.language as tl
 
 from .. import mxfp8
-from ..reference.attention import AttentionParams, PagedKV
+from ..attention_inputs import AttentionParams, PagedKV
 from .device import KV_FLOAT, KV_FP8, KV_MXFP8
 from .plan import check_max_seq_len
 

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from ..checks import require_slots
-from ..reference.attention import PagedKV
+from ..attention_inputs import PagedKV
 from .device import scale_offsets
 from .encode import mxfp8_encode_blocks
 

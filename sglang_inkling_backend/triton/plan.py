@@ -193,6 +193,14 @@ HOPPER_MIN_KEYS = 2048
 _hopper_status: dict = {}
 
 
+def route_note(device) -> str:
+    """The Triton route's start-up line about ``device``: whether MXFP8 decode also takes the Gluon Hopper kernel."""
+    hopper, why = hopper_decode_status(device)
+    if hopper:
+        return "MXFP8 decode also through the Gluon Hopper kernel where it is faster (plan.hopper_decode_fits)"
+    return f"MXFP8 decode through the Triton kernels only (Hopper kernel off: {why})"
+
+
 def hopper_decode_status(device) -> tuple[bool, str]:
     """Whether the Gluon Hopper decode kernel can run on ``device`` (an sm_90 GPU, Triton with Gluon's Hopper
     module, not the interpreter, INKLING_DISABLE_HOPPER_DECODE unset), and a line saying why (not)."""

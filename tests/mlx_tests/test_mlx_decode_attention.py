@@ -8,7 +8,8 @@ torch = pytest.importorskip("torch")
 from sglang_inkling_backend import mxfp8  # noqa: E402
 from sglang_inkling_backend.mlx.decode_attention import decode_attention_mxfp8  # noqa: E402
 from sglang_inkling_backend.mlx.interop import from_torch, to_torch  # noqa: E402
-from sglang_inkling_backend.reference.attention import AttentionParams, PagedKV, paged_decode_attention  # noqa: E402
+from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV  # noqa: E402
+from sglang_inkling_backend.reference.attention import paged_decode_attention  # noqa: E402
 from sglang_inkling_backend.scale_layout import ScaleLayout  # noqa: E402
 
 NUM_SLOTS, HQ, HKV, D = 256, 8, 2, 64

@@ -21,7 +21,8 @@ from sglang_inkling_backend.mlx import metal_kernels as mk  # noqa: E402
 from sglang_inkling_backend.mlx import rope_scatter as rs  # noqa: E402
 from sglang_inkling_backend.mlx.decode_attention import decode_mxfp8_launch  # noqa: E402
 from sglang_inkling_backend.mlx.interop import from_torch, to_torch  # noqa: E402
-from sglang_inkling_backend.reference.attention import AttentionParams, PagedKV, paged_decode_attention  # noqa: E402
+from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV  # noqa: E402
+from sglang_inkling_backend.reference.attention import paged_decode_attention  # noqa: E402
 from sglang_inkling_backend.scale_layout import ScaleLayout  # noqa: E402
 
 POSITIONS = [0, 1, 7, 4095, 131071]

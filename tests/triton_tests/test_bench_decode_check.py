@@ -17,7 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import bench_decode as bd  # noqa: E402
 
 from sglang_inkling_backend.kv_views import store_kv_unchecked  # noqa: E402
-from sglang_inkling_backend.reference.attention import AttentionParams, attend  # noqa: E402
+from sglang_inkling_backend.attention_inputs import AttentionParams  # noqa: E402
+from sglang_inkling_backend.reference.attention import attend  # noqa: E402
 from sglang_inkling_backend.triton import DecodeWorkspace, plan_decode, run_decode  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"

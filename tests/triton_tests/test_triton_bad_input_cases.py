@@ -15,7 +15,7 @@ if os.environ.get("TRITON_INTERPRET") != "1":
 
 triton = pytest.importorskip("triton")
 
-from sglang_inkling_backend.reference.attention import AttentionParams, PagedKV  # noqa: E402
+from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV  # noqa: E402
 from sglang_inkling_backend.reference.attention import paged_decode_attention as reference_decode  # noqa: E402
 from sglang_inkling_backend.reference import prologue as reference_prologue  # noqa: E402
 from sglang_inkling_backend.scale_layout import ScaleLayout  # noqa: E402

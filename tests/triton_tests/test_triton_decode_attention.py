@@ -23,7 +23,7 @@ if not torch.cuda.is_available():
 triton = pytest.importorskip("triton")
 
 from sglang_inkling_backend import mxfp8  # noqa: E402
-from sglang_inkling_backend.reference.attention import AttentionParams, PagedKV  # noqa: E402
+from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV  # noqa: E402
 from sglang_inkling_backend.reference.attention import paged_decode_attention as reference_decode  # noqa: E402
 from sglang_inkling_backend.scale_layout import ScaleLayout  # noqa: E402
 from sglang_inkling_backend.triton.decode_attention import paged_decode_attention, run_decode  # noqa: E402

@@ -17,7 +17,7 @@ if not torch.cuda.is_available():
 
 pytest.importorskip("triton")
 
-from sglang_inkling_backend.reference.attention import AttentionParams, PagedKV  # noqa: E402
+from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV  # noqa: E402
 from sglang_inkling_backend.reference.attention import paged_extend_attention as reference_extend  # noqa: E402
 from sglang_inkling_backend.scale_layout import ScaleLayout  # noqa: E402
 from sglang_inkling_backend.triton.extend_attention import paged_extend_attention  # noqa: E402

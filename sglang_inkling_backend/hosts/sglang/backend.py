@@ -267,7 +267,7 @@ class InklingAttnBackend(AttentionBackend):
         if save_kv_cache and k is not None and v is not None:
             self._store(layer, spec, forward_batch, k, v, kwargs)
         q3 = kv_views.dequantize_query(q, spec.num_q_heads, spec.head_dim, kwargs.get("q_descale"))
-        if self.route.name == "triton" and q3.dtype == torch.float32 and self.model_dtype != torch.float32:
+        if self.route.query_in_model_dtype and q3.dtype != self.model_dtype:
             q3 = q3.to(self.model_dtype)
         kv = self._paged_kv(layer.layer_id, spec)
         keys = self._keys(spec.window)
@@ -286,4 +286,4 @@ class InklingAttnBackend(AttentionBackend):
         return self._attend(False, q, k, v, layer, forward_batch, save_kv_cache, kwargs)
 
     def support_triton(self):
-        return self.route.name == "triton"
+        return self.route.runs_triton

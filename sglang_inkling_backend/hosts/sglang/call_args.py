@@ -10,7 +10,7 @@ from typing import Any, Mapping
 import torch
 
 from sglang_inkling_backend.layer_plan import LayerSpec, attention_params as record_attention_params
-from sglang_inkling_backend.reference.attention import AttentionParams
+from sglang_inkling_backend.attention_inputs import AttentionParams
 
 # kwargs SGLang callers pass that this backend understands or that do not change the result.
 HANDLED_KWARGS = frozenset({"sinks", "rel_bias", "rel_bias_event", "score_mod", "aux_tensors", "q_descale",

@@ -139,9 +139,9 @@ def decode_graph_capturable(device: str | None, head_dim: int | None = None) -> 
     """Decode CUDA graphs need the Triton route (a CUDA/ROCm device, our Triton kernels, a head size they serve)."""
     if device not in (None, "cuda"):
         return False
-    from sglang_inkling_backend.routes import triton_decode_kernel, triton_head_dim_ok
+    from sglang_inkling_backend.routes import triton_route_possible
 
-    return triton_decode_kernel()[0] is not None and (head_dim is None or triton_head_dim_ok(head_dim))
+    return triton_route_possible(() if head_dim is None else (head_dim,))[0]
 
 
 def validate_server_args(cfg: Any, model_config: Any, *, prefill: bool, decode: bool) -> None:

@@ -13,7 +13,7 @@ from sglang_inkling_backend import checks, kv_views
 from sglang_inkling_backend.hosts.vllm.batch import VllmBatch, padded_slots
 from sglang_inkling_backend.hosts.vllm.block_cache import BlockCacheLayout
 from sglang_inkling_backend.layer_plan import LayerSpec, attention_params
-from sglang_inkling_backend.reference.attention import PagedKV
+from sglang_inkling_backend.attention_inputs import PagedKV
 
 
 class LayerAttention:
@@ -62,7 +62,7 @@ class LayerAttention:
                              f"shape {tuple(kv_cache.shape)}")
         kv = self.paged_kv(kv_cache)
         q = query[:n].reshape(n, spec.num_q_heads, spec.head_dim)
-        if route.name == "triton" and q.dtype != self.model_dtype:
+        if route.query_in_model_dtype and q.dtype != self.model_dtype:
             q = q.to(self.model_dtype)
         out = output[:n].view(n, spec.num_q_heads, spec.head_dim)
         sinks = None if self.sinks is None else self.sinks.float()

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from sglang_inkling_backend import mxfp8
-from sglang_inkling_backend.reference.attention import PagedKV
+from sglang_inkling_backend.attention_inputs import PagedKV
 from sglang_inkling_backend.scale_layout import INTERLEAVED_PAGE_SIZE, ScaleLayout
 
 FLOAT_FORMATS = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}

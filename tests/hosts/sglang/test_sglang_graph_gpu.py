@@ -21,7 +21,7 @@ CASES = list(itertools.product(["bf16", "mxfp8", "fp8_e4m3"], [None, 48]))
 
 def empty_paged_kv(kv_format, slots, page, dev):
     """A zeroed one-layer pool: bf16, per-tensor fp8 (k_scale 0.5, v_scale 0.25) or MXFP8 with its scale buffers."""
-    from sglang_inkling_backend.reference.attention import PagedKV
+    from sglang_inkling_backend.attention_inputs import PagedKV
     from sglang_inkling_backend.scale_layout import ScaleLayout
 
     dtype = torch.bfloat16 if kv_format == "bf16" else torch.float8_e4m3fn
@@ -55,7 +55,7 @@ def check_decode_graph_capture_and_replay(kv_format, window, cached=False, max_b
     from sglang_inkling_backend import mxfp8
     from sglang_inkling_backend.hosts.sglang.metadata import DecodeGraphBuffers, build_forward_metadata
     from sglang_inkling_backend.kv_views import store_kv_unchecked
-    from sglang_inkling_backend.reference.attention import AttentionParams
+    from sglang_inkling_backend.attention_inputs import AttentionParams
     from sglang_inkling_backend.routes import DecodePlanCache, TorchRoute, choose_route
 
     dev = torch.device("cuda")
@@ -147,7 +147,7 @@ def check_eager_triton_route_matches_torch_route(kv_format, window):
     route against the torch reference route on the same pool; MXFP8 decode through the page table too."""
     from sglang_inkling_backend.hosts.sglang.metadata import build_forward_metadata
     from sglang_inkling_backend.kv_views import store_kv_unchecked
-    from sglang_inkling_backend.reference.attention import AttentionParams
+    from sglang_inkling_backend.attention_inputs import AttentionParams
     from sglang_inkling_backend.routes import DecodePlanCache, TorchRoute, choose_route
 
     dev = torch.device("cuda")

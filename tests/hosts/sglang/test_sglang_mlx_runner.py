@@ -43,7 +43,8 @@ from sglang.srt.plugins.hook_registry import HookRegistry  # noqa: E402
 from sglang_inkling_backend import mxfp8  # noqa: E402
 from sglang_inkling_backend.hosts.sglang import mlx_runner as host  # noqa: E402
 from sglang_inkling_backend.mlx.interop import to_torch  # noqa: E402
-from sglang_inkling_backend.reference.attention import AttentionParams, PagedKV, paged_decode_attention  # noqa: E402
+from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV  # noqa: E402
+from sglang_inkling_backend.reference.attention import paged_decode_attention  # noqa: E402
 from sglang_inkling_backend.scale_layout import ScaleLayout  # noqa: E402
 
 WINDOWS = {0: 4, 1: 4, 3: None, 4: 4, 5: None}  # layer 2: an auxiliary (non-attention) layer

@@ -12,7 +12,8 @@ import torch
 
 from sglang_inkling_backend import InklingKVPool, LayerPlan, mxfp8
 from sglang_inkling_backend.kv_pool import bytes_per_token
-from sglang_inkling_backend.reference.attention import inkling_params, paged_decode_attention
+from sglang_inkling_backend.attention_inputs import inkling_params
+from sglang_inkling_backend.reference.attention import paged_decode_attention
 from sglang_inkling_backend.reference.prologue import inkling_attn_prologue_decode
 
 HQ, HKV, D, W, REL = 8, 2, 128, 4, 16
