@@ -1,5 +1,5 @@
-"""The package's layering, checked from its source: the core imports no host and no accelerator, hosts never import
-each other, and no two modules import each other (directly or around a longer cycle).
+"""The package's layering, checked from its source: the core imports no host and no accelerator, accelerators import
+no host, hosts never import each other, and no two modules import each other (directly or around a longer cycle).
 
 Module-level imports and imports inside functions both count: a lazy import is still a dependency."""
 from __future__ import annotations
@@ -93,6 +93,18 @@ def test_accelerators_import_no_host():
     assert not bad, bad
 
 
+def test_hosts_never_import_each_other():
+    hosts = {layer_of(n) for n in GRAPH if layer_of(n).startswith("hosts.")}
+    assert {"hosts.sglang", "hosts.vllm"} <= hosts, hosts
+    bad = {(n, t) for n, ts in GRAPH.items() if layer_of(n).startswith("hosts.")
+           for t in ts if layer_of(t).startswith("hosts.") and layer_of(t) != layer_of(n)}
+    assert not bad, bad
+    # and each host's entry point names only its own host
+    bad = {(n, t) for n, ts in GRAPH.items() if n.startswith(f"{NAME}.entry_points.")
+           for t in ts if layer_of(t).startswith("hosts.") and layer_of(t) != f"hosts.{n.rsplit('.', 1)[1]}"}
+    assert not bad, bad
+
+
 def test_no_import_cycles():
     """Tarjan's strongly connected components over the package's import graph: every component is one module."""
     index, low, stack, on_stack, cycles = {}, {}, [], set(), []
@@ -129,14 +141,14 @@ def test_no_import_cycles():
     assert not real, f"import cycles: {real}"
 
 
-def test_the_core_imports_without_sglang_triton_or_mlx():
-    """In a fresh interpreter with sglang, triton and mlx made unimportable, every core module imports."""
+def test_the_core_imports_without_any_host_or_accelerator():
+    """In a fresh interpreter with sglang, vllm, triton and mlx made unimportable, every core module imports."""
     core = sorted(n for n in GRAPH if layer_of(n) == "core")
     code = f"""
 import importlib, importlib.abc, sys
 class Block(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name.split('.')[0] in ('sglang', 'triton', 'mlx', 'sgl_kernel'):
+        if name.split('.')[0] in ('sglang', 'vllm', 'triton', 'mlx', 'sgl_kernel'):
             raise ImportError(f'blocked: {{name}}')
 sys.meta_path.insert(0, Block())
 for name in {core!r}:

@@ -12,10 +12,12 @@ import sys
 import pytest
 import torch
 
-from sglang_inkling_backend.reference.attention import AttentionParams, PagedKV
-from sglang_inkling_backend.scale_layout import ScaleLayout
-from sglang_inkling_backend.triton import DecodeConfig, plan_decode, run_decode
-from sglang_inkling_backend.triton import plan as plan_mod
+pytest.importorskip("triton", reason="Triton is not installed (the core tests run without it)")
+
+from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV  # noqa: E402
+from sglang_inkling_backend.scale_layout import ScaleLayout  # noqa: E402
+from sglang_inkling_backend.triton import DecodeConfig, plan_decode, run_decode  # noqa: E402
+from sglang_inkling_backend.triton import plan as plan_mod  # noqa: E402
 
 BIG = dict(num_q_heads=16, num_kv_heads=2, head_dim=128, max_seq_len=32768, page_size=128, device="cpu")
 
