@@ -18,6 +18,7 @@ eagerly inside the compiled model.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Optional
 
@@ -26,7 +27,7 @@ from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 
-from sglang_inkling_backend import kv_views, mxfp8
+from sglang_inkling_backend import kv_views, layer_step, mxfp8
 from sglang_inkling_backend.hosts.sglang import call_args
 from sglang_inkling_backend.hosts.sglang.layers import layer_plan_of, radix_layers
 from sglang_inkling_backend.hosts.sglang.metadata import (DecodeGraphBuffers, InklingForwardMetadata,
@@ -71,6 +72,32 @@ def check_swa_placement(plan, layers_mapping) -> None:
                 f"inkling: layer {layer_id} is {'windowed' if windowed else 'full attention'} but SGLang's hybrid "
                 f"SWA pool places it {'nowhere' if placed is None else ('in the SWA' if placed[1] else 'in the full')}"
                 f" sub-pool; serve this model with --disable-hybrid-swa-memory")
+
+
+@dataclass
+class MetadataKeys:
+    """``layer_step.StepKeys`` over SGLang's forward metadata; an SGLang batch is all decode or all extend."""
+    md: InklingForwardMetadata
+    num_decode_rows: int
+
+    @property
+    def max_seq_len(self) -> Optional[int]:
+        return self.md.max_seq_len
+
+    @property
+    def plans(self):
+        return self.md.decode_plans
+
+    def decode_keys(self, window: Optional[int], reads_page_tables: bool):
+        """The page table where the metadata built one (a route that reads page tables, a pool of whole pages) and
+        it serves this window, else the window's rails (a hybrid SWA pool's windowed layers, no page table)."""
+        md = self.md
+        if md.pages is not None and window not in md.windows:
+            return md.pages
+        return md.rails(window)
+
+    def extend_keys(self, window: Optional[int]):
+        return self.md.rails(window), self.md.qo_indptr
 
 
 class InklingAttnBackend(AttentionBackend):
@@ -153,14 +180,6 @@ class InklingAttnBackend(AttentionBackend):
             r2t, forward_batch.req_pool_indices, forward_batch.seq_lens, extend_seq_lens=extend_seq_lens,
             windows=self.windows, full_to_swa=self._full_to_swa(), out_cache_loc=forward_batch.out_cache_loc,
             page_size=self.decode_page_size, max_seq_len=max_seq_len)
-
-    def _keys(self, window: Optional[int]):
-        """The layer's keys: its window's rails where the metadata built them (a hybrid SWA pool's windowed layers,
-        extend, pools without a page table), else the page table."""
-        md = self.forward_metadata
-        if md.pages is not None and window not in md.windows:
-            return md.pages
-        return md.rails(window)
 
     # --- CUDA graphs (decode) -----------------------------------------------------------------------------------
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
@@ -266,16 +285,9 @@ class InklingAttnBackend(AttentionBackend):
         params = call_args.attention_params(spec, kwargs, rows)
         if save_kv_cache and k is not None and v is not None:
             self._store(layer, spec, forward_batch, k, v, kwargs)
-        q3 = kv_views.dequantize_query(q, spec.num_q_heads, spec.head_dim, kwargs.get("q_descale"))
-        if self.route.query_in_model_dtype and q3.dtype != self.model_dtype:
-            q3 = q3.to(self.model_dtype)
-        kv = self._paged_kv(layer.layer_id, spec)
-        keys = self._keys(spec.window)
-        if decode:
-            out = self.route.decode(q3, kv, keys, params, max_seq_len=md.max_seq_len, plans=md.decode_plans,
-                                    workspace=self.workspace)
-        else:
-            out = self.route.extend(q3, kv, keys, md.qo_indptr, params)
+        q3 = layer_step.prepare_query(q, spec, self.route, self.model_dtype, kwargs.get("q_descale"))
+        out = layer_step.attend(self.route, spec, q3, self._paged_kv(layer.layer_id, spec),
+                                MetadataKeys(md, rows if decode else 0), lambda first, last: params, self.workspace)
         return out.to(self.model_dtype).reshape(rows, spec.num_q_heads * spec.head_dim)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):

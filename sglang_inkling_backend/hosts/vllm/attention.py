@@ -9,7 +9,7 @@ from typing import Optional
 
 import torch
 
-from sglang_inkling_backend import checks, kv_views
+from sglang_inkling_backend import checks, kv_views, layer_step
 from sglang_inkling_backend.hosts.vllm.batch import VllmBatch, padded_slots
 from sglang_inkling_backend.hosts.vllm.block_cache import BlockCacheLayout
 from sglang_inkling_backend.layer_plan import LayerSpec, attention_params
@@ -56,23 +56,14 @@ class LayerAttention:
                 output: torch.Tensor) -> torch.Tensor:
         """Attention of the batch's ``num_actual_tokens`` query rows into ``output`` (rows past them untouched)."""
         spec, route = self.spec, batch.route
-        n, nd = batch.num_actual_tokens, batch.num_decode_tokens
+        n = batch.num_actual_tokens
         if kv_cache.dim() != 4 or kv_cache.shape[2] != batch.block_size:
             raise ValueError(f"kv_cache blocks must hold the batch's block_size {batch.block_size} tokens, got "
                              f"shape {tuple(kv_cache.shape)}")
         kv = self.paged_kv(kv_cache)
-        q = query[:n].reshape(n, spec.num_q_heads, spec.head_dim)
-        if route.query_in_model_dtype and q.dtype != self.model_dtype:
-            q = q.to(self.model_dtype)
-        out = output[:n].view(n, spec.num_q_heads, spec.head_dim)
+        q = layer_step.prepare_query(query[:n], spec, route, self.model_dtype)
         sinks = None if self.sinks is None else self.sinks.float()
-        if nd:
-            keys = batch.decode_pages() if route.reads_page_tables else batch.decode_rails(spec.window)
-            params = attention_params(spec, rows=nd, sinks=sinks)
-            out[:nd] = route.decode(q[:nd], kv, keys, params, max_seq_len=batch.max_seq_len, plans=batch.plans,
-                                    workspace=batch.workspace)
-        if n > nd:
-            rails, qo_indptr = batch.prefill_rails(spec.window)
-            params = attention_params(spec, rows=n - nd, sinks=sinks)
-            out[nd:] = route.extend(q[nd:], kv, rails, qo_indptr, params)
+        layer_step.attend(route, spec, q, kv, batch,
+                          lambda first, last: attention_params(spec, rows=last - first, sinks=sinks),
+                          batch.workspace, output[:n].view(n, spec.num_q_heads, spec.head_dim))
         return output

@@ -1,4 +1,4 @@
-"""One vLLM step's batch as the core's keys: page tables for decode, per-token rails where a route or a prefill
+"""One vLLM step's batch as the core's keys (``layer_step.StepKeys``): page tables for decode, per-token rails where a route or a prefill
 needs them. Host-free (only torch): built from the tensors of vLLM's ``CommonAttentionMetadata``, so GPU tests run
 it without vLLM.
 
@@ -49,6 +49,17 @@ class VllmBatch:
     @property
     def num_prefills(self) -> int:
         return self.num_reqs - self.num_decodes
+
+    # layer_step.StepKeys
+    @property
+    def num_decode_rows(self) -> int:
+        return self.num_decodes
+
+    def decode_keys(self, window: Optional[int], reads_page_tables: bool):
+        return self.decode_pages() if reads_page_tables else self.decode_rails(window)
+
+    def extend_keys(self, window: Optional[int]) -> tuple[KVRails, torch.Tensor]:
+        return self.prefill_rails(window)
 
     def decode_pages(self) -> KVPages:
         """The decode requests' page table: vLLM's block table as it is, and its sequence lengths with vLLM's
