@@ -27,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .device import (LOG2E, decode_logits, fold_sinks, page_tile_first_slot, q_power_of_two_norm, scale_offsets,
+from .device import (decode_logits, fold_sinks, log2e, page_tile_first_slot, q_power_of_two_norm, scale_offsets,
                      split_bounds)
 
 
@@ -94,7 +94,7 @@ def decode_blocks_kernel(
     for j in tl.static_range(NB):
         q_max = tl.maximum(q_max, tl.max(tl.max(tl.abs(tl.load(q_cols + 32 * j, mask=mask_g[None, :],
                                                                   other=0.0).to(tl.float32)), 1), 0))
-    qk_scale = sm_scale * LOG2E
+    qk_scale = sm_scale * log2e()
     if KV_FORMAT == 1:
         qk_scale = qk_scale * k_scale
     if KV_FORMAT == 0:

@@ -32,11 +32,15 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                    warpgroup_mma_wait)
 
-from .device import LOG2E, decode_logits, fold_sinks, q_power_of_two_norm, request_split_len
+from ..scale_layout import INTERLEAVED_PAGE_SIZE
+from .device import decode_logits, fold_sinks, log2e, q_power_of_two_norm, request_split_len
+
+HOPPER_PAGE = gl.constexpr(INTERLEAVED_PAGE_SIZE)  # its tiles are an MXFP8 pool's pages, scales interleaved per page
 
 # The Triton helpers are plain scalar and elementwise code: the Gluon kernel runs the same functions (one copy of
 # the logit pipeline, the split lengths and the sinks), compiled as Gluon.
 g_decode_logits = gluon.jit(decode_logits.fn)
+g_log2e = gluon.jit(log2e.fn)
 g_fold_sinks = gluon.jit(fold_sinks.fn)
 g_q_power_of_two_norm = gluon.jit(q_power_of_two_norm.fn)
 g_request_split_len = gluon.jit(request_split_len.fn)
@@ -191,7 +195,7 @@ def decode_hopper_kernel(
     DIRECT: gl.constexpr, NUM_STAGES: gl.constexpr, BLOCK_N: gl.constexpr, ONE_P: gl.constexpr = False,
     PAGE_TABLE: gl.constexpr = True, SLOTS_AHEAD: gl.constexpr = True,
 ):
-    PAGE: gl.constexpr = 128
+    PAGE: gl.constexpr = HOPPER_PAGE
     NB: gl.constexpr = D // 32
     NH: gl.constexpr = D // 64
     N2: gl.constexpr = 2 * G_PAD
@@ -262,7 +266,7 @@ def decode_hopper_kernel(
     for j in gl.static_range(NB):
         qj = gl.abs(gl.load(q_rows + 32 * j, mask=q_mask, other=0.0).to(gl.float32))
         q_max = gl.maximum(q_max, gl.max(gl.max(qj, 1), 0))
-    q_norm, qk_scale = g_q_power_of_two_norm(q_max, sm_scale * LOG2E)
+    q_norm, qk_scale = g_q_power_of_two_norm(q_max, sm_scale * g_log2e())
     q_norm = q_norm * 8.0
     qk_scale = qk_scale * 0.0078125  # 1 / (8 * 16)
     q_hi = gl.allocate_shared_memory(gl.float8e4nv, [NB, N2, 32], q_layout)

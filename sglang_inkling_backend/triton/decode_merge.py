@@ -9,7 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .device import LOG2E, request_split_len
+from .device import log2e, request_split_len
 
 
 @triton.jit
@@ -53,7 +53,7 @@ def decode_merge_kernel(
         l = l * a + tl.sum(w, 0)
         m = m_new
     if HAS_SINKS:
-        sink = tl.load(sinks_ptr + hq).to(tl.float32) * LOG2E
+        sink = tl.load(sinks_ptr + hq).to(tl.float32) * log2e()
         m_new = tl.maximum(m, sink)
         a = tl.exp2(m - m_new)
         acc = acc * a

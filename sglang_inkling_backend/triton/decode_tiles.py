@@ -20,8 +20,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .device import (LOG2E, decode_logits, dequant_tile, dequant_tile_relative, fold_sinks, load_raw_page_tile,
-                     load_raw_tile, page_tile_first_slot, q_power_of_two_norm, split_bounds)
+from .device import (decode_logits, dequant_tile, dequant_tile_relative, fold_sinks, load_raw_page_tile, load_raw_tile,
+                     log2e, page_tile_first_slot, q_power_of_two_norm, split_bounds)
 
 
 @triton.jit
@@ -63,7 +63,7 @@ def decode_tiles_kernel(
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=mask_g[:, None], other=0.0).to(tl.float32)
     # logits in base 2: exp2 is the native instruction
-    qk_scale = sm_scale * LOG2E
+    qk_scale = sm_scale * log2e()
     if KV_FORMAT == 1:
         qk_scale = qk_scale * k_scale
     if FP16_TILES:

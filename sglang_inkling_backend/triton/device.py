@@ -16,7 +16,13 @@ KV_FLOAT = 0  # bf16 / fp16 / fp32 buffers
 KV_FP8 = 1  # float8_e4m3fn with a per-tensor k_scale / v_scale
 KV_MXFP8 = 2  # float8_e4m3fn with a UE8M0 scale per 32 channels
 
-LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): the kernels' softmax runs in base 2 (exp2)
+
+
+@triton.jit
+def log2e():
+    """log2(e): the kernels' softmax runs in base 2 (exp2). A function, not a constexpr global: the interpreter
+    cannot multiply a tensor by a global constexpr (Triton 3.9), and the call folds to the same constant."""
+    return 1.4426950408889634
 
 
 @triton.jit
@@ -121,7 +127,7 @@ def load_kv_tile(buf_ptr, sf_ptr, slots, mask_n, h, stride_slot, stride_head,
 def soft_cap(x, cap):
     """cap * tanh(x / cap), tanh through exp2 (portable to the interpreter and AMD)."""
     y = x / cap
-    t = tl.exp2(-2.0 * LOG2E * tl.abs(y))
+    t = tl.exp2(-2.0 * log2e() * tl.abs(y))
     th = (1.0 - t) / (1.0 + t)
     return cap * tl.where(y < 0, -th, th)
 
@@ -131,7 +137,7 @@ def scale_logits(qk, qk_scale, HAS_CAP: tl.constexpr):
     """Raw q.k times ``qk_scale`` (which includes log2(e)): base-2 logits, or natural ones when a cap will apply (the
     cap is on the natural logit, after the bias)."""
     if HAS_CAP:
-        return qk * (qk_scale / LOG2E)
+        return qk * (qk_scale / log2e())
     return qk * qk_scale
 
 
@@ -140,14 +146,14 @@ def add_logit_bias(qk, bias, HAS_CAP: tl.constexpr):
     """``scale_logits``' logits plus a natural-unit bias (float32)."""
     if HAS_CAP:
         return qk + bias
-    return qk + bias * LOG2E
+    return qk + bias * log2e()
 
 
 @triton.jit
 def cap_logits(qk, logit_cap, HAS_CAP: tl.constexpr):
     """``scale_logits``' logits (bias added) as base-2 logits, through the soft cap when there is one."""
     if HAS_CAP:
-        return soft_cap(qk, logit_cap) * LOG2E
+        return soft_cap(qk, logit_cap) * log2e()
     return qk
 
 
@@ -240,7 +246,7 @@ def q_power_of_two_norm(q_max, qk_scale):
 @triton.jit
 def fold_sinks(m_i, l_i, sinks_ptr, heads, mask_g):
     """Add each head's sink logit to the softmax state: returns (the factor for the output so far, l_i, m_i)."""
-    sink = tl.load(sinks_ptr + heads, mask=mask_g, other=0.0).to(tl.float32) * LOG2E
+    sink = tl.load(sinks_ptr + heads, mask=mask_g, other=0.0).to(tl.float32) * log2e()
     m_fin = tl.maximum(m_i, sink)
     scale_old = tl.exp2(m_i - m_fin)
     return scale_old, l_i * scale_old + tl.exp2(sink - m_fin), m_fin

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from ..attention_inputs import AttentionParams, PagedKV
-from .device import LOG2E, add_logit_bias, cap_logits, load_kv_tile, scale_logits
+from .device import add_logit_bias, cap_logits, load_kv_tile, log2e, scale_logits
 from .inputs import (check_index_tensor, check_kv_map, check_query_and_pool, dot_dtype, kv_format, launch_scalars,
                      launch_strides, scale_args, validate_page_table)
 
@@ -70,7 +70,7 @@ def extend_kernel(
     offs_d = tl.arange(0, D)
     q = tl.load(q_ptr + tok.to(tl.int64)[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=mask_r[:, None], other=0.0).to(DOT_DTYPE)
-    qk_scale = sm_scale * LOG2E
+    qk_scale = sm_scale * log2e()
     if KV_FORMAT == 1:
         qk_scale = qk_scale * k_scale
 
@@ -125,7 +125,7 @@ def extend_kernel(
     if KV_FORMAT == 1:
         acc = acc * v_scale
     if HAS_SINKS:
-        sink = tl.load(sinks_ptr + heads, mask=mask_r, other=0.0).to(tl.float32) * LOG2E
+        sink = tl.load(sinks_ptr + heads, mask=mask_r, other=0.0).to(tl.float32) * log2e()
         m_fin = tl.maximum(m_i, sink)
         scale_old = tl.exp2(m_i - m_fin)
         acc = acc * scale_old[:, None]
