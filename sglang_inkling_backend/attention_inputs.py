@@ -13,7 +13,7 @@ from . import mxfp8
 from .checks import require_non_negative_real, require_positive_int, require_positive_real, require_slots
 from .scale_layout import ScaleLayout
 
-FLOAT_KV_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+FLOAT_KV_DTYPES = tuple(mxfp8.UNQUANTIZED_FORMAT_OF_DTYPE)  # bf16, fp16, fp32
 
 
 @dataclass

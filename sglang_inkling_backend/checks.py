@@ -87,3 +87,10 @@ def require_slots(slots, name: str, num_slots: int, distinct: bool = False, wher
 def stream_capturing(device) -> bool:
     """Whether the current stream of ``device`` is capturing a CUDA graph (never on other devices)."""
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def triton_head_dim_ok(head_dim: int) -> bool:
+    """The head sizes the Triton kernels serve: a power of two (their tiles are) of at least 32 (one MXFP8 scale
+    block). The route policy (``routes``) and the kernels' own checks (``triton/inputs.py``, ``triton/kv_store.py``)
+    read it here."""
+    return head_dim >= 32 and head_dim & (head_dim - 1) == 0

@@ -20,8 +20,6 @@ from .layer_plan import LayerPlan
 from .attention_inputs import PagedKV
 from .scale_layout import ScaleLayout
 
-FLOAT_STORE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
 
 def _layer_id(layer: Union[int, Any]) -> int:
     layer_id = layer if isinstance(layer, int) else getattr(layer, "layer_id", None)
@@ -69,7 +67,7 @@ class InklingKVPool:
         self.swa_size = swa_size if swa_size is not None else size
         self.device = torch.device(device)
         self.k_scale, self.v_scale = float(k_scale), float(v_scale)
-        self.store_dtype = mxfp8.DATA_DTYPE if kv_dtype in mxfp8.QUANTIZED_KV_DTYPES else FLOAT_STORE_DTYPES[kv_dtype]
+        self.store_dtype = mxfp8.STORAGE_DTYPE[kv_dtype]
         self.layers: dict[int, LayerKV] = {}
         for layer_id in plan.attention_layer_ids:
             spec = plan.spec(layer_id)

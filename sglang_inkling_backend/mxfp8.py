@@ -37,6 +37,11 @@ SCALE_DTYPES = (torch.uint8,) + ((torch.float8_e8m0fnu,) if hasattr(torch, "floa
 
 KV_DTYPES = ("bf16", "fp16", "fp32", "fp8_e4m3", "mxfp8")  # every KV format the backend stores
 QUANTIZED_KV_DTYPES = ("fp8_e4m3", "mxfp8")
+# The one map between a KV format and the torch dtype of its pool buffers (the quantized ones store e4m3 bytes), and
+# its inverse for the unquantized formats (a model's dtype names its unquantized KV format).
+STORAGE_DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp8_e4m3": DATA_DTYPE,
+                 "mxfp8": DATA_DTYPE}
+UNQUANTIZED_FORMAT_OF_DTYPE = {STORAGE_DTYPE[f]: f for f in KV_DTYPES if f not in QUANTIZED_KV_DTYPES}
 
 
 def head_dim_ok(head_dim: int) -> bool:

@@ -29,6 +29,7 @@ import torch
 
 from sglang_inkling_backend.reference import attention as reference
 from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV
+from sglang_inkling_backend.checks import triton_head_dim_ok
 from sglang_inkling_backend.rails import KVPages, KVRails
 
 logger = logging.getLogger(__name__)
@@ -169,10 +170,6 @@ def triton_decode_kernel():
     if missing:
         raise ImportError(f"sglang_inkling_backend.triton lacks {missing}: the package is broken or mixed versions")
     return kernels, None
-
-
-def triton_head_dim_ok(head_dim: int) -> bool:
-    return head_dim >= 32 and head_dim & (head_dim - 1) == 0
 
 
 def triton_route_possible(head_dims=()) -> tuple[bool, str]:

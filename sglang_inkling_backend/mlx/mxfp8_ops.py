@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from ..mxfp8 import AMAX_FLOOR as _AMAX_FLOOR  # an all-zero block gets exponent 19, as in SGLang
+from ..mxfp8 import BLOCK, E4M3_MAX
+from ..mxfp8 import NAN_SCALE as UE8M0_NAN
 from ..scale_layout import INTERLEAVED_PAGE_SIZE, ROWS_PER_ATOM
 
-BLOCK = 32
-E4M3_MAX = 448.0
-_AMAX_FLOOR = 1e-30  # an all-zero block gets exponent 19, as in SGLang
-UE8M0_NAN = 0xFF
 E4M3_NAN = 0x7F
 
 

@@ -196,7 +196,7 @@ def _check_values(k_cache, cache_indices, loc, k_buf, track_mask, track_indices,
 def validate_prologue_args(
     qkvr, k_cache, v_cache, cache_indices, cache_mask, k_weight, v_weight, q_gamma, k_gamma, eps, loc,
     k_buf, v_buf, q_off, k_off, v_off, dq, dkv, activation=None, use_residual=True, track_mask=None,
-    track_indices=None, do_store=True, mxfp8_quant=False, sfk=None, sfv=None, page_size=128,
+    track_indices=None, do_store=True, mxfp8_quant=False, sfk=None, sfv=None, page_size=INTERLEAVED_PAGE_SIZE,
     log_scaling_tau=None, check_values: bool = True,
 ) -> PrologueGeometry:
     """Every check of the decode prologue, before anything is written. ``check_values`` also checks the index
@@ -411,7 +411,7 @@ def inkling_attn_prologue_decode(
     mxfp8_quant: bool = False,
     sfk: Optional[torch.Tensor] = None,
     sfv: Optional[torch.Tensor] = None,
-    page_size: int = 128,
+    page_size: int = INTERLEAVED_PAGE_SIZE,
     log_scaling_tau: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """Decode prologue (see the module docstring): conv + conv-cache shift (+ track) + q/k RMSNorm + tau

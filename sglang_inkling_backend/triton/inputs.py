@@ -12,6 +12,7 @@ import triton.language as tl
 
 from .. import mxfp8
 from ..attention_inputs import AttentionParams, PagedKV
+from ..checks import triton_head_dim_ok
 from .device import KV_FLOAT, KV_FP8, KV_MXFP8
 from .plan import check_max_seq_len
 
@@ -64,7 +65,7 @@ def check_query_and_pool(q: torch.Tensor, kv: PagedKV, params: AttentionParams,
         raise ValueError("q must be contiguous in its last (head_dim) dimension")
     if d != kv.head_dim:
         raise ValueError(f"q's head_dim {d} does not match the pool's {kv.head_dim}")
-    if d < 32 or d & (d - 1):
+    if not triton_head_dim_ok(d):
         raise ValueError(f"head_dim must be a power of two >= 32 for the Triton kernels, got {d}")
     if hq % kv.num_kv_heads:
         raise ValueError(f"q's head count {hq} must be a multiple of the pool's KV heads {kv.num_kv_heads}")

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..checks import require_slots
+from ..checks import require_slots, triton_head_dim_ok
 from ..attention_inputs import PagedKV
 from .device import scale_offsets
 from .encode import mxfp8_encode_blocks
@@ -64,7 +64,7 @@ def store_kv_mxfp8(kv: PagedKV, loc: torch.Tensor, k: torch.Tensor, v: torch.Ten
     if not isinstance(loc, torch.Tensor) or loc.dim() != 1 or loc.dtype not in (torch.int32, torch.int64):
         raise TypeError("loc must be a 1-D int32/int64 tensor of slot ids")
     n, hkv, d = loc.numel(), kv.num_kv_heads, kv.head_dim
-    if d & (d - 1) or d < 32:
+    if not triton_head_dim_ok(d):
         raise ValueError(f"head_dim must be a power of two >= 32 for the Triton store, got {d}")
     views = []
     for name, t in (("k", k), ("v", v)):

@@ -17,6 +17,8 @@ from typing import Optional, Union
 import torch
 import triton
 
+from ..scale_layout import INTERLEAVED_PAGE_SIZE
+
 MIN_SPLIT_TOKENS = 256  # fewer keys per split and the merge costs more than the parallelism gains
 DEFAULT_BLOCK_N = 64
 KERNELS = ("tiles", "blocks", "hopper")  # decode_tiles, decode_blocks, decode_hopper (Gluon, sm_90a, MXFP8 pages)
@@ -409,9 +411,10 @@ def plan_decode(batch: Union[int, torch.Tensor], *, num_q_heads: int, num_kv_hea
         raise ValueError(f"block_n must be a power of two >= 16, got {block_n}")
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-    if kernel == "hopper" and (block_n != 128 or page_size != 128):
-        raise ValueError(f"kernel='hopper' reads whole 128-slot pages (an MXFP8 pool's) as its tiles: it needs "
-                         f"page_size=128 and block_n=128, got page_size={page_size!r}, block_n={block_n}")
+    if kernel == "hopper" and (block_n != INTERLEAVED_PAGE_SIZE or page_size != INTERLEAVED_PAGE_SIZE):
+        raise ValueError(f"kernel='hopper' reads whole {INTERLEAVED_PAGE_SIZE}-slot pages (an MXFP8 pool's) as its "
+                         f"tiles: it needs page_size={INTERLEAVED_PAGE_SIZE} and block_n={INTERLEAVED_PAGE_SIZE}, got "
+                         f"page_size={page_size!r}, block_n={block_n}")
     if page_size is not None:
         if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size <= 0 or page_size % block_n:
             raise ValueError(f"page_size must be a positive multiple of block_n={block_n}, got {page_size!r}")

@@ -35,6 +35,7 @@ import triton.language as tl
 
 from ..checks import stream_capturing
 from ..reference.prologue import HEAD_DIM, validate_prologue_args
+from ..scale_layout import INTERLEAVED_PAGE_SIZE
 from .device import scale_offsets
 from .encode import mxfp8_encode_blocks
 
@@ -244,7 +245,7 @@ def inkling_attn_prologue_decode(
     mxfp8_quant: bool = False,
     sfk: Optional[torch.Tensor] = None,
     sfv: Optional[torch.Tensor] = None,
-    page_size: int = 128,
+    page_size: int = INTERLEAVED_PAGE_SIZE,
     log_scaling_tau: Optional[torch.Tensor] = None,
     *,
     check_values: Optional[bool] = None,

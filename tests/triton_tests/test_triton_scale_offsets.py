@@ -64,3 +64,27 @@ def test_triton_scale_offsets_equal_scale_layout(slots, hkv, d, page):
     assert torch.equal(tiles.reshape(hkv, slots), first)
     # every byte of the buffer is named exactly once
     assert torch.equal(want.reshape(-1).sort().values, torch.arange(layout.num_bytes))
+
+
+@pytest.mark.parametrize("slots,hkv,d", [(256, 2, 64), (384, 3, 128), (512, 1, 256)])
+def test_gluon_tile_scale_offsets_equal_scale_layout(slots, hkv, d):
+    """The Gluon Hopper kernel's own copy (``decode_hopper.tile_scale_offsets``: slot0 int32 from the page table, the
+    page index widened to int64) gives ``ScaleLayout``'s offsets for every 128-slot tile. Gluon does not run under
+    the interpreter, so its Python body runs here on torch tensors, ``gl.int64`` read as ``torch.int64``: the
+    arithmetic is checked, Gluon's codegen is the GPU checks' (gpu_tests/check_triton_gpu.py, Hopper cases)."""
+    import types
+
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    from sglang_inkling_backend.triton import decode_hopper
+
+    body = decode_hopper.tile_scale_offsets.fn
+    shim = types.SimpleNamespace(int64=torch.int64, constexpr=tl.constexpr)
+    tile_scale_offsets = types.FunctionType(body.__code__, {**body.__globals__, "gl": shim})
+    layout = ScaleLayout.for_pool(slots, hkv, d, 128)
+    nb, page = d // 32, 128
+    first = layout.flat_index(torch.arange(slots))[..., 0]  # [slots, Hkv]
+    offs = torch.arange(page, dtype=torch.int32)
+    for h in range(hkv):
+        for slot0 in range(0, slots, page):
+            got = tile_scale_offsets(torch.tensor(slot0, dtype=torch.int32), offs, h, hkv, nb, page)
+            assert torch.equal(got, first[slot0: slot0 + page, h]), (slot0, h)

@@ -53,7 +53,7 @@ def kv_format_of(pool, kv_cache_dtype: torch.dtype) -> str:
     if formats:
         raise ValueError(f"inkling: the KV pool mixes formats {sorted(formats)}")
     # Not our pool (its hook did not run): only an unquantized SGLang pool can be read as it is.
-    plain = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+    plain = mxfp8.UNQUANTIZED_FORMAT_OF_DTYPE
     if kv_cache_dtype not in plain:
         raise ValueError(f"inkling: the KV pool {type(pool).__name__} is not the inkling pool and holds "
                          f"{kv_cache_dtype}; quantized KV needs the inkling pool (was the plugin's pool hook applied?)")

@@ -12,9 +12,6 @@ import torch
 from sglang_inkling_backend.layer_plan import LayerSpec, attention_params as record_attention_params
 from sglang_inkling_backend.attention_inputs import AttentionParams
 
-# kwargs SGLang callers pass that this backend understands or that do not change the result.
-HANDLED_KWARGS = frozenset({"sinks", "rel_bias", "rel_bias_event", "score_mod", "aux_tensors", "q_descale",
-                            "k_descale", "v_descale"})
 # kwargs that would change the result in ways this backend does not implement.
 UNSUPPORTED_KWARGS = {
     "k_rope": "MLA (rotary key part)", "q_rope": "MLA (rotary query part)", "cos_sin_cache": "MLA fused rope",

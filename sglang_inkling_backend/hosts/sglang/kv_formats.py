@@ -13,18 +13,14 @@ KV_CACHE_DTYPE_TO_FORMAT = {
 
 def pool_format_for(kv_cache_dtype_str: str | None, kv_cache_dtype) -> str:
     """The InklingKVPool format for SGLang's resolved KV dtype (string flag and torch dtype)."""
-    import torch
+    from sglang_inkling_backend import mxfp8
 
     if kv_cache_dtype_str == "mxfp8":
         return "mxfp8"
-    if kv_cache_dtype == torch.float8_e4m3fn:
+    if kv_cache_dtype == mxfp8.DATA_DTYPE:
         return "fp8_e4m3"
-    if kv_cache_dtype == torch.bfloat16:
-        return "bf16"
-    if kv_cache_dtype == torch.float16:
-        return "fp16"
-    if kv_cache_dtype == torch.float32:
-        return "fp32"
+    if kv_cache_dtype in mxfp8.UNQUANTIZED_FORMAT_OF_DTYPE:
+        return mxfp8.UNQUANTIZED_FORMAT_OF_DTYPE[kv_cache_dtype]
     raise ValueError(
         f"--attention-backend inkling cannot store a KV cache of dtype {kv_cache_dtype} "
         f"(--kv-cache-dtype {kv_cache_dtype_str!r}); allowed --kv-cache-dtype values: "

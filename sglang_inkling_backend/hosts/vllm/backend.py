@@ -35,7 +35,8 @@ from sglang_inkling_backend.hosts.vllm.cache_dtypes import (MXFP8_CACHE_DTYPE, M
 from sglang_inkling_backend.hosts.vllm.block_cache import MXFP8_BLOCK_SIZE, cell_bytes
 from sglang_inkling_backend.hosts.vllm import version as vllm_release
 from sglang_inkling_backend.layer_plan import LayerSpec
-from sglang_inkling_backend.routes import choose_route, triton_head_dim_ok
+from sglang_inkling_backend.checks import triton_head_dim_ok
+from sglang_inkling_backend.routes import choose_route
 
 
 @functools.lru_cache(maxsize=None)

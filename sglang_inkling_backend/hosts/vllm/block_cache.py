@@ -26,7 +26,6 @@ from sglang_inkling_backend import mxfp8
 from sglang_inkling_backend.attention_inputs import PagedKV
 from sglang_inkling_backend.scale_layout import INTERLEAVED_PAGE_SIZE, ScaleLayout
 
-FLOAT_FORMATS = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 MXFP8_BLOCK_SIZE = INTERLEAVED_PAGE_SIZE  # the interleaved scale atom covers one page of 128 tokens
 
 
@@ -64,8 +63,8 @@ class BlockCacheLayout:
         that dtype's elements). Views, no copy."""
         region, num_blocks = self._region(kv_cache)
         slots, hkv, d = num_blocks * self.block_size, self.num_kv_heads, self.head_dim
-        if self.kv_format in FLOAT_FORMATS:
-            dtype = FLOAT_FORMATS[self.kv_format]
+        if self.kv_format not in mxfp8.QUANTIZED_KV_DTYPES:
+            dtype = mxfp8.STORAGE_DTYPE[self.kv_format]
             data = region[: 2 * slots * hkv * d * dtype.itemsize].view(dtype).view(2, slots, hkv, d)
             return PagedKV(data[0], data[1])
         data = region[: 2 * slots * hkv * d].view(mxfp8.DATA_DTYPE).view(2, slots, hkv, d)
