@@ -1,9 +1,10 @@
 """One layer's attention for one step, shared by every host adapter: prepare the query, choose the keys, split the
 batch's decode rows from its extend rows, call the route. Host-free (torch and the core only).
 
-A host adapter translates its batch into ``StepKeys`` once per step (SGLang: ``hosts/sglang/backend.StepOfMetadata``
-over its forward metadata; vLLM: ``hosts/vllm/batch.VllmBatch``), stores the layer's new K/V where its pool says (the
-write slots are the host's: SGLang's pool, vLLM's slot mapping), and calls ``attend`` per layer::
+A host adapter translates its batch into ``StepKeys`` once per step (SGLang: its forward metadata,
+``hosts/sglang/metadata.InklingForwardMetadata``; vLLM: ``hosts/vllm/batch.VllmBatch``), stores the layer's new K/V
+where its pool says (the write slots are the host's: SGLang's pool, vLLM's slot mapping), and calls ``attend`` per
+layer::
 
     q3 = prepare_query(q, spec, route, model_dtype, q_descale)    # [rows, Hq, D]
     out = attend(route, spec, q3, kv, keys, params_of, workspace[, out])  # [rows, Hq, D], the batch's row order

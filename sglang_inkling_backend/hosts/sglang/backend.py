@@ -18,7 +18,6 @@ eagerly inside the compiled model.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Optional
 
@@ -72,32 +71,6 @@ def check_swa_placement(plan, layers_mapping) -> None:
                 f"inkling: layer {layer_id} is {'windowed' if windowed else 'full attention'} but SGLang's hybrid "
                 f"SWA pool places it {'nowhere' if placed is None else ('in the SWA' if placed[1] else 'in the full')}"
                 f" sub-pool; serve this model with --disable-hybrid-swa-memory")
-
-
-@dataclass
-class MetadataKeys:
-    """``layer_step.StepKeys`` over SGLang's forward metadata; an SGLang batch is all decode or all extend."""
-    md: InklingForwardMetadata
-    num_decode_rows: int
-
-    @property
-    def max_seq_len(self) -> Optional[int]:
-        return self.md.max_seq_len
-
-    @property
-    def plans(self):
-        return self.md.decode_plans
-
-    def decode_keys(self, window: Optional[int], reads_page_tables: bool):
-        """The page table where the metadata built one (a route that reads page tables, a pool of whole pages) and
-        it serves this window, else the window's rails (a hybrid SWA pool's windowed layers, no page table)."""
-        md = self.md
-        if md.pages is not None and window not in md.windows:
-            return md.pages
-        return md.rails(window)
-
-    def extend_keys(self, window: Optional[int]):
-        return self.md.rails(window), self.md.qo_indptr
 
 
 class InklingAttnBackend(AttentionBackend):
@@ -286,8 +259,8 @@ class InklingAttnBackend(AttentionBackend):
         if save_kv_cache and k is not None and v is not None:
             self._store(layer, spec, forward_batch, k, v, kwargs)
         q3 = layer_step.prepare_query(q, spec, self.route, self.model_dtype, kwargs.get("q_descale"))
-        out = layer_step.attend(self.route, spec, q3, self._paged_kv(layer.layer_id, spec),
-                                MetadataKeys(md, rows if decode else 0), lambda first, last: params, self.workspace)
+        out = layer_step.attend(self.route, spec, q3, self._paged_kv(layer.layer_id, spec), md,
+                                lambda first, last: params, self.workspace)
         return out.to(self.model_dtype).reshape(rows, spec.num_q_heads * spec.head_dim)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):

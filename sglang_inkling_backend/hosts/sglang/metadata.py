@@ -47,6 +47,26 @@ class InklingForwardMetadata:
     # This step's decode plans (the Triton route's), shared by its layers; a new metadata starts with an empty cache.
     decode_plans: DecodePlanCache = field(default_factory=DecodePlanCache, repr=False, compare=False)
 
+    # layer_step.StepKeys: an SGLang batch is all decode (one query row per request) or all extend.
+    @property
+    def num_decode_rows(self) -> int:
+        return self.batch_size if self.is_decode else 0
+
+    @property
+    def plans(self) -> DecodePlanCache:
+        return self.decode_plans
+
+    def decode_keys(self, window: Optional[int], reads_page_tables: bool):
+        """The page table where this metadata built one (``page_size`` given: the route reads page tables and the
+        pool holds whole pages) and it serves this window, else the window's rails (a hybrid SWA pool's windowed
+        layers, no page table)."""
+        if self.pages is not None and window not in self.windows:
+            return self.pages
+        return self.rails(window)
+
+    def extend_keys(self, window: Optional[int]) -> tuple[KVRails, torch.Tensor]:
+        return self.rails(window), self.qo_indptr
+
     def rails(self, window: Optional[int]) -> KVRails:
         """The rails a layer with ``window`` visible keys (None: full attention) reads."""
         if window is None:
