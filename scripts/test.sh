@@ -38,8 +38,9 @@ run .venv/bin/python -m pytest -q -p no:cacheprovider integration
 # 3. The unit tests that import vLLM, in its own venv.
 if [ -x .venv-vllm/bin/python ]; then
   run .venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/hosts/vllm
-  # On each further release, the files that import vLLM (the others are host-free and ran in step 1).
-  VLLM_IMPORTING_TESTS=(tests/hosts/vllm/test_vllm_plugin.py tests/hosts/vllm/test_vllm_impl.py)
+  # On each further release, the test files that need vLLM (those that skip without it; the others are host-free
+  # and ran in step 1).
+  mapfile -t VLLM_IMPORTING_TESTS < <(grep -rl --include='test_*.py' 'find_spec("vllm") is None' tests | sort)
   for release in .venv-vllm/vllm-releases/*/; do
     [ -d "$release" ] || continue
     echo "test.sh: the vLLM unit tests on vllm $(basename "$release") (${release} first on PYTHONPATH)"

