@@ -68,7 +68,7 @@ def attend(route, spec: LayerSpec, q3: torch.Tensor, kv: PagedKV, keys: StepKeys
                                params_of(0, nd), max_seq_len=keys.max_seq_len, plans=keys.plans, workspace=workspace)
     if rows > nd:
         rails, qo_indptr = keys.extend_keys(spec.window)
-        extended = route.extend(q3[nd:], kv, rails, qo_indptr, params_of(nd, rows))
+        extended = route.extend(q3[nd:], kv, rails, qo_indptr, params_of(nd, rows), plans=keys.plans)
     if out is None:
         if decoded is None and extended is None:
             return torch.empty_like(q3)  # no rows

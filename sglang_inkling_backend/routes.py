@@ -2,7 +2,9 @@
 
 - ``TorchRoute``: the core's torch reference (``sglang_inkling_backend.reference.attention``): readable, float32
   inside, per-request loops. The CPU route, and the fallback anywhere else.
-- ``TritonRoute``: ``sglang_inkling_backend.triton`` kernels on CUDA/ROCm (decode split-KV kernels, extend kernel).
+- ``TritonRoute``: ``sglang_inkling_backend.triton`` kernels on CUDA/ROCm (decode split-KV kernels, extend kernel),
+  with FlashInfer's ragged prefill for the extends whose semantics are FlashInfer's where it is installed
+  (``sglang_inkling_backend.flashinfer``: the extend family; ``INKLING_EXTEND_KERNEL`` = auto, triton or flashinfer).
   Decode plans (``plan_decode``: kernel configuration, split-KV buffers as views of the one workspace the host
   allocated at start-up with ``make_workspace``) once per step and key, in the step's ``DecodePlanCache``, and
   runs every layer with ``run_decode``; it reads page tables (``reads_page_tables``).
@@ -16,7 +18,7 @@ Hosts read a route's capabilities, never its name (``name`` is for log lines):
 - ``mxfp8_store``: the fused MXFP8 K/V store, or None (``kv_views`` quantizes with the torch reference).
 
 A route answers ``decode(q, kv, keys, params, *, max_seq_len, plans, workspace)`` (``keys``: ``KVRails``, or
-``KVPages`` where ``reads_page_tables``) and ``extend(q, kv, rails, qo_indptr, params)`` with ``[rows, Hq, D]``
+``KVPages`` where ``reads_page_tables``) and ``extend(q, kv, rails, qo_indptr, params, *, plans)`` with ``[rows, Hq, D]``
 (float32 or q's dtype; the backend casts to the model dtype). The host chooses the route once
 (``choose_route``), logging which and why.
 """
@@ -87,7 +89,7 @@ class TorchRoute:
         return reference.paged_decode_attention(q, kv, rails.indptr, rails.indices, params)
 
     def extend(self, q: torch.Tensor, kv: PagedKV, rails: KVRails, qo_indptr: torch.Tensor,
-               params: AttentionParams) -> torch.Tensor:
+               params: AttentionParams, *, plans: Optional[DecodePlanCache] = None) -> torch.Tensor:
         kv, rails = gather_rails_kv(kv, rails)
         return reference.paged_extend_attention(q, kv, rails.indptr, rails.indices, qo_indptr, params)
 
@@ -99,9 +101,11 @@ class TritonRoute:
     query_in_model_dtype = True
     runs_triton = True
 
-    def __init__(self, kernels):
+    def __init__(self, kernels, extend_family=None):
         self.kernels = kernels
         self.mxfp8_store = kernels.store_kv_mxfp8
+        self.extend_family = extend_family  # flashinfer.FlashInferExtend, or None: the Triton extend kernel only
+        self._extend_notes: set = set()  # the reasons already logged for running the Triton extend kernel
 
     def make_workspace(self, *, max_batch: int, geometries, max_seq_len: int, device):
         """One ``DecodeWorkspace`` for every layer shape of the model (``geometries``: ``(Hq, Hkv, D)`` per layer):
@@ -138,7 +142,25 @@ class TritonRoute:
                                        seq_lens=table[1])
 
     def extend(self, q: torch.Tensor, kv: PagedKV, rails: KVRails, qo_indptr: torch.Tensor,
-               params: AttentionParams) -> torch.Tensor:
+               params: AttentionParams, *, plans: Optional[DecodePlanCache] = None) -> torch.Tensor:
+        """One layer's extend: the extend family (FlashInfer) where it serves the layer and the step gives
+        ``plans``, else the Triton kernel, with one log line per reason."""
+        family = self.extend_family
+        if family is not None:
+            why = family.why_not(q, kv, params) or ("" if plans is not None else "no step plan cache")
+            if not why:
+                try:
+                    return family.extend(q, kv, rails, qo_indptr, params, plans)
+                except Exception as err:
+                    if family.served:
+                        raise  # it has served before: a real failure, not an install that cannot build its kernel
+                    # It writes none of our buffers, so the Triton kernel can still serve this call.
+                    self.extend_family = None
+                    logger.warning("inkling: extend: %s failed on its first call (%s: %s); the Triton extend "
+                                   "kernel serves every extend from now on", family.name, type(err).__name__, err)
+            elif why not in self._extend_notes:
+                self._extend_notes.add(why)
+                logger.info("inkling: extend: the Triton kernel for layers with %s", why)
         return self.kernels.paged_extend_attention(q, kv, rails.indptr, rails.indices, qo_indptr, params,
                                                    validate=False)
 
@@ -192,7 +214,8 @@ def triton_route_possible(head_dims=()) -> tuple[bool, str]:
 
 def choose_route(device: torch.device, head_dims=()):
     """Torch on CPU; Triton on CUDA/ROCm when our kernels import and serve the model's head sizes; else torch, with
-    one log line saying why."""
+    one log line saying why. The Triton route's extends go through FlashInfer where it is installed and serves the
+    layer (``flashinfer.extend_family``; ``INKLING_EXTEND_KERNEL``), logged with the route."""
     if device.type == "cpu":
         logger.info("inkling: attention route: torch reference (device %s)", device)
         return TorchRoute()
@@ -201,5 +224,10 @@ def choose_route(device: torch.device, head_dims=()):
         logger.warning("inkling: attention route: torch reference on %s (%s); slower than the Triton route",
                        device, why)
         return TorchRoute()
-    logger.info("inkling: attention route: Triton kernels on %s; %s", device, kernels.route_note(device))
-    return TritonRoute(kernels)
+    from sglang_inkling_backend.flashinfer import extend_family
+
+    family, note = extend_family(device)
+    logger.info("inkling: attention route: Triton kernels on %s; %s; extend: %s", device, kernels.route_note(device),
+                f"{note} where a layer's semantics are FlashInfer's, else the Triton kernel" if family is not None
+                else f"the Triton kernel ({note})")
+    return TritonRoute(kernels, family)

@@ -14,10 +14,11 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "sglang_inkling_backend"
 ENTRY_POINTS = Path(__file__).resolve().parents[1] / "entry_points"
 NAME = "sglang_inkling_backend"
-ACCELERATORS = ("triton", "mlx")
-# The core's one sanctioned reach outward: the route dispatch imports the Triton kernels lazily when it is asked for
-# the Triton route (routes.triton_decode_kernel); nothing else in the core names an accelerator or a host.
-ALLOWED = {(f"{NAME}.routes", f"{NAME}.triton")}
+ACCELERATORS = ("triton", "mlx", "flashinfer")  # kernel families, each a folder
+# The core's one sanctioned reach outward: the route dispatch imports the Triton kernels and the FlashInfer extend
+# family lazily when it is asked for the Triton route (routes.triton_decode_kernel, routes.choose_route); nothing
+# else in the core names an accelerator or a host.
+ALLOWED = {(f"{NAME}.routes", f"{NAME}.triton"), (f"{NAME}.routes", f"{NAME}.flashinfer")}
 
 
 def module_name(path: Path) -> str:
@@ -77,7 +78,7 @@ GRAPH = {name: imports_of(name, path, package_modules()) for name, path in packa
 
 def test_the_scan_sees_the_packages_layers():
     layers = {layer_of(n) for n in GRAPH}
-    assert {"core", "triton", "mlx", "hosts.sglang", "entry_points"} <= layers, layers
+    assert {"core", "triton", "mlx", "flashinfer", "hosts.sglang", "entry_points"} <= layers, layers
     assert f"{NAME}.hosts.sglang.backend" in GRAPH[f"{NAME}.entry_points.sglang"]  # a lazy import is seen
 
 
@@ -148,7 +149,7 @@ def test_the_core_imports_without_any_host_or_accelerator():
 import importlib, importlib.abc, sys
 class Block(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name.split('.')[0] in ('sglang', 'vllm', 'triton', 'mlx', 'sgl_kernel'):
+        if name.split('.')[0] in ('sglang', 'vllm', 'triton', 'mlx', 'sgl_kernel', 'flashinfer'):
             raise ImportError(f'blocked: {{name}}')
 sys.meta_path.insert(0, Block())
 for name in {core!r}:

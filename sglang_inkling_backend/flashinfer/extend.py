@@ -1,0 +1,150 @@
+"""An extend's attention through FlashInfer's ragged prefill, over any KV format the pool holds.
+
+Semantics are ``reference.attention.paged_extend_attention``: request b's query rows are its last positions and see,
+causally, every key of its rail the window allows. FlashInfer's ragged prefill with ``causal=True`` aligns the
+diagonal bottom-right when a request has more keys than queries, which is that rule; ``window_left = window - 1``
+(FlashInfer counts the keys left of the query's own); its soft cap is ``cap * tanh(x / cap)`` on the scaled logit,
+as ours.
+
+Per layer: ``triton.gather_kv`` reads the rail's slots into contiguous K/V in ``gather_dtype`` (dequantized MXFP8,
+exact in bf16; raw e4m3 for a per-tensor fp8 pool, whose ``k_scale`` goes into the softmax scale and ``v_scale``
+onto the output), then FlashInfer runs on them with the query in that dtype: the values the Triton extend kernel
+multiplies, so the two agree to accumulation order. Per step and (window, cap, scale, shape): one ``plan`` (host
+indptrs: one sync), in the step's plan cache, shared by every layer with that key; a layer itself reads nothing
+from the device (a sync per layer would leave the GPU idle while the host launches the next kernels).
+
+Served: no relative bias, no sinks, head_dim 64/128/256, a bf16/fp16/fp8/MXFP8 pool and a bf16/fp16 query; the
+route runs its Triton kernel for other layers (``why_not`` says why, the route logs it once).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Optional
+
+import torch
+
+from ..attention_inputs import AttentionParams, PagedKV
+from ..rails import KVRails
+
+logger = logging.getLogger(__name__)
+
+EXTEND_KERNEL_ENV = "INKLING_EXTEND_KERNEL"  # auto (default): FlashInfer where it serves; triton; flashinfer
+EXTEND_KERNEL_CHOICES = ("auto", "triton", "flashinfer")
+MIN_FLASHINFER = (0, 5)  # the ragged prefill's plan/run keywords used here are those of 0.5 and 0.7
+FLOAT_WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommended float workspace for its prefill wrappers
+HEAD_DIMS = (64, 128, 256)
+QUERY_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _version_tuple(text: str) -> tuple:
+    parts = []
+    for piece in text.split("+")[0].split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def extend_kernel_setting() -> str:
+    """``INKLING_EXTEND_KERNEL`` (auto when unset); a ValueError naming the variable for anything else."""
+    value = os.environ.get(EXTEND_KERNEL_ENV, "auto").strip().lower() or "auto"
+    if value not in EXTEND_KERNEL_CHOICES:
+        raise ValueError(f"{EXTEND_KERNEL_ENV} must be one of {EXTEND_KERNEL_CHOICES}, got {value!r}")
+    return value
+
+
+def _load_flashinfer(device: torch.device):
+    """``(flashinfer module, "")`` or ``(None, why)``."""
+    if device.type != "cuda" or torch.version.hip is not None:
+        return None, f"FlashInfer runs on NVIDIA GPUs only (device {device})"
+    if torch.cuda.get_device_capability(device) < (8, 0):
+        return None, f"FlashInfer's prefill needs sm_80 or newer, {torch.cuda.get_device_name(device)} is " \
+                     f"sm_{''.join(map(str, torch.cuda.get_device_capability(device)))}"
+    try:
+        import flashinfer
+    except Exception as err:  # a missing or broken third-party install: the Triton kernel serves instead
+        return None, f"FlashInfer is not importable ({type(err).__name__}: {err})"
+    version = getattr(flashinfer, "__version__", "0.0")
+    if _version_tuple(version) < MIN_FLASHINFER:
+        return None, f"FlashInfer {version} is older than {'.'.join(map(str, MIN_FLASHINFER))}"
+    if not hasattr(flashinfer, "BatchPrefillWithRaggedKVCacheWrapper"):
+        return None, f"FlashInfer {version} has no BatchPrefillWithRaggedKVCacheWrapper"
+    return flashinfer, ""
+
+
+def extend_family(device: torch.device) -> tuple[Optional["FlashInferExtend"], str]:
+    """``(FlashInferExtend, note)`` where FlashInfer serves extends on ``device`` and ``INKLING_EXTEND_KERNEL``
+    allows it, else ``(None, why)``. ``INKLING_EXTEND_KERNEL=flashinfer`` raises (ValueError) when it cannot."""
+    setting = extend_kernel_setting()
+    if setting == "triton":
+        return None, f"{EXTEND_KERNEL_ENV}=triton"
+    flashinfer, why = _load_flashinfer(device)
+    if flashinfer is None:
+        if setting == "flashinfer":
+            raise ValueError(f"{EXTEND_KERNEL_ENV}=flashinfer, but {why}")
+        return None, why
+    family = FlashInferExtend(flashinfer, device)
+    return family, f"FlashInfer {family.version} ragged prefill"
+
+
+class FlashInferExtend:
+    """The family. One float workspace (``FLOAT_WORKSPACE_BYTES``, allocated here, at the route's construction) and
+    one FlashInfer wrapper per plan key, shared by every step; each step plans each key once."""
+
+    name = "flashinfer"
+
+    def __init__(self, flashinfer, device: torch.device):
+        from ..triton.gather_kv import gather_dtype, gather_kv  # the family needs our Triton gather
+
+        self._flashinfer = flashinfer
+        self._gather_kv, self.gather_dtype = gather_kv, gather_dtype
+        self.version = getattr(flashinfer, "__version__", "?")
+        self.workspace = torch.empty(FLOAT_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        self._wrappers: dict = {}
+        self.served = False  # True after the first extend it ran (the route falls back only before that)
+
+    def why_not(self, q: torch.Tensor, kv: PagedKV, params: AttentionParams) -> str:
+        """"" when this family serves the layer, else the reason (a phrase for a log line)."""
+        if params.rel_bias is not None:
+            return "a relative bias (FlashInfer's ragged prefill adds none)"
+        if params.sinks is not None:
+            return "attention sinks"
+        if kv.head_dim not in HEAD_DIMS:
+            return f"head_dim {kv.head_dim} (FlashInfer's prefill serves {HEAD_DIMS})"
+        if kv.k_buffer.dtype == torch.float32 or q.dtype not in QUERY_DTYPES:
+            return f"a {kv.k_buffer.dtype} pool with a {q.dtype} query (FlashInfer's prefill is 16-bit)"
+        return ""
+
+    def _plan(self, key, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, hq: int, hkv: int, d: int,
+              dtype: torch.dtype, window: Optional[int], logit_cap: float, sm_scale: float):
+        """``(wrapper, nnz)``: the key's wrapper planned for this step, and the step's key count (a host int, so
+        the layers read no device value)."""
+        wrapper = self._wrappers.get(key)
+        if wrapper is None:
+            wrapper = self._wrappers[key] = self._flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
+                self.workspace, "NHD")
+        qo_host, kv_host = qo_indptr.to("cpu", torch.int32), kv_indptr.to("cpu", torch.int32)  # one sync
+        wrapper.plan(qo_host, kv_host, hq, hkv, d, causal=True,
+                     window_left=window - 1 if window is not None else -1,
+                     logits_soft_cap=logit_cap if logit_cap > 0 else None, sm_scale=sm_scale,
+                     q_data_type=dtype, kv_data_type=dtype)
+        return wrapper, int(kv_host[-1])
+
+    def extend(self, q: torch.Tensor, kv: PagedKV, rails: KVRails, qo_indptr: torch.Tensor,
+               params: AttentionParams, plans) -> torch.Tensor:
+        """``q [rows, Hq, D]`` -> ``[rows, Hq, D]`` in ``gather_dtype(kv)``. The caller has checked the inputs
+        (``why_not`` is "", rails and qo_indptr are the host's, validated where it builds them)."""
+        dtype = self.gather_dtype(kv)
+        per_tensor = kv.k_buffer.dtype.itemsize == 1 and not kv.is_mxfp8
+        sm_scale = params.softmax_scale * (kv.k_scale if per_tensor else 1.0)
+        hq, d = q.shape[1], q.shape[2]
+        key = ("flashinfer_extend", hq, kv.num_kv_heads, d, dtype, params.window, params.logit_cap, sm_scale)
+        wrapper, nnz = plans.get(key, lambda: self._plan(key, qo_indptr, rails.indptr, hq, kv.num_kv_heads, d,
+                                                         dtype, params.window, params.logit_cap, sm_scale))
+        k, v = self._gather_kv(kv, rails.indices[:nnz], validate=False)
+        out = wrapper.run(q.to(dtype), k, v)
+        if per_tensor and kv.v_scale != 1.0:
+            out.mul_(kv.v_scale)
+        self.served = True
+        return out
