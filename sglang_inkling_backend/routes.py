@@ -31,7 +31,7 @@ import torch
 
 from sglang_inkling_backend.reference import attention as reference
 from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV
-from sglang_inkling_backend.checks import triton_head_dim_ok
+from sglang_inkling_backend.checks import require_slots, triton_head_dim_ok
 from sglang_inkling_backend.rails import KVPages, KVRails
 
 logger = logging.getLogger(__name__)
@@ -45,6 +45,7 @@ class DecodePlanCache:
 
     def __init__(self) -> None:
         self._plans: dict = {}
+        self._checked: set = set()
 
     def get(self, key: Hashable, make: Callable[[], object]):
         """The plan for ``key``, made with ``make()`` on first use."""
@@ -52,6 +53,13 @@ class DecodePlanCache:
         if plan is None:
             plan = self._plans[key] = make()
         return plan
+
+    def once(self, key: Hashable, check: Callable[[], object]) -> None:
+        """Run ``check()`` the first time ``key`` is seen in this step (a check of the step's keys: once, not per
+        layer); if it raises, it runs again next time."""
+        if key not in self._checked:
+            check()
+            self._checked.add(key)
 
     def __len__(self) -> int:
         return len(self._plans)
@@ -67,6 +75,41 @@ def gather_rails_kv(kv: PagedKV, rails: KVRails) -> tuple[PagedKV, KVRails]:
     nnz = int(rails.indptr[-1])
     k, v = kv.read(rails.indices[:nnz])
     return PagedKV(k, v), KVRails(rails.indptr, torch.arange(nnz, device=k.device))
+
+
+def capturing(t: torch.Tensor) -> bool:
+    """Whether ``t``'s device stream is being captured into a CUDA graph (no device value may be read then)."""
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def check_extend_keys(kv: PagedKV, rails: KVRails, qo_indptr: torch.Tensor, rows: int) -> bool:
+    """The extend's keys as the kernels read them (one sync): ``qo_indptr`` and the rails' ``indptr`` from 0,
+    non-decreasing, one entry per request each, ``qo_indptr`` ending at the query's ``rows``; every request with at
+    least as many keys as queries; every slot read in ``[0, kv.num_slots)``. ValueError/TypeError naming what is
+    wrong; True when all hold."""
+    for name, t in (("qo_indptr", qo_indptr), ("the extend rails' indptr", rails.indptr),
+                    ("the extend rails' indices", rails.indices)):
+        if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int32, torch.int64) or t.dim() != 1:
+            raise TypeError(f"{name} must be a 1-D int32/int64 tensor, got "
+                            f"{f'{t.dtype} {tuple(t.shape)}' if isinstance(t, torch.Tensor) else type(t).__name__}")
+    if qo_indptr.numel() != rails.indptr.numel() or qo_indptr.numel() < 2:
+        raise ValueError(f"qo_indptr and the extend rails' indptr must both have batch + 1 >= 2 entries, got "
+                         f"{qo_indptr.numel()} and {rails.indptr.numel()}")
+    qo, kvp = qo_indptr.tolist(), rails.indptr.tolist()
+    if qo[0] != 0 or qo[-1] != rows or any(a > b for a, b in zip(qo, qo[1:])):
+        raise ValueError(f"qo_indptr must start at 0, be non-decreasing and end at the query's {rows} rows, got "
+                         f"{qo if len(qo) <= 8 else qo[:4] + ['...'] + qo[-2:]}")
+    if kvp[0] != 0 or any(a > b for a, b in zip(kvp, kvp[1:])):
+        raise ValueError("the extend rails' indptr must start at 0 and be non-decreasing")
+    if kvp[-1] > rails.indices.numel():
+        raise ValueError(f"the extend rails' indptr ends at {kvp[-1]}, past its {rails.indices.numel()} indices")
+    short = [b for b in range(len(qo) - 1) if qo[b + 1] - qo[b] > kvp[b + 1] - kvp[b]]
+    if short:
+        b = short[0]
+        raise ValueError(f"extend request {b} has {qo[b + 1] - qo[b]} queries but {kvp[b + 1] - kvp[b]} keys; each "
+                         "request's keys include its queries")
+    require_slots(rails.indices[:kvp[-1]], "the extend rails' slots", kv.num_slots)
+    return True
 
 
 class TorchRoute:
@@ -135,16 +178,35 @@ class TritonRoute:
         hkv, kv_dtype = kv.num_kv_heads, kv.k_buffer.dtype
         kv_format = kv.kv_format
         key = (params.window, hq, hkv, d, kv_dtype, kv_format, page_size, batch, max_seq_len)
+        if not capturing(q):
+            # The values the kernels read unchecked (block ids, lengths, max_seq_len), once per step and key: a page
+            # past the pool would be an illegal address (a killed process); a length past max_seq_len, lost keys.
+            plans.once(("decode keys", params.window, kv.num_slots, page_size),
+                       lambda: self._check_decode_keys(kv, keys, params.window, max_seq_len))
         plan = plans.get(key, lambda: self.kernels.plan_decode(
             batch, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, window=params.window, max_seq_len=max_seq_len,
             page_size=page_size, kv_dtype=kv_dtype, workspace=workspace, kv_format=kv_format))
         return self.kernels.run_decode(plan, q, kv, *csr, params, check=False, page_table=table[0],
                                        seq_lens=table[1])
 
+    def _check_decode_keys(self, kv: PagedKV, keys: Union[KVRails, KVPages], window: Optional[int],
+                           max_seq_len: int) -> None:
+        if isinstance(keys, KVPages):
+            self.kernels.validate_page_table(kv, keys.page_table, keys.seq_lens, keys.page_size, window=window,
+                                             max_seq_len=max_seq_len)
+        else:
+            self.kernels.validate_slots(kv, keys.indptr, keys.indices, max_seq_len=max_seq_len)
+
     def extend(self, q: torch.Tensor, kv: PagedKV, rails: KVRails, qo_indptr: torch.Tensor,
                params: AttentionParams, *, plans: Optional[DecodePlanCache] = None) -> torch.Tensor:
         """One layer's extend: the extend family (FlashInfer) where it serves the layer and the step gives
-        ``plans``, else the Triton kernel, with one log line per reason."""
+        ``plans``, else the Triton kernel, with one log line per reason. The keys are checked once per step and
+        window (``check_extend_keys``), before any kernel reads them."""
+        if plans is None:
+            check_extend_keys(kv, rails, qo_indptr, q.shape[0])
+        else:
+            plans.once(("extend keys", params.window, kv.num_slots),
+                       lambda: check_extend_keys(kv, rails, qo_indptr, q.shape[0]))
         family = self.extend_family
         if family is not None:
             why = family.why_not(q, kv, params) or ("" if plans is not None else "no step plan cache")

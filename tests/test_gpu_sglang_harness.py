@@ -183,6 +183,27 @@ def test_speed_table_ratios_stay_within_one_call_and_name_a_failed_entry(tmp_pat
     assert saved[1]["points"][0]["speedup"] == {}  # no peer in that call: no ratio across calls
 
 
+def test_speed_table_prefill_and_whole_request_time(tmp_path):
+    def entry(label, backend, points):
+        return {"label": label, "attention_backend": backend, "rc": 0, "max_total_num_tokens": 1, "kv_pool": "Pool",
+                "page_size": 1, "server_args": [],
+                "points": [{"batch": b, "context": c, "prefill_s": pre, "step_ms": ms, "decode_tok_s": b * 1000 / ms,
+                            "graph_steps": 4, "steps": 4} for (b, c), (pre, ms) in points.items()]}
+
+    (tmp_path / "speed.json").write_text(json.dumps([
+        entry("flashinfer_auto", "flashinfer", {(32, 4096): (0.64, 8.0), (32, 32768): (3.2, 16.0)}),
+        entry("inkling_mxfp8", "inkling", {(32, 4096): (0.96, 4.0), (32, 32768): (3.2, 8.0)})]))
+    out = subprocess.run([sys.executable, str(HARNESS / "speed_table.py"), str(tmp_path), "--json",
+                          str(tmp_path / "s.json")], capture_output=True, text=True, check=True).stdout
+    assert "| 32 | 4096 | 0.64 (1.00x) | 0.96 (1.50x) |" in out
+    # 4096/512 at B 32: 640/32 + 512 * 8/32 = 148 ms for flashinfer; 960/32 + 512 * 4/32 = 94 ms for ours
+    assert "| 4096/512 | 32 | 148.0 (1.00x) | 94.0 (0.64x) |" in out
+    # 32768/2048: 3200/32 + 2048 * 16/32 = 1124; ours 100 + 512 = 612
+    assert "| 32768/2048 | 32 | 1124.0 (1.00x) | 612.0 (0.54x) |" in out
+    requests = json.loads((tmp_path / "s.json").read_text())[0]["requests"]
+    assert {(r["prompt"], r["output"]) for r in requests} == {(4096, 512), (32768, 256), (32768, 2048)}
+
+
 def test_rank2_models_have_one_ranks_heads_with_replicated_kv_where_tp_exceeds_them():
     make_models = _harness_module("make_models")
     heads = lambda c: (c.get("text_config", c)["num_attention_heads"], c.get("text_config", c)["num_key_value_heads"])  # noqa: E731

@@ -7,8 +7,12 @@
 # SPEED_STEPS (64), SPEED_MEM (0.55, --mem-fraction-static: a bf16 pool of llama-gqa4-l16 then holds the 4.2M tokens
 # of 128 x 32k), SPEED_BUDGET_S (540), SPEED_TIMEOUT_S (240, per entry), SPEED_ARGS (more one_batch_speed.py
 # arguments, e.g. "--warmup-steps 8"). Exit status: 1 if any entry failed.
-# A flashinfer entry needs FlashInfer's wheels carried in ../.whl (carry ".whl"); they are installed for that entry's
-# process only (with FlashInfer importable, SGLang's other layers may pick it too).
+# FlashInfer: the trimmed 0.7.2 tree carried in ../.fi072 (bench/pack_flashinfer072.sh; carry ".fi072") is unpacked
+# to /tmp/fi_site and importable for EVERY entry, as it is wherever SGLang runs on a GPU (inkling's extends then go
+# through it, see sglang_inkling_backend/flashinfer); without it, a flashinfer entry needs FlashInfer's wheels in
+# ../.whl (carry ".whl"), installed for that entry's process only. FlashInfer's JIT builds go to the carried
+# checkout's .cache/flashinfer (FLASHINFER_WORKSPACE_BASE), kept between calls on a warm machine.
+# An entry BACKEND:KV:EXTEND sets INKLING_EXTEND_KERNEL=EXTEND for that entry (e.g. inkling:mxfp8:triton).
 . gpu_tests/sglang/gpu_env.sh || exit 1
 START=$SECONDS
 MODEL=${SPEED_MODEL:-llama-gqa4-l16}
@@ -19,15 +23,22 @@ python3 gpu_tests/sglang/make_models.py --tokenizer tok --out /tmp/models --mode
     | grep -v Writing || { echo "make_models.py failed"; exit 1; }
 set +o pipefail
 rm -rf /tmp/speed && mkdir -p /tmp/speed
+FI_ALL=""
+if ls ../.fi072/*.tar.xz > /dev/null 2>&1; then
+  [ -d /tmp/fi_site/flashinfer ] || { mkdir -p /tmp/fi_site && tar -xJf ../.fi072/*.tar.xz -C /tmp/fi_site; }
+  FI_ALL=/tmp/fi_site
+  export FLASHINFER_WORKSPACE_BASE=$(cd .. && pwd)
+fi
 for entry in "$@"; do
-  IFS=: read -r b kv <<< "$entry"
-  name=${b}_${kv}
+  IFS=: read -r b kv extend <<< "$entry"
+  name=${b}_${kv}${extend:+_extend_$extend}
   left=$(( ${SPEED_BUDGET_S:-540} - (SECONDS - START) ))
   if [ $left -lt 60 ]; then echo "skip $name: ${left}s left" | tee -a /tmp/speed/skipped.txt; continue; fi
   limit=${SPEED_TIMEOUT_S:-240}; [ $left -lt $limit ] && limit=$left
   t0=$SECONDS
   path=$PYTHONPATH
-  if [ "$b" = flashinfer ]; then
+  [ -n "$FI_ALL" ] && path=$FI_ALL:$PYTHONPATH
+  if [ "$b" = flashinfer ] && [ -z "$FI_ALL" ]; then
     if ! ls ../.whl/flashinfer_python-*.whl > /dev/null 2>&1; then
       echo "== $name: not run: no FlashInfer wheel in ../.whl (carry \".whl\")" | tee /tmp/speed/$name.log
       echo 2 > /tmp/speed/$name.rc; continue
@@ -35,7 +46,7 @@ for entry in "$@"; do
     [ -d /tmp/fi_site/flashinfer ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fi_site ../.whl/flashinfer_python-*.whl
     path=/tmp/fi_site:$PYTHONPATH
   fi
-  PYTHONPATH=$path timeout $limit python3 gpu_tests/sglang/one_batch_speed.py --model /tmp/models/$MODEL --attention-backend $b \
+  PYTHONPATH=$path INKLING_EXTEND_KERNEL=${extend:-auto} timeout $limit python3 gpu_tests/sglang/one_batch_speed.py --model /tmp/models/$MODEL --attention-backend $b \
       --kv-cache-dtype $kv --points "$POINTS" --steps ${SPEED_STEPS:-64} --mem-fraction-static ${SPEED_MEM:-0.55} \
       --label $name --out /tmp/speed/$name.json $SPEED_ARGS > /tmp/speed/$name.log 2>&1
   rc=$?
@@ -49,8 +60,11 @@ import json, sys
 from pathlib import Path
 out, entries = Path(sys.argv[1]), sys.argv[2:]
 records = []
+def entry_name(entry):
+    b, kv, *extend = entry.split(":")
+    return f"{b}_{kv}" + (f"_extend_{extend[0]}" if extend and extend[0] else "")
 for entry in entries:
-    name = entry.replace(":", "_")
+    name = entry_name(entry)
     base = Path("/tmp/speed") / name
     rc = base.with_suffix(".rc")
     if not rc.exists():
@@ -64,7 +78,7 @@ for entry in entries:
 (out / "speed.json").write_text(json.dumps(records, indent=1))
 with open(out / "speed.log", "w") as log:
     for entry in entries:
-        path = Path("/tmp/speed") / (entry.replace(":", "_") + ".log")
+        path = Path("/tmp/speed") / (entry_name(entry) + ".log")
         if path.exists():
             log.write(f"===== {entry}\n" + path.read_text(errors="replace"))
 sys.exit(1 if any(r.get("rc", 0) != 0 for r in records) else 0)

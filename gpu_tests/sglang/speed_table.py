@@ -4,8 +4,11 @@ between two backends of the same call; then each backend's KV pool and its sprea
     python gpu_tests/sglang/speed_table.py DIR [DIR ...] [--json summary.json]
 
 Per call: median decode step (ms) per backend and point, decode tokens/s, and each ``inkling_*`` entry's speed-up
-over each SGLang entry (their step time / ours: > 1 means ours is faster). An entry that failed is listed with the
-last line of its log that names an error.
+over each SGLang entry (their step time / ours: > 1 means ours is faster); the prefill time of each point; and the
+GPU time of a whole request (``REQUEST_MIXES``: prompt / output tokens) at each point whose context is the mix's
+prompt: ``prefill_s / B + output x step_ms / B`` (the decode step measured at the prompt's context, so a long output's
+growing context is not counted: 6% more keys at the end of 32k/2k). An entry that failed is listed with the last line
+of its log that names an error.
 """
 from __future__ import annotations
 
@@ -73,6 +76,48 @@ def call_table(name: str, records: list[dict]) -> tuple[list[str], dict]:
     return out, summary
 
 
+REQUEST_MIXES = [(1024, 128), (4096, 512), (32768, 256), (32768, 2048)]
+
+
+def prefill_and_request_tables(records: list[dict]) -> tuple[list[str], list[dict]]:
+    """The prefill time per point and the whole-request GPU time per mix, every entry; ratios to the first
+    ``flashinfer`` entry of the call (> 1: slower than it)."""
+    ok = [r for r in records if r.get("rc", 0) == 0 and r.get("points")
+          and all("prefill_s" in p for p in r["points"])]
+    if not ok:
+        return [], []
+    base = next((r for r in ok if r["attention_backend"] == "flashinfer"), None)
+    pts = {(r["label"], p["batch"], p["context"]): p for r in ok for p in r["points"]}
+    points = sorted({(p["batch"], p["context"]) for r in ok for p in r["points"]}, key=lambda bc: (bc[1], bc[0]))
+    ratio = (lambda v, b: f" ({v / b:.2f}x)" if b else "")
+    out = ["Prefill (s" + (f"; x {base['label']}" if base else "") + ")", "",
+           "| B | ctx | " + " | ".join(r["label"] for r in ok) + " |", "|" + "---|" * (2 + len(ok))]
+    for b, c in points:
+        ref = pts.get((base["label"], b, c)) if base else None
+        cells = []
+        for r in ok:
+            p = pts.get((r["label"], b, c))
+            cells.append(f"{p['prefill_s']:.2f}" + ratio(p["prefill_s"], ref and ref["prefill_s"]) if p else "-")
+        out.append(f"| {b} | {c} | " + " | ".join(cells) + " |")
+    out += ["", "GPU time per request (ms; prompt/output; from the point B x prompt)", "",
+            "| prompt/output | B | " + " | ".join(r["label"] for r in ok) + " |", "|" + "---|" * (2 + len(ok))]
+    rows = []
+    for prompt, output in REQUEST_MIXES:
+        for b, c in points:
+            if c != prompt:
+                continue
+            ms = {}
+            for r in ok:
+                p = pts.get((r["label"], b, c))
+                if p:
+                    ms[r["label"]] = 1000 * p["prefill_s"] / b + output * p["step_ms"] / b
+            ref = ms.get(base["label"]) if base else None
+            out.append(f"| {prompt}/{output} | {b} | " + " | ".join(
+                f"{ms[r['label']]:.1f}" + ratio(ms[r["label"]], ref) if r["label"] in ms else "-" for r in ok) + " |")
+            rows.append({"prompt": prompt, "output": output, "batch": b, "request_ms": ms})
+    return out + [""], rows
+
+
 def spread(summaries: list[dict]) -> list[str]:
     """Each backend's step time at each point in every call that ran it: max / min."""
     seen: dict = {}
@@ -97,8 +142,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     lines, summaries = [], []
     for folder in args.folders:
-        table, summary = call_table(folder.name, load(folder))
-        lines += table
+        records = load(folder)
+        table, summary = call_table(folder.name, records)
+        more, summary["requests"] = prefill_and_request_tables(records)
+        lines += table + more
         summaries.append(summary)
     lines += spread(summaries)
     print("\n".join(lines))

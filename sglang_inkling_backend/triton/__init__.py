@@ -23,7 +23,8 @@ Modules: ``device`` (shared device helpers), ``encode`` (the MXFP8 encoder), ``p
 ``decode_blocks`` (the two Triton stage-1 kernels), ``decode_hopper`` (the Gluon stage-1 kernel for sm_90a, MXFP8
 pages: ``plan_decode(kv_format="mxfp8")`` picks it where it is faster, ``hopper_decode_status`` says whether it can
 run), ``decode_merge``, ``decode_attention`` (the launcher), ``inputs``,
-``extend_attention``, ``kv_store``, ``prologue``.
+``extend_attention``, ``gather_kv`` (the rail's K/V gathered and dequantized for FlashInfer's ragged prefill:
+``sglang_inkling_backend.flashinfer``), ``kv_store``, ``prologue``.
 """
 
 from .decode_attention import paged_decode_attention, run_decode
