@@ -33,8 +33,11 @@ def require_positive_int(value, name: str) -> int:
     return require_int(value, name, 1)
 
 
+FLOAT32_MAX = 3.4028234663852886e38  # the kernels compute in float32: a larger "finite" value is an inf there
+
+
 def require_real(value, name: str, expected: str = "a finite number") -> float:
-    """A finite Python number (int or float, not bool) or a one-element floating tensor, as a float."""
+    """A number finite in float32 (a Python int or float, not bool, or a one-element floating tensor), as a float."""
     if isinstance(value, torch.Tensor) and value.numel() == 1 and value.is_floating_point():
         value = float(value.item())
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -42,6 +45,8 @@ def require_real(value, name: str, expected: str = "a finite number") -> float:
     value = float(value)
     if not math.isfinite(value):
         raise ValueError(f"{name} must be {expected}, got {value}")
+    if abs(value) > FLOAT32_MAX:
+        raise ValueError(f"{name} must be {expected} in float32 (|x| <= {FLOAT32_MAX:.4g}), got {value}")
     return value
 
 

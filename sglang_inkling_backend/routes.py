@@ -31,7 +31,7 @@ import torch
 
 from sglang_inkling_backend.reference import attention as reference
 from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV
-from sglang_inkling_backend.checks import require_slots, triton_head_dim_ok
+from sglang_inkling_backend.checks import require_slots, stream_capturing, triton_head_dim_ok
 from sglang_inkling_backend.rails import KVPages, KVRails
 
 logger = logging.getLogger(__name__)
@@ -75,11 +75,6 @@ def gather_rails_kv(kv: PagedKV, rails: KVRails) -> tuple[PagedKV, KVRails]:
     nnz = int(rails.indptr[-1])
     k, v = kv.read(rails.indices[:nnz])
     return PagedKV(k, v), KVRails(rails.indptr, torch.arange(nnz, device=k.device))
-
-
-def capturing(t: torch.Tensor) -> bool:
-    """Whether ``t``'s device stream is being captured into a CUDA graph (no device value may be read then)."""
-    return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 def check_extend_keys(kv: PagedKV, rails: KVRails, qo_indptr: torch.Tensor, rows: int) -> bool:
@@ -178,7 +173,7 @@ class TritonRoute:
         hkv, kv_dtype = kv.num_kv_heads, kv.k_buffer.dtype
         kv_format = kv.kv_format
         key = (params.window, hq, hkv, d, kv_dtype, kv_format, page_size, batch, max_seq_len)
-        if not capturing(q):
+        if not stream_capturing(q.device):
             # The values the kernels read unchecked (block ids, lengths, max_seq_len), once per step and key: a page
             # past the pool would be an illegal address (a killed process); a length past max_seq_len, lost keys.
             plans.once(("decode keys", params.window, kv.num_slots, page_size),

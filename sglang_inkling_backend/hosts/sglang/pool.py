@@ -25,7 +25,7 @@ from typing import Optional
 import torch
 from sglang.srt.mem_cache.memory_pool import GPU_MEMORY_TYPE_KV_CACHE, MHATokenToKVPool, unwrap_write_loc
 
-from sglang_inkling_backend import mxfp8
+from sglang_inkling_backend import checks, mxfp8
 from sglang_inkling_backend.hosts.sglang.kv_formats import pool_format_for
 from sglang_inkling_backend.kv_pool import InklingKVPool
 from sglang_inkling_backend.layer_plan import LayerPlan, LayerSpec
@@ -149,9 +149,16 @@ class InklingMHATokenToKVPool(MHATokenToKVPool):
         if self.layer_num:
             self.core.move_kv_cache(tgt_loc, src_loc)
 
+    def _cpu_copy_slots(self, indices, distinct: bool = False) -> torch.Tensor:
+        num_slots = min(int(self.k_buffer[local].shape[0]) for local in range(self.layer_num))
+        return checks.require_slots(indices, "indices", num_slots, distinct=distinct)
+
     def get_cpu_copy(self, indices, mamba_indices=None, req_pool_index=None):
         """Per layer: ``[k, v, k_scale_bytes, v_scale_bytes]`` of ``indices`` on the CPU (scales None unless MXFP8)."""
         out = []
+        if not self.layer_num:
+            return out
+        indices = self._cpu_copy_slots(indices).to(self.k_buffer[0].device)
         for local in range(self.layer_num):
             k, v = self.k_buffer[local][indices].cpu(), self.v_buffer[local][indices].cpu()
             sk = sv = None
@@ -163,6 +170,33 @@ class InklingMHATokenToKVPool(MHATokenToKVPool):
         return out
 
     def load_cpu_copy(self, kv_cache_cpu, indices, mamba_indices=None, req_pool_index=None):
+        """``get_cpu_copy``'s output written back at ``indices``: every layer's entry is checked (count, shapes,
+        dtypes, the MXFP8 scale bytes) and the indices (in the pool, none twice) before the first write."""
+        if not self.layer_num:
+            return
+        indices = self._cpu_copy_slots(indices, distinct=True)
+        if not isinstance(kv_cache_cpu, (list, tuple)) or len(kv_cache_cpu) != self.layer_num:
+            raise ValueError(f"kv_cache_cpu must hold one [k, v, k_scales, v_scales] entry per layer "
+                             f"({self.layer_num}), got {type(kv_cache_cpu).__name__} of "
+                             f"{len(kv_cache_cpu) if isinstance(kv_cache_cpu, (list, tuple)) else '?'}")
+        n = indices.numel()
+        for local, entry in enumerate(kv_cache_cpu):
+            if not isinstance(entry, (list, tuple)) or len(entry) != 4:
+                raise ValueError(f"kv_cache_cpu[{local}] must be [k, v, k_scales, v_scales]")
+            buf = self.k_buffer[local]
+            for name, t in zip(("k", "v"), entry[:2]):
+                if not isinstance(t, torch.Tensor) or tuple(t.shape) != (n, *buf.shape[1:]) or t.dtype != buf.dtype:
+                    raise ValueError(f"kv_cache_cpu[{local}]'s {name} must be {buf.dtype} of shape "
+                                     f"{(n, *buf.shape[1:])}, got "
+                                     f"{f'{t.dtype} {tuple(t.shape)}' if isinstance(t, torch.Tensor) else t!r}")
+            if self.KV_FORMAT == "mxfp8":
+                want = tuple(self.core.scale_layout(local).gather(self.core.get_kv_scale_buffer(local)[0],
+                                                                  indices.to(buf.device)).shape)
+                for name, t in zip(("k_scales", "v_scales"), entry[2:]):
+                    if not isinstance(t, torch.Tensor) or tuple(t.shape) != want or t.dtype != torch.uint8:
+                        raise ValueError(f"kv_cache_cpu[{local}]'s {name} must be uint8 scale bytes of shape {want}, "
+                                         f"got {f'{t.dtype} {tuple(t.shape)}' if isinstance(t, torch.Tensor) else t!r}")
+        indices = indices.to(self.k_buffer[0].device)
         for local in range(self.layer_num):
             k, v, sk, sv = kv_cache_cpu[local]
             self.k_buffer[local][indices] = k.to(self.k_buffer[local].device)
@@ -188,8 +222,7 @@ def _scalar(scale, name: str) -> Optional[float]:
         if scale.numel() != 1:
             raise ValueError(f"{name} must be a per-tensor scale (one value) or [N, Hkv, D//32] block scales, got "
                              f"shape {tuple(scale.shape)}")
-        return float(scale.item())
-    return float(scale)
+    return checks.require_positive_real(scale, name)
 
 
 @functools.lru_cache(maxsize=None)

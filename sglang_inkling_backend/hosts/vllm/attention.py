@@ -17,6 +17,8 @@ from sglang_inkling_backend.attention_inputs import PagedKV
 
 
 class LayerAttention:
+    _slots_checked: tuple = ()  # the slot_mapping (pointer, version, length, cache slots) last checked, any layer
+
     def __init__(self, spec: LayerSpec, kv_format: str, model_dtype: torch.dtype,
                  sinks: Optional[torch.Tensor] = None):
         self.spec = spec
@@ -43,14 +45,41 @@ class LayerAttention:
 
     def store(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
               mxfp8_store=None) -> None:
-        """Write the step's K/V at ``slot_mapping`` (padding -1 to the null block). Slots are checked against the
-        cache unless a CUDA graph is being captured (nothing can be read back then)."""
+        """Write the step's K/V at ``slot_mapping`` (one int32/int64 entry per token; -1 is padding, sent to the null
+        block; ``key``/``value`` may have more rows, vLLM's padding, which are not written). Every argument is
+        checked before the first write; the slots' values too (in the cache or -1, no slot twice) unless a CUDA graph
+        is being captured (nothing can be read back then)."""
+        if not isinstance(slot_mapping, torch.Tensor) or slot_mapping.dtype not in (torch.int32, torch.int64) \
+                or slot_mapping.dim() != 1:
+            desc = f"{slot_mapping.dtype} {tuple(slot_mapping.shape)}" if isinstance(slot_mapping, torch.Tensor) \
+                else type(slot_mapping).__name__
+            raise TypeError(f"slot_mapping must be a 1-D int32/int64 tensor of slots, got {desc}")
+        n, width = slot_mapping.shape[0], self.spec.num_kv_heads * self.spec.head_dim
+        for name, t in (("key", key), ("value", value)):
+            if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+                raise TypeError(f"{name} must be a floating-point tensor, got "
+                                f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}")
+            if t.dim() not in (2, 3) or t.shape[0] < n or t[:1].numel() != width:
+                raise ValueError(f"{name} must be [tokens >= {n} (slot_mapping's entries), {self.spec.num_kv_heads}, "
+                                 f"{self.spec.head_dim}] or [tokens, {width}], got {tuple(t.shape)}")
         kv = self.paged_kv(kv_cache)
-        n = min(slot_mapping.shape[0], key.shape[0])
-        slots = padded_slots(slot_mapping[:n])
-        if not checks.stream_capturing(slots.device):
-            checks.require_slots(slots, "slot_mapping", kv.num_slots)
-        kv_views.store_kv_unchecked(kv, slots, key[:n], value[:n], mxfp8_store=mxfp8_store)
+        # Every layer of a step stores at the same slot_mapping tensor: its values are checked once (an in-place
+        # update for the next step bumps the tensor's version).
+        seen = (slot_mapping.data_ptr(), slot_mapping._version, n, kv.num_slots, slot_mapping.device)
+        if not checks.stream_capturing(slot_mapping.device) and n and LayerAttention._slots_checked != seen:
+            lowest = int(slot_mapping.min())
+            if lowest < -1:
+                raise ValueError(f"slot_mapping entries must be slots in [0, {kv.num_slots}) or -1 (padding), got "
+                                 f"{lowest}")
+            slots = checks.require_slots(padded_slots(slot_mapping), "slot_mapping", kv.num_slots)
+            real = slots[slots >= kv_cache.shape[2]]  # block 0, vLLM's null block, is a sink: never read
+            values, counts = torch.unique(real, return_counts=True)
+            if bool((counts > 1).any()):
+                twice = int((counts > 1).nonzero()[0])
+                raise ValueError(f"slot_mapping must not name a slot twice in one write (vLLM's null block 0 "
+                                 f"excepted), got slot {int(values[twice])} {int(counts[twice])} times")
+            LayerAttention._slots_checked = seen
+        kv_views.store_kv_unchecked(kv, padded_slots(slot_mapping), key[:n], value[:n], mxfp8_store=mxfp8_store)
 
     def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, batch: VllmBatch,
                 output: torch.Tensor) -> torch.Tensor:

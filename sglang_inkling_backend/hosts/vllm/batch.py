@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-from sglang_inkling_backend import rails as rails_mod
+from sglang_inkling_backend import checks, rails as rails_mod
 from sglang_inkling_backend.rails import KVPages, KVRails
 from sglang_inkling_backend.routes import DecodePlanCache
 
@@ -37,14 +37,31 @@ class VllmBatch:
     _rails: dict = field(default_factory=dict)
 
     def __post_init__(self):
+        # Structure only (no device read: vLLM builds a batch every step, CUDA-graph replays included); the values
+        # the kernels read are checked by the route once per step outside capture.
+        for name in ("num_reqs", "num_actual_tokens", "num_decodes", "num_decode_tokens"):
+            setattr(self, name, checks.require_int(getattr(self, name), name, 0))
+        self.block_size = checks.require_positive_int(self.block_size, "block_size")
+        self.max_seq_len = checks.require_positive_int(self.max_seq_len, "max_seq_len")
+        for name, t, rows, dims in (("query_start_loc", self.query_start_loc, self.num_reqs + 1, 1),
+                                    ("seq_lens", self.seq_lens, self.num_reqs, 1),
+                                    ("block_table", self.block_table, self.num_reqs, 2),
+                                    ("slot_mapping", self.slot_mapping, self.num_actual_tokens, 1)):
+            if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int32, torch.int64) or t.dim() != dims:
+                desc = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+                raise TypeError(f"{name} must be a {dims}-D int32/int64 tensor, got {desc}")
+            if t.shape[0] < rows:
+                raise ValueError(f"{name} must be {dims}-D with at least {rows} rows for this batch, got "
+                                 f"{tuple(t.shape)}")
+        # (CUDA-graph padding requests are decodes of no token: only prefills must have one.)
+        if self.num_actual_tokens < self.num_reqs - self.num_decodes:
+            raise ValueError(f"num_actual_tokens {self.num_actual_tokens} cannot hold {self.num_reqs - self.num_decodes} "
+                             f"prefills of at least one token each")
         if not 0 <= self.num_decodes <= self.num_reqs:
             raise ValueError(f"num_decodes must lie in [0, {self.num_reqs}], got {self.num_decodes}")
         if self.num_decode_tokens != self.num_decodes:
             raise ValueError(f"decodes have one query token each: num_decode_tokens {self.num_decode_tokens} != "
                              f"num_decodes {self.num_decodes}")
-        if self.block_table.dim() != 2 or self.block_table.shape[0] < self.num_reqs:
-            raise ValueError(f"block_table must be [>= {self.num_reqs}, max_blocks], got "
-                             f"{tuple(self.block_table.shape)}")
 
     @property
     def num_prefills(self) -> int:

@@ -397,6 +397,42 @@ def test_mxfp8_pool_moves_and_offloads_scales_with_data():
     assert k_bytes == 2 * (384 * HKV * D + 384 * HKV * D // 32)  # 2 layers, 384 slots: data + one byte per 32
 
 
+@pytest.mark.parametrize("case, error, match", [
+    ("duplicate index", ValueError, r"indices must not name a slot twice"),
+    ("index past the pool", ValueError, r"indices must be slots in \[0, 384\)"),
+    ("one layer of two", ValueError, r"kv_cache_cpu must hold one \[k, v, k_scales, v_scales\] entry per layer \(2\)"),
+    ("scales of one slot", ValueError, r"kv_cache_cpu\[1\]'s k_scales must be uint8 scale bytes of shape"),
+    ("float indices", TypeError, r"indices must be int32 or int64"),
+])
+def test_mxfp8_pool_load_cpu_copy_checks_everything_before_writing(case, error, match):
+    pool = inkling_pool_class("mxfp8")(256, 128, torch.float8_e4m3fn, HKV, D, 2, "cpu", False)
+    layer = make_layers(windows=(-1, -1))[1]
+    src = torch.tensor([3, 130])
+    k = torch.randn(2, HKV, D, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
+    pool.set_kv_buffer(layer, src, k, k)
+    saved = pool.get_cpu_copy(src)
+    pool.set_kv_buffer(layer, src, torch.zeros_like(k), torch.zeros_like(k))
+    before = [t.clone() for t in (*pool.k_buffer, *pool.v_buffer, *pool.core.get_kv_scale_buffer(0),
+                                   *pool.core.get_kv_scale_buffer(1))]
+    indices = src
+    if case == "duplicate index":
+        indices = torch.tensor([3, 3])
+    elif case == "index past the pool":
+        indices = torch.tensor([3, 384])
+    elif case == "one layer of two":
+        saved = saved[:1]
+    elif case == "scales of one slot":
+        saved[1][2] = saved[1][2][:1]
+    elif case == "float indices":
+        indices = src.float()
+    with pytest.raises(error, match=match):
+        pool.load_cpu_copy(saved, indices)
+    after = [*pool.k_buffer, *pool.v_buffer, *pool.core.get_kv_scale_buffer(0), *pool.core.get_kv_scale_buffer(1)]
+    assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(after, before))
+    with pytest.raises(ValueError, match=r"indices must be slots in \[0, 384\)"):
+        pool.get_cpu_copy(torch.tensor([9999]))
+
+
 def test_cpu_graph_runner_hooks_with_padded_batch():
     """What SGLang's CPUGraphRunner does: capture metadata for a padded batch (fill value 1, req row 0, slot 0), then
     replay through init_forward_metadata; real rows equal an unpadded eager decode."""

@@ -76,3 +76,28 @@ def test_layer_attention_refuses_a_cache_that_is_not_vllms_view():
     spec = LayerSpec(num_q_heads=2, num_kv_heads=1, head_dim=32, softmax_scale=1 / math.sqrt(32))
     with pytest.raises(ValueError, match=r"4-D per-layer view \[num_blocks, H, N, C\], got \(10,\)"):
         LayerAttention(spec, "bf16", torch.bfloat16).paged_kv(torch.zeros(10))
+
+
+def good_batch_args():
+    return dict(num_reqs=2, num_actual_tokens=4, num_decodes=1, num_decode_tokens=1,
+                query_start_loc=torch.tensor([0, 1, 4], dtype=torch.int32),
+                seq_lens=torch.tensor([5, 3], dtype=torch.int32), block_table=torch.tensor([[1], [2]], dtype=torch.int32),
+                slot_mapping=torch.zeros(4, dtype=torch.int64), block_size=BS, max_seq_len=5)
+
+
+@pytest.mark.parametrize("change, error, match", [
+    (dict(num_actual_tokens=-1), ValueError, r"num_actual_tokens must be an int >= 0, got -1"),
+    (dict(num_actual_tokens=0), ValueError, r"num_actual_tokens 0 cannot hold 1 prefills of at least one token"),
+    (dict(num_reqs=True), TypeError, r"num_reqs must be an int, got True"),
+    (dict(block_size=16.0), TypeError, r"block_size must be an int"),
+    (dict(max_seq_len=0), ValueError, r"max_seq_len must be an int >= 1"),
+    (dict(query_start_loc=torch.tensor([0, 1])), ValueError, r"query_start_loc must be 1-D with at least 3 rows"),
+    (dict(seq_lens=torch.tensor([5.0, 3.0])), TypeError, r"seq_lens must be a 1-D int32/int64 tensor, got "
+                                                         r"torch.float32"),
+    (dict(block_table=torch.tensor([1, 2], dtype=torch.int32)), TypeError, r"block_table must be a 2-D int32/int64"),
+    (dict(slot_mapping=torch.zeros(3, dtype=torch.int64)), ValueError, r"slot_mapping must be 1-D with at least 4 rows"),
+])
+def test_a_malformed_batch_is_refused_at_construction(change, error, match):
+    VllmBatch(**good_batch_args())  # the unchanged batch is fine
+    with pytest.raises(error, match=match):
+        VllmBatch(**{**good_batch_args(), **change})

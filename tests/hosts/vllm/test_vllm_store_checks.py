@@ -1,0 +1,76 @@
+"""The vLLM adapter's K/V store (``hosts/vllm/attention.LayerAttention.store``, host-free: no vLLM needed) checks
+every argument before its first write: a bad ``slot_mapping`` (below -1, past the cache, a slot twice, float, bool,
+2-D) or K/V rows that do not cover it raise a ValueError/TypeError naming it, and the cache is unchanged. Valid
+padding (-1) goes to the null block; K/V rows past the mapping (vLLM's padding) are not written."""
+
+import pytest
+import torch
+
+from sglang_inkling_backend.hosts.vllm.attention import LayerAttention
+from sglang_inkling_backend.hosts.vllm.block_cache import BlockCacheLayout, vllm_layer_view
+from sglang_inkling_backend.layer_plan import LayerSpec
+
+HKV, D, BLOCK, BLOCKS = 2, 32, 16, 3
+
+
+def layer_and_cache():
+    spec = LayerSpec(window=None, num_q_heads=4, num_kv_heads=HKV, head_dim=D, softmax_scale=D ** -0.5)
+    layer = LayerAttention(spec, "bf16", torch.bfloat16)
+    cache = vllm_layer_view(BlockCacheLayout("bf16", HKV, D, BLOCK), BLOCKS, dtype=torch.bfloat16)
+    return layer, cache
+
+
+def rows(n):
+    return torch.arange(1, n * HKV * D + 1, dtype=torch.float32).reshape(n, HKV, D).bfloat16()
+
+
+@pytest.mark.parametrize("slot_mapping, k_rows, error, match", [
+    (torch.tensor([17, -2]), 2, ValueError, r"slot_mapping entries must be slots in \[0, 48\) or -1 \(padding\), got -2"),
+    (torch.tensor([17, 48]), 2, ValueError, r"slot_mapping must be slots in \[0, 48\)"),
+    (torch.tensor([17, 17]), 2, ValueError, r"slot_mapping must not name a slot twice in one write \(vLLM.s null block 0 excepted\), got slot 17 2 times"),
+    (torch.tensor([17.0, 18.0]), 2, TypeError, r"slot_mapping must be a 1-D int32/int64 tensor of slots, got "
+                                               r"torch.float32"),
+    (torch.tensor([True, False]), 2, TypeError, r"slot_mapping must be a 1-D int32/int64 tensor of slots, got "
+                                                r"torch.bool"),
+    (torch.tensor([[17, 18]]), 2, TypeError, r"slot_mapping must be a 1-D int32/int64 tensor"),
+    (torch.tensor([17, 18, 19]), 2, ValueError, r"key must be \[tokens >= 3 \(slot_mapping's entries\)"),
+])
+def test_bad_store_arguments_raise_before_any_write(slot_mapping, k_rows, error, match):
+    layer, cache = layer_and_cache()
+    before = cache.clone()
+    with pytest.raises(error, match=match):
+        layer.store(rows(k_rows), rows(k_rows), cache, slot_mapping)
+    assert torch.equal(cache, before)
+
+
+def test_a_key_of_the_wrong_width_raises():
+    layer, cache = layer_and_cache()
+    with pytest.raises(ValueError, match=r"key must be \[tokens >= 1 .*, 2, 32\] or \[tokens, 64\], got \(1, 3, 32\)"):
+        layer.store(torch.zeros(1, 3, D).bfloat16(), torch.zeros(1, 3, D).bfloat16(), cache, torch.tensor([5]))
+
+
+def test_padding_goes_to_the_null_block_and_padded_rows_are_not_written():
+    layer, cache = layer_and_cache()
+    k = rows(4)  # 4 rows, 3 mapped: vLLM pads K/V past num_actual_tokens
+    layer.store(k, k, cache, torch.tensor([17, -1, 40]))
+    kv = layer.paged_kv(cache)
+    assert torch.equal(kv.k_buffer[17], k[0]) and torch.equal(kv.k_buffer[40], k[2])
+    written = (kv.k_buffer != 0).flatten(1).any(1).nonzero().flatten().tolist()
+    assert written == [0, 17, 40]  # slot 0 (the null block) took the padding row; row 3 went nowhere
+    assert torch.equal(kv.k_buffer[0], k[1])
+
+
+def test_the_mapping_is_checked_once_per_step_not_per_layer(monkeypatch):
+    from sglang_inkling_backend import checks
+    calls = []
+    real = checks.require_slots
+    monkeypatch.setattr(checks, "require_slots", lambda *a, **k: calls.append(1) or real(*a, **k))
+    layer, cache = layer_and_cache()
+    other, cache2 = layer_and_cache()
+    mapping = torch.tensor([3, 4])
+    for each, c in ((layer, cache), (other, cache2)):  # two layers of one step, one mapping tensor
+        each.store(rows(2), rows(2), c, mapping)
+    assert len(calls) == 1
+    mapping.copy_(torch.tensor([5, 48]))  # the next step, in place: checked again
+    with pytest.raises(ValueError, match="slot_mapping"):
+        layer.store(rows(2), rows(2), cache, mapping)
