@@ -37,6 +37,20 @@ def _seq_len(n: Any, i: int) -> int:
     return int(n)
 
 
+def _check_index_map(mapping: Any, name: str, size: int) -> None:
+    """A map layer id -> pool index: non-negative int keys, int values in ``[0, size)``, no index twice."""
+    if not isinstance(mapping, dict):
+        raise TypeError(f"{name} must be a dict of layer id -> pool index, got {type(mapping).__name__}")
+    for layer, index in mapping.items():
+        for what, value in (("layer id", layer), ("pool index", index)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name}: every {what} must be an int >= 0, got {value!r} (layer {layer!r})")
+        if index >= size:
+            raise ValueError(f"{name}: layer {layer}'s pool index {index} is out of range [0, {size})")
+    if len(set(mapping.values())) != len(mapping):
+        raise ValueError(f"{name} gives two layers the same pool index: {dict(sorted(mapping.items()))}")
+
+
 @dataclass
 class BatchedDecodeContext:
     seq_lens: list[int]
@@ -58,6 +72,13 @@ class BatchedDecodeContext:
         self.pad_sizes = [max(self.seq_lens) - n for n in self.seq_lens]
         if not self.attention_pool_index_by_layer:
             self.attention_pool_index_by_layer = {i: i for i in range(len(self.attention_layer_caches))}
+        _check_index_map(self.attention_pool_index_by_layer, "attention_pool_index_by_layer",
+                         len(self.attention_layer_caches))
+        _check_index_map(self.full_kv_pool_index_by_layer, "full_kv_pool_index_by_layer",
+                         len(self.full_kv_pool_index_by_layer))
+        stray = sorted(set(self.full_kv_pool_index_by_layer) - set(self.attention_pool_index_by_layer))
+        if stray:
+            raise ValueError(f"full_kv_pool_index_by_layer names layers {stray} that have no attention cache")
         if self.fused_rope_scatter is not None and not self.full_kv_pool_index_by_layer:
             # No identity default on purpose: the fused scatter addresses pool buffers by full-attention index, and
             # the cache index would write the wrong buffer whenever windowed layers are interleaved.

@@ -21,7 +21,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
-from .checks import require_non_negative_real, require_positive_real
+from .checks import require_non_negative_real, require_positive_int, require_positive_real
 from .attention_inputs import AttentionParams
 
 
@@ -64,11 +64,14 @@ class LayerSpec:
         if self.window is not None and (isinstance(self.window, bool) or not isinstance(self.window, int)
                                         or self.window <= 0):
             raise ValueError(f"LayerSpec.window must be None (full attention) or a positive int, got {self.window!r}")
-        if self.rel_extent is not None and self.rel_extent <= 0:
-            raise ValueError(f"LayerSpec.rel_extent must be positive or None, got {self.rel_extent!r}")
+        if self.rel_extent is not None:
+            require_positive_int(self.rel_extent, "LayerSpec.rel_extent")
+        if self.softmax_scale is not None:
+            object.__setattr__(self, "softmax_scale", require_positive_real(self.softmax_scale,
+                                                                            "LayerSpec.softmax_scale"))
         for name in ("k_scale", "v_scale"):
-            require_positive_real(getattr(self, name), f"LayerSpec.{name}")
-        require_non_negative_real(self.logit_cap, "LayerSpec.logit_cap")
+            object.__setattr__(self, name, require_positive_real(getattr(self, name), f"LayerSpec.{name}"))
+        object.__setattr__(self, "logit_cap", require_non_negative_real(self.logit_cap, "LayerSpec.logit_cap"))
 
     @property
     def is_full(self) -> bool:
@@ -127,8 +130,10 @@ class LayerPlan:
         get = lambda name, default=None: getattr(text, name, default)  # noqa: E731
         n = get("num_hidden_layers")
         hq = get("num_attention_heads")
-        if not isinstance(n, int) or not isinstance(hq, int):
-            raise ValueError("config must give num_hidden_layers and num_attention_heads as ints")
+        if isinstance(n, bool) or isinstance(hq, bool) or not isinstance(n, int) or not isinstance(hq, int) \
+                or n < 1 or hq < 1:
+            raise ValueError(f"config must give num_hidden_layers and num_attention_heads as positive ints, got "
+                             f"{n!r} and {hq!r}")
         hkv = get("num_key_value_heads") or hq
         d = get("head_dim") or get("hidden_size") // hq
         window = get("sliding_window")
@@ -156,7 +161,17 @@ class LayerPlan:
                                            if n_floor else None))
             return cls(specs)
         if layer_types is not None:
+            known = ("sliding_attention", "full_attention")
+            if len(layer_types) != n:
+                raise ValueError(f"config.layer_types names {len(layer_types)} layers, the model has "
+                                 f"num_hidden_layers={n}")
+            unknown = sorted({t for t in layer_types if t not in known})
+            if unknown:
+                raise ValueError(f"config.layer_types holds {unknown}; this backend serves {known}")
             is_local = [t == "sliding_attention" for t in layer_types]
+            if any(is_local) and not window:
+                raise ValueError("config.layer_types has sliding_attention layers but config.sliding_window is "
+                                 f"{window!r}: a window needs its size")
         elif get("sliding_window_pattern") and window:
             p = get("sliding_window_pattern")
             is_local = [(i + 1) % p != 0 for i in range(n)]

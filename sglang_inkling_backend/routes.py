@@ -18,7 +18,8 @@ Hosts read a route's capabilities, never its name (``name`` is for log lines):
 - ``mxfp8_store``: the fused MXFP8 K/V store, or None (``kv_views`` quantizes with the torch reference).
 
 A route answers ``decode(q, kv, keys, params, *, max_seq_len, plans, workspace)`` (``keys``: ``KVRails``, or
-``KVPages`` where ``reads_page_tables``) and ``extend(q, kv, rails, qo_indptr, params, *, plans)`` with ``[rows, Hq, D]``
+``KVPages`` where ``reads_page_tables``) and ``extend(q, kv, rails, qo_indptr, params, *, plans)`` with
+``[rows, Hq, D]``
 (float32 or q's dtype; the backend casts to the model dtype). The host chooses the route once
 (``choose_route``), logging which and why.
 """

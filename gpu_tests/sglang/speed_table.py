@@ -128,7 +128,8 @@ def spread(summaries: list[dict]) -> list[str]:
     repeated = {k: v for k, v in seen.items() if len(v) > 1}
     if not repeated:
         return []
-    out = ["### The same backend in more than one call (max / min step time)", "", "| backend | B | ctx | ms | spread |",
+    out = ["### The same backend in more than one call (max / min step time)", "",
+           "| backend | B | ctx | ms | spread |",
            "|---|---|---|---|---|"]
     for (label, b, c), v in sorted(repeated.items()):
         out.append(f"| {label} | {b} | {c} | {', '.join(f'{x:.2f}' for x in v)} | {max(v) / min(v):.2f}x |")

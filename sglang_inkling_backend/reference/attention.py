@@ -112,6 +112,9 @@ def paged_extend_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: torch.Tensor
         raise TypeError("qo_indptr must be a 1-D int32/int64 tensor")
     batch = qo_indptr.numel() - 1
     _check_indices(kv, kv_indptr, kv_indices, batch)
+    if batch < 1 or int(qo_indptr[0]) != 0 or bool((qo_indptr.diff() < 0).any()):
+        raise ValueError(f"qo_indptr must start at 0 and be non-decreasing, with batch + 1 >= 2 entries, got "
+                         f"{qo_indptr.tolist()[:8]}")
     if int(qo_indptr[-1]) != q.shape[0]:
         raise ValueError(f"qo_indptr[-1]={int(qo_indptr[-1])} must equal q's row count {q.shape[0]}")
     qlens, kvlens = qo_indptr.diff(), kv_indptr.diff()

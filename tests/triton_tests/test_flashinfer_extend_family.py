@@ -147,8 +147,8 @@ def test_layers_it_does_not_serve_run_the_triton_kernel_logged_once(caplog):
         for _ in range(2):
             got = route.extend(q, kv, rails, qo, params, plans=DecodePlanCache())
     assert RaggedPrefill.plans == 0
-    assert [r.getMessage() for r in caplog.records].count(
-        "inkling: extend: the Triton kernel for layers with a relative bias (FlashInfer's ragged prefill adds none)") == 1
+    note = "inkling: extend: the Triton kernel for layers with a relative bias (FlashInfer's ragged prefill adds none)"
+    assert [r.getMessage() for r in caplog.records].count(note) == 1
     want = reference_extend(q.float(), kv, rails.indptr, rails.indices, qo, params)
     assert rel_err(got, want) < TOL
     sinks = AttentionParams(D ** -0.5, sinks=torch.zeros(HQ, device=DEV))

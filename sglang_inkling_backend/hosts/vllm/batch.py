@@ -55,8 +55,8 @@ class VllmBatch:
                                  f"{tuple(t.shape)}")
         # (CUDA-graph padding requests are decodes of no token: only prefills must have one.)
         if self.num_actual_tokens < self.num_reqs - self.num_decodes:
-            raise ValueError(f"num_actual_tokens {self.num_actual_tokens} cannot hold {self.num_reqs - self.num_decodes} "
-                             f"prefills of at least one token each")
+            raise ValueError(f"num_actual_tokens {self.num_actual_tokens} cannot hold "
+                             f"{self.num_reqs - self.num_decodes} prefills of at least one token each")
         if not 0 <= self.num_decodes <= self.num_reqs:
             raise ValueError(f"num_decodes must lie in [0, {self.num_reqs}], got {self.num_decodes}")
         if self.num_decode_tokens != self.num_decodes:

@@ -81,7 +81,8 @@ def test_layer_attention_refuses_a_cache_that_is_not_vllms_view():
 def good_batch_args():
     return dict(num_reqs=2, num_actual_tokens=4, num_decodes=1, num_decode_tokens=1,
                 query_start_loc=torch.tensor([0, 1, 4], dtype=torch.int32),
-                seq_lens=torch.tensor([5, 3], dtype=torch.int32), block_table=torch.tensor([[1], [2]], dtype=torch.int32),
+                seq_lens=torch.tensor([5, 3], dtype=torch.int32),
+                block_table=torch.tensor([[1], [2]], dtype=torch.int32),
                 slot_mapping=torch.zeros(4, dtype=torch.int64), block_size=BS, max_seq_len=5)
 
 
@@ -95,7 +96,8 @@ def good_batch_args():
     (dict(seq_lens=torch.tensor([5.0, 3.0])), TypeError, r"seq_lens must be a 1-D int32/int64 tensor, got "
                                                          r"torch.float32"),
     (dict(block_table=torch.tensor([1, 2], dtype=torch.int32)), TypeError, r"block_table must be a 2-D int32/int64"),
-    (dict(slot_mapping=torch.zeros(3, dtype=torch.int64)), ValueError, r"slot_mapping must be 1-D with at least 4 rows"),
+    (dict(slot_mapping=torch.zeros(3, dtype=torch.int64)), ValueError,
+     r"slot_mapping must be 1-D with at least 4 rows"),
 ])
 def test_a_malformed_batch_is_refused_at_construction(change, error, match):
     VllmBatch(**good_batch_args())  # the unchanged batch is fine

@@ -25,9 +25,11 @@ def rows(n):
 
 
 @pytest.mark.parametrize("slot_mapping, k_rows, error, match", [
-    (torch.tensor([17, -2]), 2, ValueError, r"slot_mapping entries must be slots in \[0, 48\) or -1 \(padding\), got -2"),
+    (torch.tensor([17, -2]), 2, ValueError,
+     r"slot_mapping entries must be slots in \[0, 48\) or -1 \(padding\), got -2"),
     (torch.tensor([17, 48]), 2, ValueError, r"slot_mapping must be slots in \[0, 48\)"),
-    (torch.tensor([17, 17]), 2, ValueError, r"slot_mapping must not name a slot twice in one write \(vLLM.s null block 0 excepted\), got slot 17 2 times"),
+    (torch.tensor([17, 17]), 2, ValueError,
+     r"slot_mapping must not name a slot twice in one write \(vLLM.s null block 0 excepted\), got slot 17 2 times"),
     (torch.tensor([17.0, 18.0]), 2, TypeError, r"slot_mapping must be a 1-D int32/int64 tensor of slots, got "
                                                r"torch.float32"),
     (torch.tensor([True, False]), 2, TypeError, r"slot_mapping must be a 1-D int32/int64 tensor of slots, got "
@@ -74,3 +76,51 @@ def test_the_mapping_is_checked_once_per_step_not_per_layer(monkeypatch):
     mapping.copy_(torch.tensor([5, 48]))  # the next step, in place: checked again
     with pytest.raises(ValueError, match="slot_mapping"):
         layer.store(rows(2), rows(2), cache, mapping)
+
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+DEFECTS = (None, "below_padding", "past_cache", "twice", "float", "short_key")
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=80,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_store_property_raises_before_writing_or_writes_exactly(data):
+    """Each example: a slot mapping over the cache's non-null blocks with some padding, and at most one defect. A
+    defective call raises ValueError/TypeError with the cache byte-identical; a valid one writes each mapped row at
+    its slot (padding rows at the null block) and nothing else outside the null block."""
+    layer, cache = layer_and_cache()
+    n = data.draw(st.integers(1, 12))
+    slots = data.draw(st.lists(st.integers(BLOCK, BLOCK * BLOCKS - 1), min_size=n, max_size=n, unique=True))
+    padding = data.draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    mapping = torch.tensor([-1 if pad else s for s, pad in zip(slots, padding)])
+    defect = data.draw(st.sampled_from(DEFECTS))
+    k_rows = n + data.draw(st.integers(0, 2))  # vLLM may pad K/V past the mapping
+    if defect == "below_padding":
+        mapping[data.draw(st.integers(0, n - 1))] = data.draw(st.integers(-100, -2))
+    elif defect == "past_cache":
+        mapping[data.draw(st.integers(0, n - 1))] = data.draw(st.integers(BLOCK * BLOCKS, 10 ** 6))
+    elif defect == "twice" and n >= 2:
+        mapping[1] = mapping[0] = slots[0]
+    elif defect == "float":
+        mapping = mapping.float()
+    elif defect == "short_key":
+        k_rows = n - 1
+    else:
+        defect = None
+    k = rows(max(k_rows, 0)) if k_rows > 0 else torch.zeros(0, HKV, D).bfloat16()
+    before = cache.clone()
+    if defect is not None:
+        with pytest.raises((ValueError, TypeError)):
+            layer.store(k, k, cache, mapping)
+        assert torch.equal(cache, before)
+        return
+    layer.store(k, k, cache, mapping)
+    kv = layer.paged_kv(cache)
+    want = torch.zeros_like(kv.k_buffer)
+    for row, slot in enumerate(mapping.tolist()):
+        if slot >= 0:
+            want[slot] = k[row]
+    assert torch.equal(kv.k_buffer[BLOCK:], want[BLOCK:]) and torch.equal(kv.v_buffer[BLOCK:], want[BLOCK:])

@@ -1,0 +1,98 @@
+"""Bad input found by probing the core's less-used entry points as a demanding user would (the reliability issue's
+second round): each raises a ValueError/TypeError naming what is wrong, where it was silently accepted before
+(a string or bool scale used as a number, a window of 2.5 rounded up, -5 read as full attention, a config whose
+sliding layers have no window size served as full attention, extra or unknown layer types, a query offset that
+does not start at 0 leaving rows uninitialised, a "finite" scale past float32's range)."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV
+from sglang_inkling_backend.checks import require_real
+from sglang_inkling_backend.hosts.sglang.layers import record_window
+from sglang_inkling_backend.layer_plan import LayerPlan, LayerSpec
+from sglang_inkling_backend.reference.attention import paged_extend_attention
+
+
+@pytest.mark.parametrize("value, window", [(None, None), (-1, None), (0, 1), (255, 256)])
+def test_record_window_of_valid_sizes(value, window):
+    assert record_window(value) == window
+
+
+@pytest.mark.parametrize("value", [2.5, -5, True, "4"])
+def test_record_window_refuses_what_is_not_a_size(value):
+    with pytest.raises(ValueError, match="sliding_window_size must be None, -1 .* or an int >= 0"):
+        record_window(value)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(softmax_scale="0.1"), TypeError, r"LayerSpec.softmax_scale must be a finite number > 0, got '0.1'"),
+    (dict(softmax_scale=0.0), ValueError, r"LayerSpec.softmax_scale must be a finite number > 0"),
+    (dict(k_scale=True), TypeError, r"LayerSpec.k_scale must be"),
+    (dict(rel_extent=2.5), TypeError, r"LayerSpec.rel_extent must be an int"),
+    (dict(logit_cap=float("inf")), ValueError, r"LayerSpec.logit_cap must be a finite number >= 0"),
+])
+def test_layer_spec_refuses_bad_scalars(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        LayerSpec(num_q_heads=4, num_kv_heads=2, head_dim=64, **kwargs)
+
+
+def test_layer_spec_stores_numbers_as_floats():
+    spec = LayerSpec(num_q_heads=4, num_kv_heads=2, head_dim=64, softmax_scale=1, k_scale=2)
+    assert isinstance(spec.softmax_scale, float) and isinstance(spec.k_scale, float)
+
+
+def config(**kw):
+    base = dict(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=64, sliding_window=128)
+    return SimpleNamespace(**{**base, **kw})
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(layer_types=["sliding_attention"] * 3, sliding_window=None), r"sliding_attention layers but "
+                                                                         r"config.sliding_window is None"),
+    (dict(layer_types=["full_attention"] * 4), r"names 4 layers, the model has num_hidden_layers=3"),
+    (dict(layer_types=["full_attention", "chunked_attention", "full_attention"]), r"holds \['chunked_attention'\]"),
+    (dict(num_attention_heads=0), r"positive ints, got 3 and 0"),
+])
+def test_layer_plan_from_config_refuses_what_it_cannot_serve(kw, match):
+    with pytest.raises(ValueError, match=match):
+        LayerPlan.from_hf_config(config(**kw))
+
+
+def test_layer_plan_from_a_valid_config():
+    plan = LayerPlan.from_hf_config(config(layer_types=["sliding_attention", "sliding_attention", "full_attention"]))
+    assert [plan.window(i) for i in range(3)] == [128, 128, None]
+
+
+def test_reference_extend_refuses_query_offsets_not_from_zero():
+    kv = PagedKV(torch.randn(8, 1, 32), torch.randn(8, 1, 32))
+    q = torch.randn(3, 2, 32)
+    kv_indptr, kv_indices = torch.tensor([0, 4, 8]), torch.arange(8)
+    paged_extend_attention(q, kv, kv_indptr, kv_indices, torch.tensor([0, 1, 3]), AttentionParams(0.2))
+    with pytest.raises(ValueError, match="qo_indptr must start at 0 and be non-decreasing"):
+        paged_extend_attention(q, kv, kv_indptr, kv_indices, torch.tensor([1, 2, 3]), AttentionParams(0.2))
+
+
+@pytest.mark.parametrize("value", [1e300, -3.5e38])
+def test_a_scale_past_float32s_range_is_refused(value):
+    with pytest.raises(ValueError, match=r"in float32"):
+        require_real(value, "k_scale")
+    assert require_real(3.0e38, "k_scale") == 3.0e38
+
+
+@pytest.mark.parametrize("full_map, match", [
+    ({0: 0, 2: 0}, r"gives two layers the same pool index"),
+    ({0: 0, 2: 5}, r"layer 2's pool index 5 is out of range \[0, 2\)"),
+    ({0: -1}, r"every pool index must be an int >= 0, got -1"),
+    ({0: 0, 7: 1}, r"names layers \[7\] that have no attention cache"),
+    ({True: 0}, r"every layer id must be an int >= 0, got True"),
+])
+def test_decode_context_refuses_a_bad_full_pool_map(full_map, match):
+    from sglang_inkling_backend.decode_context import BatchedDecodeContext
+
+    caches = [[None], [None], [None]]
+    BatchedDecodeContext([4], caches, full_kv_pool_index_by_layer={0: 0, 2: 1})  # a valid map
+    with pytest.raises(ValueError, match=match):
+        BatchedDecodeContext([4], caches, full_kv_pool_index_by_layer=full_map)
