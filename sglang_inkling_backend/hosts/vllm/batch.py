@@ -9,6 +9,7 @@ blocks vLLM puts where a window has moved on are never read.
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -39,6 +40,10 @@ class VllmBatch:
     def __post_init__(self):
         # Structure only (no device read: vLLM builds a batch every step, CUDA-graph replays included); the values
         # the kernels read are checked by the route once per step outside capture.
+        for name in ("num_reqs", "num_actual_tokens", "num_decodes", "num_decode_tokens", "block_size", "max_seq_len"):
+            value = getattr(self, name)
+            if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+                setattr(self, name, int(value))  # a numpy count from vLLM's host arrays is a count
         for name in ("num_reqs", "num_actual_tokens", "num_decodes", "num_decode_tokens"):
             setattr(self, name, checks.require_int(getattr(self, name), name, 0))
         self.block_size = checks.require_positive_int(self.block_size, "block_size")
