@@ -36,6 +36,7 @@ from sglang_inkling_backend.checks import require_slots, stream_capturing, trito
 from sglang_inkling_backend.rails import KVPages, KVRails
 
 logger = logging.getLogger(__name__)
+MIN_TRITON_CAPABILITY = (8, 0)  # NVIDIA: the kernels' bf16 dots; 8-bit pools before sm_89 are read as bytes
 
 
 class DecodePlanCache:
@@ -276,6 +277,13 @@ def choose_route(device: torch.device, head_dims=()):
     layer (``flashinfer.extend_family``; ``INKLING_EXTEND_KERNEL``), logged with the route."""
     if device.type == "cpu":
         logger.info("inkling: attention route: torch reference (device %s)", device)
+        return TorchRoute()
+    if device.type == "cuda" and torch.version.hip is None and torch.cuda.is_available() and \
+            torch.cuda.get_device_capability(device) < MIN_TRITON_CAPABILITY:
+        major, minor = torch.cuda.get_device_capability(device)
+        logger.warning("inkling: attention route: torch reference on %s (%s is sm_%d%d; the Triton kernels need "
+                       "sm_%d%d or newer for their bf16 dots); slower than the Triton route", device,
+                       torch.cuda.get_device_name(device), major, minor, *MIN_TRITON_CAPABILITY)
         return TorchRoute()
     kernels, why = _triton_kernels_for(head_dims)
     if kernels is None:

@@ -59,9 +59,12 @@ def launch_signature(fn, types, consts, unmarked=()):
 
 
 def compile_decode(D=128, G=8, HKV=2, fmt="mxfp8", block_n=64, warps=2, stages=2, paged=False, direct=False,
-                   extra=None):
+                   extra=None, arch=90, e4m3_bytes=False):
+    """``arch``: the sm number to compile for; ``e4m3_bytes``: pass an 8-bit pool as bytes (``*u8``), as the launchers
+    do where the GPU has no e4m3 conversions (``triton.inputs.e4m3_by_integers``)."""
     fn = decode_blocks.decode_blocks_kernel if paged == "blocks" else decode_tiles.decode_tiles_kernel
-    kvt = {"mxfp8": "*fp8e4nv", "fp8": "*fp8e4nv", "bf16": "*bf16"}[fmt]
+    e4m3 = "*u8" if e4m3_bytes else "*fp8e4nv"
+    kvt = {"mxfp8": e4m3, "fp8": e4m3, "bf16": "*bf16"}[fmt]
     types = {"q_ptr": "*bf16", "k_ptr": kvt, "v_ptr": kvt, "ksf_ptr": "*u8", "vsf_ptr": "*u8",
              "lens_ptr": "*i32", "index_ptr": "*i32", "rel_bias_ptr": "*bf16", "sinks_ptr": "*bf16",
              "out_ptr": "*bf16", "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32",
@@ -86,7 +89,7 @@ def compile_decode(D=128, G=8, HKV=2, fmt="mxfp8", block_n=64, warps=2, stages=2
     # COMPILE_UNMARKED (comma-separated names) leaves arguments unmarked, as do_not_specialize would.
     sig, attrs = launch_signature(fn, types, consts, tuple(os.environ.get("COMPILE_UNMARKED", "").split(",")))
     src = ASTSource(fn, sig, constexprs=consts, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict({"num_warps": warps, "num_stages": stages}, **json.loads(os.environ.get("COMPILE_OPTIONS", "{}"))))
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict({"num_warps": warps, "num_stages": stages}, **json.loads(os.environ.get("COMPILE_OPTIONS", "{}"))))
 
 
 def resources(kernel):

@@ -56,7 +56,7 @@ def extend_kernel_setting() -> str:
 
 def _load_flashinfer(device: torch.device):
     """``(flashinfer module, "")`` or ``(None, why)``."""
-    if device.type != "cuda" or torch.version.hip is not None:
+    if device.type != "cuda" or torch.version.hip is not None or not torch.cuda.is_available():
         return None, f"FlashInfer runs on NVIDIA GPUs only (device {device})"
     if torch.cuda.get_device_capability(device) < (8, 0):
         return None, f"FlashInfer's prefill needs sm_80 or newer, {torch.cuda.get_device_name(device)} is " \

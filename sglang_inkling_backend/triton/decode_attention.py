@@ -39,7 +39,7 @@ from .decode_merge import decode_merge_kernel
 from .decode_tiles import decode_tiles_kernel
 from .device import KV_FLOAT, KV_MXFP8
 from .inputs import (check_decode_inputs, check_kv_map, check_query_and_pool, dot_dtype, interpreting, kv_format,
-                     scale_args, validate_page_table, validate_slots)
+                     kv_data, scale_args, validate_page_table, validate_slots)
 from .plan import DecodeConfig, DecodePlan, DecodeWorkspace, plan_decode
 
 logger = logging.getLogger(__name__)
@@ -109,7 +109,7 @@ def run_decode(plan: DecodePlan, q: torch.Tensor, kv: PagedKV, kv_indptr: Option
         kernel, variant = decode_tiles_kernel, dict(DOT_DTYPE=tiles_dtype, FP16_TILES=fp16_tiles, PAGED=plan.paged)
     if plan.kernel != "hopper":
         kernel[grid](
-            q, kv.k_buffer, kv.v_buffer, ksf, vsf,
+            q, *kv_data(kv), ksf, vsf,
             lens, index, stride_index_row,
             rb if rb is not None else dummy, params.sinks if params.sinks is not None else dummy,
             out, plan.part_o if not direct else dummy, plan.part_lse if not direct else dummy,

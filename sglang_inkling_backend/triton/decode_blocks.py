@@ -27,8 +27,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .device import (decode_logits, fold_sinks, log2e, page_tile_first_slot, q_power_of_two_norm, scale_offsets,
-                     split_bounds)
+from .device import (as_compute, decode_logits, fold_sinks, log2e, page_tile_first_slot, q_power_of_two_norm,
+                     scale_offsets, split_bounds)
 
 
 @triton.jit
@@ -144,7 +144,7 @@ def decode_blocks_kernel(
                                            other=0), NB)
         for j in tl.static_range(NB):
             kj = tl.load(k_base + k_tile + 32 * j, mask=mask_n[:, None], other=0.0)
-            qkj = tl.dot(kj.to(Q_DTYPE), qts[j])
+            qkj = tl.dot(as_compute(kj, Q_DTYPE), qts[j])
             if KV_FORMAT == 2:
                 qk += qkj * (k_cols[j].to(tl.int32) << 23).to(tl.float32, bitcast=True)[:, None]
             else:
@@ -172,11 +172,11 @@ def decode_blocks_kernel(
                 if moved or unit != units[j]:
                     acc = acc * (alpha * ((units[j] - unit + 127) << 23).to(tl.float32, bitcast=True))[None, :]
                 new_units = new_units + (unit,)
-                new_accs = new_accs + (tl.dot(vj.to(PV_DTYPE), pj.to(PV_DTYPE), acc),)
+                new_accs = new_accs + (tl.dot(as_compute(vj, PV_DTYPE), pj.to(PV_DTYPE), acc),)
             else:
                 if moved:
                     acc = acc * alpha[None, :]
-                new_accs = new_accs + (tl.dot(vj.to(PV_DTYPE), p.to(PV_DTYPE), acc),)
+                new_accs = new_accs + (tl.dot(as_compute(vj, PV_DTYPE), p.to(PV_DTYPE), acc),)
         accs = new_accs
         if KV_FORMAT == 2:
             units = new_units

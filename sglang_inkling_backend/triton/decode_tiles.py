@@ -20,8 +20,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .device import (decode_logits, dequant_tile, dequant_tile_relative, fold_sinks, load_raw_page_tile, load_raw_tile,
-                     log2e, page_tile_first_slot, q_power_of_two_norm, split_bounds)
+from .device import (as_compute, decode_logits, dequant_tile, dequant_tile_relative, fold_sinks, load_raw_page_tile,
+                     load_raw_tile, log2e, page_tile_first_slot, q_power_of_two_norm, split_bounds)
 
 
 @triton.jit
@@ -105,7 +105,7 @@ def decode_tiles_kernel(
                 k16, k_tile_scale = dequant_tile_relative(k_raw, k_sf, mask_n, D, BLOCK_N)
                 tile_scale = qk_scale * k_tile_scale
             else:
-                k16 = k_raw.to(tl.float16)
+                k16 = as_compute(k_raw, tl.float16)
             qk = tl.dot(q, tl.trans(k16.to(DOT_DTYPE)))
         else:
             qk = tl.dot(q, tl.trans(dequant_tile(k_raw, k_sf, D, BLOCK_N, KV_FORMAT, DOT_DTYPE)))
@@ -125,7 +125,7 @@ def decode_tiles_kernel(
                 rescale = alpha * (acc_unit / v_tile_scale)
                 acc_unit = v_tile_scale
             else:
-                v16 = v_raw.to(tl.float16)
+                v16 = as_compute(v_raw, tl.float16)
                 rescale = alpha
             if tl.min(rescale, 0) != 1.0 or tl.max(rescale, 0) != 1.0:
                 acc = acc * rescale[:, None]

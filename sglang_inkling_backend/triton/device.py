@@ -26,6 +26,26 @@ def log2e():
 
 
 @triton.jit
+def e4m3_bytes_to_float(x):
+    """e4m3fn bytes (uint8) as float32, exactly, with integer operations: for GPUs without e4m3 conversions (sm_80,
+    sm_86), where an 8-bit pool reaches the kernels as bytes. Sign and the 7 exponent-mantissa bits go to fp16's
+    places (``s << 15 | em << 7``: fp16 exponent field e, mantissa m << 7), which is the e4m3 value times 2**-8 for
+    normals and subnormals alike; times 256 in float32 is exact. 0x7F / 0xFF are e4m3's NaNs."""
+    u = x.to(tl.uint16)
+    half = (((u & 0x80) << 8) | ((u & 0x7F) << 7)).to(tl.float16, bitcast=True)
+    return tl.where((u & 0x7F) == 0x7F, float("nan"), half.to(tl.float32) * 256.0)
+
+
+@triton.jit
+def as_compute(x, DTYPE: tl.constexpr):
+    """A loaded KV tile in DTYPE: e4m3 bytes (uint8, see ``e4m3_bytes_to_float``) decoded with integer operations,
+    anything else (float8e4nv, bf16, fp16, fp32) by conversion."""
+    if x.dtype == tl.uint8:
+        return e4m3_bytes_to_float(x).to(DTYPE)
+    return x.to(DTYPE)
+
+
+@triton.jit
 def e8m0_to_float(byte):
     """UE8M0 byte -> 2**(byte - 127) as float32, from the exponent bits (exact for bytes 1..254)."""
     return (byte.to(tl.int32) << 23).to(tl.float32, bitcast=True)
@@ -90,9 +110,9 @@ def dequant_tile(x, sf, D: tl.constexpr, BLOCK_N: tl.constexpr, KV_FORMAT: tl.co
     NOT applied here (the caller folds it into the logits / the output)."""
     if KV_FORMAT == 2:
         NB: tl.constexpr = D // 32
-        x3 = tl.reshape(x.to(tl.float32), (BLOCK_N, NB, 32))
+        x3 = tl.reshape(as_compute(x, tl.float32), (BLOCK_N, NB, 32))
         x = tl.reshape(x3 * e8m0_to_float(sf)[:, :, None], (BLOCK_N, D))
-    return x.to(DOT_DTYPE)
+    return as_compute(x, DOT_DTYPE)
 
 
 @triton.jit
@@ -109,7 +129,7 @@ def dequant_tile_relative(x, sf, mask_n, D: tl.constexpr, BLOCK_N: tl.constexpr)
     e_max = tl.max(tl.max(sfi, 1), 0)
     rel = tl.maximum(sfi - e_max, -126)
     factor = ((rel + 127) << 23).to(tl.float32, bitcast=True).to(tl.float16)  # 0 below fp16's 2**-24
-    x3 = tl.reshape(x.to(tl.float16), (BLOCK_N, NB, 32)) * factor[:, :, None]
+    x3 = tl.reshape(as_compute(x, tl.float16), (BLOCK_N, NB, 32)) * factor[:, :, None]
     return tl.reshape(x3, (BLOCK_N, D)), (e_max << 23).to(tl.float32, bitcast=True)
 
 

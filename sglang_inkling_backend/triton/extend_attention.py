@@ -26,7 +26,7 @@ import triton.language as tl
 from ..attention_inputs import AttentionParams, PagedKV
 from .device import add_logit_bias, cap_logits, load_kv_tile, log2e, scale_logits
 from .inputs import (check_index_tensor, check_kv_map, check_query_and_pool, dot_dtype, kv_format, launch_scalars,
-                     launch_strides, scale_args, validate_page_table)
+                     kv_data, launch_strides, scale_args, validate_page_table)
 
 
 @triton.jit
@@ -208,7 +208,7 @@ def paged_extend_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: Optional[tor
         lens, index, stride_index_row, kv_page = kv_indptr, kv_indices, 0, 0
     dummy = out
     extend_kernel[(len(reqs), hkv)](
-        q, kv.k_buffer, kv.v_buffer, ksf, vsf,
+        q, *kv_data(kv), ksf, vsf,
         lens, index, stride_index_row, qo_indptr, block_req, block_row,
         rb if rb is not None else dummy, params.sinks if params.sinks is not None else dummy, out,
         *launch_strides(q, kv, rb, out), *launch_scalars(params, kv),

@@ -20,7 +20,7 @@ import triton.language as tl
 from ..attention_inputs import PagedKV
 from ..checks import require_slots
 from .device import load_kv_tile
-from .inputs import kv_format, scale_args
+from .inputs import kv_data, kv_format, scale_args
 
 _TL_DTYPE = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
@@ -77,7 +77,7 @@ def gather_kv(kv: PagedKV, slots: torch.Tensor, *, validate: bool = True, block_
         return out
     ksf, vsf, page, interleaved = scale_args(kv)
     gather_kv_kernel[(triton.cdiv(n, block_n), hkv)](
-        kv.k_buffer, kv.v_buffer, ksf, vsf, slots.contiguous(), n, out[0], out[1],
+        *kv_data(kv), ksf, vsf, slots.contiguous(), n, out[0], out[1],
         kv.k_buffer.stride(0), kv.k_buffer.stride(1), kv.v_buffer.stride(0), kv.v_buffer.stride(1),
         HKV=hkv, D=d, BLOCK_N=block_n, KV_FORMAT=kv_format(kv), PAGE=page, INTERLEAVED=interleaved,
         OUT_DTYPE=_TL_DTYPE[dtype],

@@ -14,7 +14,7 @@ from .. import mxfp8
 from ..attention_inputs import AttentionParams, PagedKV
 from ..checks import triton_head_dim_ok
 from .device import KV_FLOAT, KV_FP8, KV_MXFP8
-from .plan import check_max_seq_len
+from .plan import check_max_seq_len, e4m3_by_integers
 
 
 def kv_format(kv: PagedKV) -> int:
@@ -23,6 +23,14 @@ def kv_format(kv: PagedKV) -> int:
     if kv.k_buffer.dtype == mxfp8.DATA_DTYPE:
         return KV_FP8
     return KV_FLOAT
+
+
+def kv_data(kv: PagedKV) -> tuple[torch.Tensor, torch.Tensor]:
+    """The K and V buffers as the kernels take them: an 8-bit pool as bytes (uint8 views) where
+    ``e4m3_by_integers``, else as they are."""
+    if kv.k_buffer.dtype == mxfp8.DATA_DTYPE and e4m3_by_integers(kv.k_buffer.device):
+        return kv.k_buffer.view(torch.uint8), kv.v_buffer.view(torch.uint8)
+    return kv.k_buffer, kv.v_buffer
 
 
 def interpreting() -> bool:

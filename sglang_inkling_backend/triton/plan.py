@@ -10,7 +10,9 @@ to a maximum: ``DecodeWorkspace.for_max_context`` (or ``decode_workspace_splits`
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 from dataclasses import dataclass
 from typing import Optional, Union
 
@@ -195,12 +197,36 @@ HOPPER_MIN_KEYS = 2048
 _hopper_status: dict = {}
 
 
+E4M3_BY_INTEGERS_ENV = "INKLING_E4M3_BY_INTEGERS"  # 1: pass 8-bit pools as bytes on any device (tests, an H200)
+NATIVE_E4M3_CAPABILITY = (8, 9)  # NVIDIA's e4m3 conversions (and Triton's fp8e4nv) start at sm_89
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_capability(index: int) -> tuple:
+    return torch.cuda.get_device_capability(index)
+
+
+def e4m3_by_integers(device: torch.device) -> bool:
+    """Whether the kernels read an 8-bit pool as bytes and decode e4m3 with integer operations
+    (``device.e4m3_bytes_to_float``): on NVIDIA GPUs before sm_89 (Ampere: Triton has no fp8e4nv there), or everywhere
+    with ``INKLING_E4M3_BY_INTEGERS=1``."""
+    if os.environ.get(E4M3_BY_INTEGERS_ENV, "0") not in ("", "0"):
+        return True
+    if device.type == "cuda" and torch.version.hip is None and torch.cuda.is_available():
+        return _cuda_capability(device.index if device.index is not None else torch.cuda.current_device()) \
+            < NATIVE_E4M3_CAPABILITY
+    return False
+
+
 def route_note(device) -> str:
     """The Triton route's start-up line about ``device``: whether MXFP8 decode also takes the Gluon Hopper kernel."""
     hopper, why = hopper_decode_status(device)
-    if hopper:
-        return "MXFP8 decode also through the Gluon Hopper kernel where it is faster (plan.hopper_decode_fits)"
-    return f"MXFP8 decode through the Triton kernels only (Hopper kernel off: {why})"
+    note = "MXFP8 decode also through the Gluon Hopper kernel where it is faster (plan.hopper_decode_fits)" if hopper \
+        else f"MXFP8 decode through the Triton kernels only (Hopper kernel off: {why})"
+    if device is not None and e4m3_by_integers(torch.device(device)):
+        note += "; 8-bit pools read as bytes, e4m3 decoded with integer operations (no e4m3 conversions before " \
+                "sm_89, or INKLING_E4M3_BY_INTEGERS=1)"
+    return note
 
 
 def hopper_decode_status(device) -> tuple[bool, str]:
