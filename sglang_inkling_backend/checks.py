@@ -64,10 +64,11 @@ def require_non_negative_real(value, name: str) -> float:
     return value
 
 
-def require_slots(slots, name: str, num_slots: int, distinct: bool = False, where: str = "") -> torch.Tensor:
+def require_slots(slots, name: str, num_slots: int, distinct: bool = False, where: str = "",
+                  padding_slots: int = 1) -> torch.Tensor:
     """A 1-D int32/int64 tensor of slot ids in ``[0, num_slots)``, as int64. ``distinct``: no slot twice, except
-    the padding slot 0 (one write must not store two values in one slot: which one lands would depend on the
-    device)."""
+    the padding sink, slots ``[0, padding_slots)`` (slot 0; vLLM's null block is a whole block), which are never
+    read (one write must not store two values in one slot: which one lands would depend on the device)."""
     if not isinstance(slots, torch.Tensor):
         raise TypeError(f"{name} must be a 1-D int32/int64 tensor of slot ids, got {_describe(slots)}")
     if slots.dtype not in INDEX_DTYPES:
@@ -79,11 +80,12 @@ def require_slots(slots, name: str, num_slots: int, distinct: bool = False, wher
         if lo < 0 or hi >= num_slots:
             raise ValueError(f"{name} must be slots in [0, {num_slots}){where}, got [{lo}, {hi}]")
         if distinct:
-            real = slots[slots != PADDING_SLOT]
+            real = slots[slots >= PADDING_SLOT + padding_slots]
             unique = torch.unique(real)
             if unique.numel() != real.numel():
                 values, counts = torch.unique(real, return_counts=True)
-                raise ValueError(f"{name} must not name a slot twice in one write (slot 0, the padding sink, "
+                sink = "slot 0" if padding_slots == 1 else f"slots 0-{padding_slots - 1}"
+                raise ValueError(f"{name} must not name a slot twice in one write ({sink}, the padding sink, "
                                  f"excepted), got slot {int(values[counts > 1][0])} "
                                  f"{int(counts.max())} times")
     return slots.long()

@@ -55,12 +55,10 @@ def extend_kernel_setting() -> str:
 
 
 def _load_flashinfer(device: torch.device):
-    """``(flashinfer module, "")`` or ``(None, why)``."""
+    """``(flashinfer module, "")`` or ``(None, why)``. The GPU's capability is the route's check
+    (``routes.choose_route`` serves a GPU before sm_80 with the torch route, before it asks for this family)."""
     if device.type != "cuda" or torch.version.hip is not None or not torch.cuda.is_available():
         return None, f"FlashInfer runs on NVIDIA GPUs only (device {device})"
-    if torch.cuda.get_device_capability(device) < (8, 0):
-        return None, f"FlashInfer's prefill needs sm_80 or newer, {torch.cuda.get_device_name(device)} is " \
-                     f"sm_{''.join(map(str, torch.cuda.get_device_capability(device)))}"
     try:
         import flashinfer
     except Exception as err:  # a missing or broken third-party install: the Triton kernel serves instead
@@ -136,7 +134,7 @@ class FlashInferExtend:
         """``q [rows, Hq, D]`` -> ``[rows, Hq, D]`` in ``gather_dtype(kv)``. The caller has checked the inputs
         (``why_not`` is "", rails and qo_indptr are the host's, validated where it builds them)."""
         dtype = self.gather_dtype(kv)
-        per_tensor = kv.k_buffer.dtype.itemsize == 1 and not kv.is_mxfp8
+        per_tensor = kv.kv_format == "fp8"
         sm_scale = params.softmax_scale * (kv.k_scale if per_tensor else 1.0)
         hq, d = q.shape[1], q.shape[2]
         key = ("flashinfer_extend", hq, kv.num_kv_heads, d, dtype, params.window, params.logit_cap, sm_scale)

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..attention_inputs import PagedKV
+from ..attention_inputs import FLOAT_KV_DTYPES, PagedKV
 from ..checks import require_slots
 from .device import load_kv_tile
 from .inputs import kv_data, kv_format, scale_args
@@ -49,7 +49,7 @@ def gather_kv_kernel(
 def gather_dtype(kv: PagedKV) -> torch.dtype:
     """The dtype ``gather_kv`` returns for this pool (see the module docstring)."""
     dtype = kv.k_buffer.dtype
-    return dtype if dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.bfloat16
+    return dtype if dtype in FLOAT_KV_DTYPES else torch.bfloat16
 
 
 def gather_kv(kv: PagedKV, slots: torch.Tensor, *, validate: bool = True, block_n: int = 32,

@@ -15,7 +15,7 @@ from sglang_inkling_backend.layer_plan import LayerPlan, LayerSpec
 def record_window(sliding_window_size) -> Optional[int]:
     """SGLang's ``sliding_window_size`` (keys before the query; None or -1: full) as visible keys (None: full).
     Anything else that is not an int >= 0 (a float, a bool, -5) is a ValueError naming it."""
-    if sliding_window_size is None or sliding_window_size == -1 and not isinstance(sliding_window_size, bool):
+    if sliding_window_size is None or sliding_window_size == -1:
         return None
     if isinstance(sliding_window_size, bool) or not isinstance(sliding_window_size, int) or sliding_window_size < 0:
         raise ValueError(f"sliding_window_size must be None, -1 (full attention) or an int >= 0, got "

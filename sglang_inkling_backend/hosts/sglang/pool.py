@@ -190,8 +190,8 @@ class InklingMHATokenToKVPool(MHATokenToKVPool):
                                      f"{(n, *buf.shape[1:])}, got "
                                      f"{f'{t.dtype} {tuple(t.shape)}' if isinstance(t, torch.Tensor) else t!r}")
             if self.KV_FORMAT == "mxfp8":
-                want = tuple(self.core.scale_layout(local).gather(self.core.get_kv_scale_buffer(local)[0],
-                                                                  indices.to(buf.device)).shape)
+                layout = self.core.scale_layout(local)
+                want = (n, layout.num_kv_heads, layout.blocks_per_head)  # ScaleLayout.gather's shape
                 for name, t in zip(("k_scales", "v_scales"), entry[2:]):
                     if not isinstance(t, torch.Tensor) or tuple(t.shape) != want or t.dtype != torch.uint8:
                         raise ValueError(f"kv_cache_cpu[{local}]'s {name} must be uint8 scale bytes of shape {want}, "

@@ -71,13 +71,9 @@ class LayerAttention:
             if lowest < -1:
                 raise ValueError(f"slot_mapping entries must be slots in [0, {kv.num_slots}) or -1 (padding), got "
                                  f"{lowest}")
-            slots = checks.require_slots(padded_slots(slot_mapping), "slot_mapping", kv.num_slots)
-            real = slots[slots >= kv_cache.shape[2]]  # block 0, vLLM's null block, is a sink: never read
-            values, counts = torch.unique(real, return_counts=True)
-            if bool((counts > 1).any()):
-                twice = int((counts > 1).nonzero()[0])
-                raise ValueError(f"slot_mapping must not name a slot twice in one write (vLLM's null block 0 "
-                                 f"excepted), got slot {int(values[twice])} {int(counts[twice])} times")
+            # block 0, vLLM's null block, is the padding sink: never read
+            checks.require_slots(padded_slots(slot_mapping), "slot_mapping", kv.num_slots, distinct=True,
+                                 padding_slots=kv_cache.shape[2])
             LayerAttention._slots_checked = seen
         kv_views.store_kv_unchecked(kv, padded_slots(slot_mapping), key[:n], value[:n], mxfp8_store=mxfp8_store)
 

@@ -29,7 +29,8 @@ def rows(n):
      r"slot_mapping entries must be slots in \[0, 48\) or -1 \(padding\), got -2"),
     (torch.tensor([17, 48]), 2, ValueError, r"slot_mapping must be slots in \[0, 48\)"),
     (torch.tensor([17, 17]), 2, ValueError,
-     r"slot_mapping must not name a slot twice in one write \(vLLM.s null block 0 excepted\), got slot 17 2 times"),
+     r"slot_mapping must not name a slot twice in one write \(slots 0-15, the padding sink, excepted\), got slot 17 "
+     r"2 times"),
     (torch.tensor([17.0, 18.0]), 2, TypeError, r"slot_mapping must be a 1-D int32/int64 tensor of slots, got "
                                                r"torch.float32"),
     (torch.tensor([True, False]), 2, TypeError, r"slot_mapping must be a 1-D int32/int64 tensor of slots, got "
