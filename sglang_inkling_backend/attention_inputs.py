@@ -62,8 +62,11 @@ class PagedKV:
 
     @property
     def kv_format(self) -> str:
-        """The pool's format as ``plan_decode(kv_format=)`` takes it: "mxfp8", "fp8" (per-tensor) or "float"."""
-        return "mxfp8" if self.is_mxfp8 else "float" if self.k_buffer.dtype.itemsize > 1 else "fp8"
+        """The pool's KV format (``mxfp8.KV_FORMATS``): "mxfp8", "fp8_e4m3" (per-tensor scale), "bf16", "fp16" or
+        "fp32"."""
+        if self.is_mxfp8:
+            return "mxfp8"
+        return mxfp8.UNQUANTIZED_FORMAT_OF_DTYPE.get(self.k_buffer.dtype, "fp8_e4m3")
 
     @property
     def num_slots(self) -> int:

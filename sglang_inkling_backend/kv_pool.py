@@ -45,29 +45,29 @@ class LayerKV:
 
 
 class InklingKVPool:
-    def __init__(self, plan: LayerPlan, size: int, page_size: int, kv_dtype: str = "bf16",
+    def __init__(self, plan: LayerPlan, size: int, page_size: int, kv_format: str = "bf16",
                  device: Union[str, torch.device] = "cpu", swa_size: Optional[int] = None,
                  k_scale: float = 1.0, v_scale: float = 1.0):
         if not isinstance(plan, LayerPlan):
             raise TypeError(f"plan must be a LayerPlan, got {type(plan).__name__}")
-        if kv_dtype not in mxfp8.KV_DTYPES:
-            raise ValueError(f"kv_dtype must be one of {mxfp8.KV_DTYPES}, got {kv_dtype!r}")
+        if kv_format not in mxfp8.KV_FORMATS:
+            raise ValueError(f"kv_format must be one of {mxfp8.KV_FORMATS}, got {kv_format!r}")
         require_positive_int(size, "size")
         require_positive_int(page_size, "page_size")
         if swa_size is not None:
             require_positive_int(swa_size, "swa_size")
         k_scale, v_scale = require_positive_real(k_scale, "k_scale"), require_positive_real(v_scale, "v_scale")
-        if kv_dtype == "mxfp8":
+        if kv_format == "mxfp8":
             if size % page_size or (swa_size or page_size) % page_size:
                 raise ValueError(f"size and swa_size must be multiples of page_size={page_size} for mxfp8, "
                                  f"got size={size}, swa_size={swa_size}")
             for layer_id in plan.attention_layer_ids:
                 mxfp8.require_head_dim(plan.spec(layer_id).head_dim, f"layer {layer_id}'s head_dim")
-        self.plan, self.size, self.page_size, self.kv_dtype = plan, size, page_size, kv_dtype
+        self.plan, self.size, self.page_size, self.kv_format = plan, size, page_size, kv_format
         self.swa_size = swa_size if swa_size is not None else size
         self.device = torch.device(device)
         self.k_scale, self.v_scale = float(k_scale), float(v_scale)
-        self.store_dtype = mxfp8.STORAGE_DTYPE[kv_dtype]
+        self.store_dtype = mxfp8.STORAGE_DTYPE[kv_format]
         self.layers: dict[int, LayerKV] = {}
         for layer_id in plan.attention_layer_ids:
             spec = plan.spec(layer_id)
@@ -75,7 +75,7 @@ class InklingKVPool:
             shape = (slots, spec.num_kv_heads, spec.head_dim)
             k = torch.zeros(shape, dtype=self.store_dtype, device=self.device)
             v = torch.zeros(shape, dtype=self.store_dtype, device=self.device)
-            if kv_dtype == "mxfp8":
+            if kv_format == "mxfp8":
                 layout = ScaleLayout.for_pool(slots, spec.num_kv_heads, spec.head_dim, page_size)
                 self.layers[layer_id] = LayerKV(k, v, layout.empty(self.device), layout.empty(self.device), layout)
             else:
@@ -100,15 +100,15 @@ class InklingKVPool:
 
     def get_kv_scale_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """MXFP8 scale buffers ``(sfk, sfv)``, uint8 (view them as ``float8_e8m0fnu`` for SGLang's consumers)."""
-        if self.kv_dtype != "mxfp8":
-            raise ValueError(f"get_kv_scale_buffer needs kv_dtype='mxfp8', this pool is {self.kv_dtype!r}")
+        if self.kv_format != "mxfp8":
+            raise ValueError(f"get_kv_scale_buffer needs kv_format='mxfp8', this pool is {self.kv_format!r}")
         layer = self._layer(layer_id)
         return layer.sfk, layer.sfv
 
     def scale_layout(self, layer_id: int) -> ScaleLayout:
         layout = self._layer(layer_id).layout
         if layout is None:
-            raise ValueError(f"scale_layout needs kv_dtype='mxfp8', this pool is {self.kv_dtype!r}")
+            raise ValueError(f"scale_layout needs kv_format='mxfp8', this pool is {self.kv_format!r}")
         return layout
 
     def paged_kv(self, layer_id: int) -> PagedKV:
@@ -152,19 +152,19 @@ class InklingKVPool:
         scales = {}
         for name, value, default in (("k_scale", k_scale, self.k_scale), ("v_scale", v_scale, self.v_scale)):
             scales[name] = default if value is None else require_positive_real(value, name)
-        if self.kv_dtype != "fp8_e4m3" and any(value is not None and scales[name] != 1.0
+        if self.kv_format != "fp8_e4m3" and any(value is not None and scales[name] != 1.0
                                                for name, value in (("k_scale", k_scale), ("v_scale", v_scale))):
             raise ValueError(f"k_scale/v_scale ({k_scale}, {v_scale}) apply to fp8_e4m3 pools only; this pool is "
-                             f"{self.kv_dtype!r} (None or 1.0 expected)")
+                             f"{self.kv_format!r} (None or 1.0 expected)")
         shape = (loc.numel(), *buf.k.shape[1:])
         k, v = cache_k.reshape(shape).to(self.device), cache_v.reshape(shape).to(self.device)
-        if self.kv_dtype == "mxfp8":
+        if self.kv_format == "mxfp8":
             kd, ks = mxfp8.quantize(k)
             vd, vs = mxfp8.quantize(v)
             buf.k[loc], buf.v[loc] = kd, vd
             buf.layout.scatter(buf.sfk, loc, ks, check=False)
             buf.layout.scatter(buf.sfv, loc, vs, check=False)
-        elif self.kv_dtype == "fp8_e4m3":
+        elif self.kv_format == "fp8_e4m3":
             buf.k[loc] = mxfp8.quantize_per_tensor(k, scales["k_scale"])
             buf.v[loc] = mxfp8.quantize_per_tensor(v, scales["v_scale"])
         else:
@@ -177,8 +177,8 @@ class InklingKVPool:
         ``[N, Hkv * D // 32]``."""
         layer_id = _layer_id(layer)
         buf = self._layer(layer_id)
-        if self.kv_dtype != "mxfp8":
-            raise ValueError(f"set_mxfp8_kv_buffer needs kv_dtype='mxfp8', this pool is {self.kv_dtype!r}")
+        if self.kv_format != "mxfp8":
+            raise ValueError(f"set_mxfp8_kv_buffer needs kv_format='mxfp8', this pool is {self.kv_format!r}")
         loc = self._check_loc(loc, "loc", layer_id)
         n, hkv = loc.numel(), buf.k.shape[1]
         nb = buf.layout.blocks_per_head
@@ -227,23 +227,23 @@ class InklingKVPool:
         return k.to(dtype), v.to(dtype)
 
     def bytes_per_token(self) -> int:
-        return bytes_per_token(self.plan, self.kv_dtype)
+        return bytes_per_token(self.plan, self.kv_format)
 
     def num_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for layer in self.layers.values() for t in layer.tensors())
 
 
-def bytes_per_token(plan: LayerPlan, kv_dtype: str) -> int:
+def bytes_per_token(plan: LayerPlan, kv_format: str) -> int:
     """KV bytes one token costs across all attention layers of ``plan`` (data plus MXFP8 scale bytes)."""
-    return sum(mxfp8.bytes_per_token_per_layer(plan.spec(i).num_kv_heads, plan.spec(i).head_dim, kv_dtype)
+    return sum(mxfp8.bytes_per_token_per_layer(plan.spec(i).num_kv_heads, plan.spec(i).head_dim, kv_format)
                for i in plan.attention_layer_ids)
 
 
-def tokens_that_fit(byte_budget: int, plan: LayerPlan, kv_dtype: str) -> int:
+def tokens_that_fit(byte_budget: int, plan: LayerPlan, kv_format: str) -> int:
     """How many tokens of KV (every attention layer) fit in ``byte_budget`` bytes."""
     if not isinstance(byte_budget, int) or byte_budget < 0:
         raise ValueError(f"byte_budget must be a non-negative int, got {byte_budget!r}")
-    return byte_budget // bytes_per_token(plan, kv_dtype)
+    return byte_budget // bytes_per_token(plan, kv_format)
 
 
 class HostKVTier:

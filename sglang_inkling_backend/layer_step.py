@@ -30,7 +30,7 @@ class StepKeys(Protocol):
 
     num_decode_rows: int  # rows [0, n) are decodes; the rest extend
     max_seq_len: Optional[int]  # a host int bounding every request's keys (sizes the decode plans; no device read)
-    plans: object  # routes.DecodePlanCache: this step's decode plans, shared by its layers
+    plans: object  # step_plans.DecodePlanCache: this step's decode plans, shared by its layers
 
     def decode_keys(self, window: Optional[int], reads_page_tables: bool) -> Union[KVRails, KVPages]:
         """The decode requests' keys for a layer with ``window`` visible keys (None: full attention): a page table

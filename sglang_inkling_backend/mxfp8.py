@@ -35,13 +35,13 @@ SCALE_DTYPE = torch.uint8  # a uint8 view of float8_e8m0fnu: every library can i
 # the dtypes a scale tensor may come in (its bytes are the same)
 SCALE_DTYPES = (torch.uint8,) + ((torch.float8_e8m0fnu,) if hasattr(torch, "float8_e8m0fnu") else ())
 
-KV_DTYPES = ("bf16", "fp16", "fp32", "fp8_e4m3", "mxfp8")  # every KV format the backend stores
-QUANTIZED_KV_DTYPES = ("fp8_e4m3", "mxfp8")
+KV_FORMATS = ("bf16", "fp16", "fp32", "fp8_e4m3", "mxfp8")  # every KV format the backend stores
+QUANTIZED_KV_FORMATS = ("fp8_e4m3", "mxfp8")
 # The one map between a KV format and the torch dtype of its pool buffers (the quantized ones store e4m3 bytes), and
 # its inverse for the unquantized formats (a model's dtype names its unquantized KV format).
 STORAGE_DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp8_e4m3": DATA_DTYPE,
                  "mxfp8": DATA_DTYPE}
-UNQUANTIZED_FORMAT_OF_DTYPE = {STORAGE_DTYPE[f]: f for f in KV_DTYPES if f not in QUANTIZED_KV_DTYPES}
+UNQUANTIZED_FORMAT_OF_DTYPE = {STORAGE_DTYPE[f]: f for f in KV_FORMATS if f not in QUANTIZED_KV_FORMATS}
 
 
 def head_dim_ok(head_dim: int) -> bool:
@@ -138,14 +138,14 @@ def quantize_per_tensor(x: torch.Tensor, scale: float) -> torch.Tensor:
     return (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(DATA_DTYPE)
 
 
-def bytes_per_token_per_layer(num_kv_heads: int, head_dim: int, kv_dtype: str) -> int:
+def bytes_per_token_per_layer(num_kv_heads: int, head_dim: int, kv_format: str) -> int:
     """KV bytes one token costs in one attention layer: K and V, data plus (MXFP8) one scale byte per block."""
-    if kv_dtype not in KV_DTYPES:
-        raise ValueError(f"kv_dtype must be one of {KV_DTYPES}, got {kv_dtype!r}")
+    if kv_format not in KV_FORMATS:
+        raise ValueError(f"kv_format must be one of {KV_FORMATS}, got {kv_format!r}")
     require_positive_int(num_kv_heads, "num_kv_heads")
     require_positive_int(head_dim, "head_dim")
-    if kv_dtype == "mxfp8":
+    if kv_format == "mxfp8":
         require_head_dim(head_dim)
-    per_value = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8_e4m3": 1, "mxfp8": 1}[kv_dtype]
-    scale_bytes = head_dim // BLOCK if kv_dtype == "mxfp8" else 0
+    per_value = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8_e4m3": 1, "mxfp8": 1}[kv_format]
+    scale_bytes = head_dim // BLOCK if kv_format == "mxfp8" else 0
     return 2 * num_kv_heads * (head_dim * per_value + scale_bytes)

@@ -148,9 +148,9 @@ def test_quantize_per_tensor_scale(scale, exc):
 
 def test_bytes_per_token_per_layer_counts():
     with pytest.raises(ValueError, match="num_kv_heads must be an int >= 1, got -1"):
-        mxfp8.bytes_per_token_per_layer(num_kv_heads=-1, head_dim=128, kv_dtype="mxfp8")
+        mxfp8.bytes_per_token_per_layer(num_kv_heads=-1, head_dim=128, kv_format="mxfp8")
     with pytest.raises(TypeError, match="num_kv_heads must be an int, got True"):
-        mxfp8.bytes_per_token_per_layer(num_kv_heads=True, head_dim=128, kv_dtype="mxfp8")
+        mxfp8.bytes_per_token_per_layer(num_kv_heads=True, head_dim=128, kv_format="mxfp8")
     assert mxfp8.bytes_per_token_per_layer(1, 128, "mxfp8") == 264
 
 
@@ -201,15 +201,15 @@ def test_nan_attention_parameters(field):
 
 # --- duplicate slots: an error (slot 0, the padding sink, excepted) ---------------------------------------------
 
-@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_e4m3", "mxfp8"])
-def test_duplicate_slots_in_one_write_are_refused(kv_dtype):
-    pool = filled(InklingKVPool(HYBRID, 256, 128, kv_dtype))
+@pytest.mark.parametrize("kv_format", ["bf16", "fp8_e4m3", "mxfp8"])
+def test_duplicate_slots_in_one_write_are_refused(kv_format):
+    pool = filled(InklingKVPool(HYBRID, 256, 128, kv_format))
     k = torch.randn(3, 1, 64).bfloat16()
     raises_untouched(pool, ValueError, "loc must not name a slot twice in one write .* got slot 7 2 times",
                      pool.set_kv_buffer, 0, torch.tensor([7, 9, 7]), k, k)
     raises_untouched(pool, ValueError, "tgt_loc must not name a slot twice", pool.move_kv_cache,
                      torch.tensor([7, 8, 7]), torch.tensor([1, 2, 3]))
-    if kv_dtype == "mxfp8":
+    if kv_format == "mxfp8":
         data, scales = mxfp8.quantize(k)
         raises_untouched(pool, ValueError, "loc must not name a slot twice", pool.set_mxfp8_kv_buffer, 0,
                          torch.tensor([7, 9, 7]), data, scales, data, scales)

@@ -10,8 +10,8 @@ from sglang_inkling_backend.kv_pool import bytes_per_token
 PLAN = LayerPlan.from_windows({0: 4, 1: None, 3: None}, num_layers=4, num_q_heads=4, num_kv_heads=2, head_dim=128)
 
 
-def _pool(kv_dtype="mxfp8", **kw):
-    return InklingKVPool(PLAN, size=256, page_size=128, kv_dtype=kv_dtype, **kw)
+def _pool(kv_format="mxfp8", **kw):
+    return InklingKVPool(PLAN, size=256, page_size=128, kv_format=kv_format, **kw)
 
 
 def _snapshot(pool):
@@ -25,11 +25,11 @@ def test_shapes_and_zeroed_scales():
     assert k.shape == (384, 2, 128) and k.dtype == torch.float8_e4m3fn
     assert sfk.shape == (3, 2, 32, 4, 4) and sfk.dtype == torch.uint8 and int(sfk.sum()) == 0
     assert pool.get_kv_scale_buffer(1)[0].view(torch.float8_e8m0fnu).dtype == torch.float8_e8m0fnu
-    flat = InklingKVPool(PLAN, size=64, page_size=16, kv_dtype="mxfp8")
+    flat = InklingKVPool(PLAN, size=64, page_size=16, kv_format="mxfp8")
     assert flat.get_kv_scale_buffer(0)[0].shape == (80, 2, 4)
     with pytest.raises(ValueError, match="layer 2 has no KV in this pool"):
         pool.get_key_buffer(2)
-    with pytest.raises(ValueError, match="get_kv_scale_buffer needs kv_dtype='mxfp8'"):
+    with pytest.raises(ValueError, match="get_kv_scale_buffer needs kv_format='mxfp8'"):
         _pool("bf16").get_kv_scale_buffer(1)
 
 
@@ -58,14 +58,14 @@ class SimpleLayer:
         self.layer_id = layer_id
 
 
-@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_e4m3"])
-def test_bf16_and_fp8_writes(kv_dtype):
-    pool = _pool(kv_dtype, k_scale=2.0, v_scale=0.5)
+@pytest.mark.parametrize("kv_format", ["bf16", "fp8_e4m3"])
+def test_bf16_and_fp8_writes(kv_format):
+    pool = _pool(kv_format, k_scale=2.0, v_scale=0.5)
     k = torch.randn(3, 2, 128).bfloat16()
     v = torch.randn(3, 2, 128).bfloat16()
     loc = torch.tensor([5, 6, 7])
     pool.set_kv_buffer(0, loc, k, v.reshape(3, 256))
-    if kv_dtype == "bf16":
+    if kv_format == "bf16":
         assert torch.equal(pool.get_key_buffer(0)[loc], k)
         assert torch.equal(pool.get_value_buffer(0)[loc], v)
     else:
@@ -95,13 +95,13 @@ def test_set_kv_buffer_errors_leave_buffers_untouched():
 
 
 def test_pool_construction_errors():
-    with pytest.raises(ValueError, match="kv_dtype must be one of"):
-        InklingKVPool(PLAN, 256, 128, kv_dtype="int8")
+    with pytest.raises(ValueError, match="kv_format must be one of"):
+        InklingKVPool(PLAN, 256, 128, kv_format="int8")
     with pytest.raises(ValueError, match="multiples of page_size=128 for mxfp8"):
-        InklingKVPool(PLAN, 200, 128, kv_dtype="mxfp8")
+        InklingKVPool(PLAN, 200, 128, kv_format="mxfp8")
     odd = LayerPlan.from_windows({0: None}, head_dim=80)
     with pytest.raises(ValueError, match=r"layer 0's head_dim must be a multiple of 32 for MXFP8 .*got 80"):
-        InklingKVPool(odd, 256, 128, kv_dtype="mxfp8")
+        InklingKVPool(odd, 256, 128, kv_format="mxfp8")
     with pytest.raises(TypeError, match="plan must be a LayerPlan"):
         InklingKVPool({0: None}, 256, 128)
 

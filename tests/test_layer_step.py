@@ -14,7 +14,8 @@ from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV
 from sglang_inkling_backend.layer_plan import LayerSpec, attention_params
 from sglang_inkling_backend.rails import KVRails
 from sglang_inkling_backend.reference.attention import paged_decode_attention, paged_extend_attention
-from sglang_inkling_backend.routes import DecodePlanCache, TorchRoute
+from sglang_inkling_backend.routes import TorchRoute
+from sglang_inkling_backend.step_plans import DecodePlanCache
 
 HQ, HKV, D = 4, 2, 32
 SPEC = LayerSpec(window=None, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D, softmax_scale=D ** -0.5)

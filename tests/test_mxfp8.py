@@ -156,5 +156,5 @@ def test_bytes_per_token_per_layer():
     assert mxfp8.bytes_per_token_per_layer(2, 128, "bf16") == 1024
     assert mxfp8.bytes_per_token_per_layer(1, 256, "mxfp8") == 528
     assert mxfp8.bytes_per_token_per_layer(1, 256, "fp8_e4m3") == 512
-    with pytest.raises(ValueError, match="kv_dtype must be one of"):
+    with pytest.raises(ValueError, match="kv_format must be one of"):
         mxfp8.bytes_per_token_per_layer(1, 128, "int4")

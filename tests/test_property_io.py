@@ -42,14 +42,14 @@ def same_bytes(a, b):
 
 @st.composite
 def pools(draw):
-    kv_dtype = draw(st.sampled_from(["bf16", "fp16", "fp32", "fp8_e4m3", "mxfp8"]))
-    page = draw(st.sampled_from([128, 32] if kv_dtype == "mxfp8" else [1, 16, 128]))
+    kv_format = draw(st.sampled_from(["bf16", "fp16", "fp32", "fp8_e4m3", "mxfp8"]))
+    page = draw(st.sampled_from([128, 32] if kv_format == "mxfp8" else [1, 16, 128]))
     hkv, d = draw(st.sampled_from([1, 2])), draw(st.sampled_from([32, 64]))
     plan = LayerPlan.from_windows({0: None, 1: 8}, num_q_heads=2 * hkv, num_kv_heads=hkv, head_dim=d)
     size = draw(st.sampled_from([1, 2])) * max(page, 64)
     swa = draw(st.sampled_from([None, max(page, 32)]))
     k_scale = draw(st.sampled_from([1.0, 0.5, 2.0]))
-    return InklingKVPool(plan, size, page, kv_dtype, swa_size=swa, k_scale=k_scale, v_scale=1.0 / k_scale)
+    return InklingKVPool(plan, size, page, kv_format, swa_size=swa, k_scale=k_scale, v_scale=1.0 / k_scale)
 
 
 def bound(pool):
@@ -90,9 +90,9 @@ def values(draw, n, hkv, d, seed):
 def expected_read(pool, x, write_scale, read_scale):
     """What read_kv must give for values ``x`` written to ``pool``, from the format's formulas (fp8: stored as
     ``x / write_scale``, read back times the pool's scale)."""
-    if pool.kv_dtype == "mxfp8":
+    if pool.kv_format == "mxfp8":
         return mxfp8.dequantize(*mxfp8.quantize(x), torch.float32)
-    if pool.kv_dtype == "fp8_e4m3":
+    if pool.kv_format == "fp8_e4m3":
         return mxfp8.quantize_per_tensor(x, write_scale).float() * read_scale
     return x.to(pool.store_dtype).float()
 
@@ -121,15 +121,15 @@ def test_set_kv_buffer(data):
         k, valid = k.to(torch.int32), False
     elif valid and defect == "fp8_values":
         v, valid = v.float().clamp(-448, 448).to(torch.float8_e4m3fn), False
-    elif valid and defect == "scale" and pool.kv_dtype == "fp8_e4m3":
+    elif valid and defect == "scale" and pool.kv_format == "fp8_e4m3":
         kwargs["k_scale"] = data.draw(st.sampled_from([0.0, -1.0, float("nan"), float("inf"), True]))
         valid = False
-    if valid and pool.kv_dtype == "fp8_e4m3" and data.draw(st.booleans()):
+    if valid and pool.kv_format == "fp8_e4m3" and data.draw(st.booleans()):
         kwargs["k_scale"] = data.draw(st.sampled_from([0.25, 3.0]))
     if valid and data.draw(st.booleans()):
         k = k.reshape(n, hkv * d)  # the flat [N, Hkv * D] form is accepted too
     before = {i: [t.clone().view(torch.uint8) for t in b.tensors()] for i, b in pool.layers.items()}
-    event(f"{pool.kv_dtype}: " + ("valid" if valid else f"invalid ({slot_defect or defect})"))
+    event(f"{pool.kv_format}: " + ("valid" if valid else f"invalid ({slot_defect or defect})"))
     if not valid:
         with pytest.raises(CLEAN_ERRORS):
             pool.set_kv_buffer(layer, loc, k, v, **kwargs)

@@ -39,10 +39,10 @@ def dense_float64(q, k, v, q_positions, scale, window=None, rel=None, cap=0.0, s
     return out
 
 
-def _setup(kv_dtype, lens, hq=4, hkv=2, d=64, page=16, seed=0):
+def _setup(kv_format, lens, hq=4, hkv=2, d=64, page=16, seed=0):
     g = torch.Generator().manual_seed(seed)
     plan = LayerPlan.from_windows({0: None}, num_q_heads=hq, num_kv_heads=hkv, head_dim=d)
-    pool = InklingKVPool(plan, size=256, page_size=page, kv_dtype=kv_dtype, k_scale=0.5, v_scale=2.0)
+    pool = InklingKVPool(plan, size=256, page_size=page, kv_format=kv_format, k_scale=0.5, v_scale=2.0)
     perm = torch.randperm(255, generator=g)[: sum(lens)] + 1  # scattered slots, never slot 0
     indptr = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)))
     k = torch.randn(sum(lens), hkv, d, generator=g)
@@ -51,12 +51,12 @@ def _setup(kv_dtype, lens, hq=4, hkv=2, d=64, page=16, seed=0):
     return pool, indptr, perm, g
 
 
-@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_e4m3", "mxfp8"])
+@pytest.mark.parametrize("kv_format", ["bf16", "fp8_e4m3", "mxfp8"])
 @pytest.mark.parametrize("mode", ["generic", "window_sinks_cap", "inkling", "inkling_local"])
-def test_decode_against_dense_float64(kv_dtype, mode):
+def test_decode_against_dense_float64(kv_format, mode):
     lens = [1, 7, 20]
-    page = 128 if kv_dtype == "mxfp8" else 16
-    pool, indptr, slots, g = _setup(kv_dtype, lens, page=page)
+    page = 128 if kv_format == "mxfp8" else 16
+    pool, indptr, slots, g = _setup(kv_format, lens, page=page)
     q = torch.randn(3, 4, 64, generator=g)
     if mode == "generic":
         params = AttentionParams(softmax_scale=0.125)

@@ -39,7 +39,7 @@ def test_sglang_mxfp8_writer_and_ours_write_the_same_bytes(heads, head_dim, rows
     loc = (torch.randperm(size + page - 1, generator=g)[:rows] + 1).to(device)
 
     ours = InklingKVPool(LayerPlan([LayerSpec(num_q_heads=heads, num_kv_heads=heads, head_dim=head_dim)]), size=size,
-                         page_size=page, kv_dtype="mxfp8", device=device)
+                         page_size=page, kv_format="mxfp8", device=device)
     ours.set_kv_buffer(0, loc, k, v)
     slots = size + page
     kc = torch.zeros((slots, heads, head_dim), dtype=torch.float8_e4m3fn, device=device)

@@ -32,6 +32,6 @@ class KVGeometry:
             raise ValueError(f"tp_size {tp_size} does not split this model's {self.num_kv_heads} KV heads")
         return self.num_kv_heads // tp_size
 
-    def bytes_per_token(self, kv_dtype: str, tp_size: int = 1) -> int:
+    def bytes_per_token(self, kv_format: str, tp_size: int = 1) -> int:
         """Bytes one token's K and V take across all layers, on one tensor-parallel rank."""
-        return self.num_layers * bytes_per_token_per_layer(self.kv_heads_per_rank(tp_size), self.head_dim, kv_dtype)
+        return self.num_layers * bytes_per_token_per_layer(self.kv_heads_per_rank(tp_size), self.head_dim, kv_format)

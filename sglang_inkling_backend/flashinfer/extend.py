@@ -134,7 +134,7 @@ class FlashInferExtend:
         """``q [rows, Hq, D]`` -> ``[rows, Hq, D]`` in ``gather_dtype(kv)``. The caller has checked the inputs
         (``why_not`` is "", rails and qo_indptr are the host's, validated where it builds them)."""
         dtype = self.gather_dtype(kv)
-        per_tensor = kv.kv_format == "fp8"
+        per_tensor = kv.kv_format == "fp8_e4m3"
         sm_scale = params.softmax_scale * (kv.k_scale if per_tensor else 1.0)
         hq, d = q.shape[1], q.shape[2]
         key = ("flashinfer_extend", hq, kv.num_kv_heads, d, dtype, params.window, params.logit_cap, sm_scale)

@@ -38,7 +38,7 @@ from .decode_blocks import decode_blocks_kernel
 from .decode_merge import decode_merge_kernel
 from .decode_tiles import decode_tiles_kernel
 from .device import KV_FLOAT, KV_MXFP8
-from .inputs import (check_decode_inputs, check_kv_map, check_query_and_pool, dot_dtype, interpreting, kv_format,
+from .inputs import (check_decode_inputs, check_kv_map, check_query_and_pool, dot_dtype, interpreting, kv_format_code,
                      kv_data, scale_args, validate_page_table, validate_slots)
 from .plan import DecodeConfig, DecodePlan, DecodeWorkspace, plan_decode
 
@@ -81,7 +81,7 @@ def run_decode(plan: DecodePlan, q: torch.Tensor, kv: PagedKV, kv_indptr: Option
     group = hq // hkv
     if out is None:
         out = torch.empty_like(q)
-    fmt = kv_format(kv)
+    fmt = kv_format_code(kv)
     ksf, vsf, page, interleaved = scale_args(kv)
     rb = params.rel_bias
     direct = plan.num_splits == 1

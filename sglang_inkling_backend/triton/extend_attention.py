@@ -25,7 +25,7 @@ import triton.language as tl
 
 from ..attention_inputs import AttentionParams, PagedKV
 from .device import add_logit_bias, cap_logits, load_kv_tile, log2e, scale_logits
-from .inputs import (check_index_tensor, check_kv_map, check_query_and_pool, dot_dtype, kv_format, launch_scalars,
+from .inputs import (check_index_tensor, check_kv_map, check_query_and_pool, dot_dtype, kv_format_code, launch_scalars,
                      kv_data, launch_strides, scale_args, validate_page_table)
 
 
@@ -200,7 +200,7 @@ def paged_extend_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: Optional[tor
         return out
     block_req = torch.tensor(reqs, dtype=torch.int32, device=q.device)
     block_row = torch.tensor(rows, dtype=torch.int32, device=q.device)
-    fmt = kv_format(kv)
+    fmt = kv_format_code(kv)
     ksf, vsf, page, interleaved = scale_args(kv)
     if table:
         lens, index, stride_index_row, kv_page = seq_lens, page_table, page_table.stride(0), page_size

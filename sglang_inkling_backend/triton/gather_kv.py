@@ -20,7 +20,7 @@ import triton.language as tl
 from ..attention_inputs import FLOAT_KV_DTYPES, PagedKV
 from ..checks import require_slots
 from .device import load_kv_tile
-from .inputs import kv_data, kv_format, scale_args
+from .inputs import kv_data, kv_format_code, scale_args
 
 _TL_DTYPE = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
@@ -79,7 +79,7 @@ def gather_kv(kv: PagedKV, slots: torch.Tensor, *, validate: bool = True, block_
     gather_kv_kernel[(triton.cdiv(n, block_n), hkv)](
         *kv_data(kv), ksf, vsf, slots.contiguous(), n, out[0], out[1],
         kv.k_buffer.stride(0), kv.k_buffer.stride(1), kv.v_buffer.stride(0), kv.v_buffer.stride(1),
-        HKV=hkv, D=d, BLOCK_N=block_n, KV_FORMAT=kv_format(kv), PAGE=page, INTERLEAVED=interleaved,
+        HKV=hkv, D=d, BLOCK_N=block_n, KV_FORMAT=kv_format_code(kv), PAGE=page, INTERLEAVED=interleaved,
         OUT_DTYPE=_TL_DTYPE[dtype],
     )
     return out

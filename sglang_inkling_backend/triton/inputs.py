@@ -17,7 +17,9 @@ from .device import KV_FLOAT, KV_FP8, KV_MXFP8
 from .plan import check_max_seq_len, e4m3_by_integers
 
 
-def kv_format(kv: PagedKV) -> int:
+def kv_format_code(kv: PagedKV) -> int:
+    """The kernels' ``KV_FORMAT`` constexpr for the pool: ``device.KV_MXFP8``, ``KV_FP8`` (per-tensor) or
+    ``KV_FLOAT`` (bf16/fp16/fp32)."""
     if kv.is_mxfp8:
         return KV_MXFP8
     if kv.k_buffer.dtype == mxfp8.DATA_DTYPE:

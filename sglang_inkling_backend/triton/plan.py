@@ -19,6 +19,7 @@ from typing import Optional, Union
 import torch
 import triton
 
+from .. import mxfp8
 from ..scale_layout import INTERLEAVED_PAGE_SIZE
 
 MIN_SPLIT_TOKENS = 256  # fewer keys per split and the merge costs more than the parallelism gains
@@ -375,9 +376,9 @@ def plan_decode(batch: Union[int, torch.Tensor], *, num_q_heads: int, num_kv_hea
     each tile's slots are found from one index. ``kv_dtype``: the pool's element dtype (8-bit and 16-bit pools are
     configured differently; None: 8-bit). ``device``: whose SM count the split policy uses and, without a
     workspace, where the plan's own buffers go (default: the workspace's, the kv_indptr's, else the current CUDA
-    device, else the CPU). ``config``: kernel configuration overrides (``DecodeConfig``). ``kv_format``: "mxfp8"
-    for an MXFP8 pool; with a page table of 128-slot pages on an sm_90 GPU (``hopper_decode_status``) the plan
-    then takes the Gluon Hopper kernel where the H200 grid measured it faster (``hopper_decode_fits``) unless
+    device, else the CPU). ``config``: kernel configuration overrides (``DecodeConfig``). ``kv_format``: the pool's
+    format (``PagedKV.kv_format``); for "mxfp8" with a page table of 128-slot pages on an sm_90 GPU
+    (``hopper_decode_status``) the plan then takes the Gluon Hopper kernel where the H200 grid measured it faster (``hopper_decode_fits``) unless
     ``config`` names a kernel.
     """
     if isinstance(batch, torch.Tensor):
@@ -412,8 +413,8 @@ def plan_decode(batch: Union[int, torch.Tensor], *, num_q_heads: int, num_kv_hea
     elif not isinstance(config, DecodeConfig):
         raise TypeError(f"config must be a DecodeConfig, got {type(config).__name__}")
     max_keys = max(1, min(max_seq_len, window) if window is not None else max_seq_len)
-    if kv_format not in (None, "mxfp8", "fp8", "float"):
-        raise ValueError(f"kv_format must be None, 'mxfp8', 'fp8' or 'float', got {kv_format!r}")
+    if kv_format is not None and kv_format not in mxfp8.KV_FORMATS:
+        raise ValueError(f"kv_format must be None or one of {mxfp8.KV_FORMATS}, got {kv_format!r}")
     chosen = choose_config(batch, num_kv_heads, head_dim, max_keys, page_size, kv_dtype)
     if config.kernel == "hopper" or (
             config.kernel is None and kv_format == "mxfp8" and page_size == HOPPER["block_n"]

@@ -1,4 +1,4 @@
-"""The extend family's plumbing (``flashinfer.FlashInferExtend`` inside ``routes.TritonRoute``) on the CPU, with a
+"""The extend family's plumbing (``flashinfer.FlashInferExtend`` inside ``triton.route.TritonRoute``) on the CPU, with a
 stand-in for FlashInfer's ragged prefill that computes what FlashInfer documents (bottom-right causal,
 ``window_left`` keys left of the query, ``cap * tanh(x / cap)``, float32 inside, output in the query's dtype):
 the gather, the scale folding of per-tensor fp8, the window and cap mapping, one plan per key per step, which
@@ -22,7 +22,8 @@ from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV  # 
 from sglang_inkling_backend.flashinfer import extend as fi_extend  # noqa: E402
 from sglang_inkling_backend.rails import KVRails  # noqa: E402
 from sglang_inkling_backend.reference.attention import paged_extend_attention as reference_extend  # noqa: E402
-from sglang_inkling_backend.routes import DecodePlanCache, TritonRoute  # noqa: E402
+from sglang_inkling_backend.step_plans import DecodePlanCache  # noqa: E402
+from sglang_inkling_backend.triton.route import TritonRoute  # noqa: E402
 from sglang_inkling_backend.scale_layout import ScaleLayout  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -143,7 +144,7 @@ def test_layers_it_does_not_serve_run_the_triton_kernel_logged_once(caplog):
     q, rails, qo = make_batch(gen, qlens=(3, 2), prefixes=(4, 0))
     route = TritonRoute(kernels, fi_extend.FlashInferExtend(fake_flashinfer(), torch.device(DEV)))
     params = AttentionParams(1.0 / D, rel_bias=torch.randn(q.shape[0], HQ, 8, generator=gen).to(DEV))
-    with caplog.at_level(logging.INFO, logger="sglang_inkling_backend.routes"):
+    with caplog.at_level(logging.INFO, logger="sglang_inkling_backend.triton.route"):
         for _ in range(2):
             got = route.extend(q, kv, rails, qo, params, plans=DecodePlanCache())
     assert RaggedPrefill.plans == 0
@@ -168,7 +169,7 @@ def test_a_first_call_failure_falls_back_once_and_later_failures_raise(caplog):
     fi = fake_flashinfer()
     route = TritonRoute(kernels, fi_extend.FlashInferExtend(fi, torch.device(DEV)))
     RaggedPrefill.fail_runs = 1
-    with caplog.at_level(logging.WARNING, logger="sglang_inkling_backend.routes"):
+    with caplog.at_level(logging.WARNING, logger="sglang_inkling_backend.triton.route"):
         got = route.extend(q, kv, rails, qo, params, plans=DecodePlanCache())
     assert route.extend_family is None and "JIT build failed" in caplog.text and "Triton extend kernel" in caplog.text
     assert rel_err(got, reference_extend(q.float(), kv, rails.indptr, rails.indices, qo, params)) < TOL

@@ -17,7 +17,8 @@ pytest.importorskip("triton")
 from sglang_inkling_backend import triton as kernels  # noqa: E402
 from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV  # noqa: E402
 from sglang_inkling_backend.rails import KVPages, KVRails  # noqa: E402
-from sglang_inkling_backend.routes import DecodePlanCache, TritonRoute, check_extend_keys  # noqa: E402
+from sglang_inkling_backend.step_plans import DecodePlanCache, check_extend_keys  # noqa: E402
+from sglang_inkling_backend.triton.route import TritonRoute  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 PAGE, PAGES, HQ, HKV, D = 16, 4, 4, 2, 32

@@ -275,7 +275,8 @@ def test_triton_route_reads_page_tables_paged_and_rails_per_token(monkeypatch):
     reference, for MXFP8 and bf16 pools."""
     from sglang_inkling_backend import triton as kernels
     from sglang_inkling_backend.rails import KVPages, KVRails
-    from sglang_inkling_backend.routes import DecodePlanCache, TritonRoute
+    from sglang_inkling_backend.step_plans import DecodePlanCache
+    from sglang_inkling_backend.triton.route import TritonRoute
 
     seen = page_sizes_planned(monkeypatch, kernels)
     gen = torch.Generator().manual_seed(13)
@@ -305,7 +306,8 @@ def test_triton_route_plans_window_rails_per_token(monkeypatch):
     tile, the wrong keys (rel err ~1 against the reference)."""
     from sglang_inkling_backend import triton as kernels
     from sglang_inkling_backend.rails import KVRails, window_start
-    from sglang_inkling_backend.routes import DecodePlanCache, TritonRoute
+    from sglang_inkling_backend.step_plans import DecodePlanCache
+    from sglang_inkling_backend.triton.route import TritonRoute
 
     seen = page_sizes_planned(monkeypatch, kernels)
     gen = torch.Generator().manual_seed(17)

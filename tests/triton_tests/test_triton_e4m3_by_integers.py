@@ -22,7 +22,8 @@ from sglang_inkling_backend import mxfp8  # noqa: E402
 from sglang_inkling_backend import triton as kernels  # noqa: E402
 from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV  # noqa: E402
 from sglang_inkling_backend.rails import KVPages, KVRails  # noqa: E402
-from sglang_inkling_backend.routes import DecodePlanCache, TritonRoute  # noqa: E402
+from sglang_inkling_backend.step_plans import DecodePlanCache  # noqa: E402
+from sglang_inkling_backend.triton.route import TritonRoute  # noqa: E402
 from sglang_inkling_backend.scale_layout import ScaleLayout  # noqa: E402
 from sglang_inkling_backend.triton.device import e4m3_bytes_to_float  # noqa: E402
 from sglang_inkling_backend.triton.gather_kv import gather_kv  # noqa: E402

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from sglang_inkling_backend.hosts.sglang import BACKEND_NAME
 from sglang_inkling_backend.hosts.sglang.kv_formats import KV_CACHE_DTYPE_TO_FORMAT, pool_format_for
-from sglang_inkling_backend.mxfp8 import QUANTIZED_KV_DTYPES, head_dim_ok
+from sglang_inkling_backend.mxfp8 import QUANTIZED_KV_FORMATS, head_dim_ok
 from sglang_inkling_backend.scale_layout import INTERLEAVED_PAGE_SIZE as MXFP8_PAGE_SIZE
 
 logger = logging.getLogger(__name__)
@@ -139,9 +139,9 @@ def decode_graph_capturable(device: str | None, head_dim: int | None = None) -> 
     """Decode CUDA graphs need the Triton route (a CUDA/ROCm device, our Triton kernels, a head size they serve)."""
     if device not in (None, "cuda"):
         return False
-    from sglang_inkling_backend.routes import triton_route_possible
+    from sglang_inkling_backend.routes import accelerated_route_possible
 
-    return triton_route_possible(() if head_dim is None else (head_dim,))[0]
+    return accelerated_route_possible(() if head_dim is None else (head_dim,))[0]
 
 
 def validate_server_args(cfg: Any, model_config: Any, *, prefill: bool, decode: bool) -> None:
@@ -150,19 +150,20 @@ def validate_server_args(cfg: Any, model_config: Any, *, prefill: bool, decode: 
         raise ValueError(
             f"--attention-backend inkling does not support speculative decoding (--speculative-algorithm "
             f"{cfg.speculative_algorithm}); leave --speculative-algorithm unset or choose another backend")
-    kv_dtype = cfg.kv_cache_dtype
-    if kv_dtype not in KV_CACHE_DTYPE_TO_FORMAT:
+    kv_cache_dtype = cfg.kv_cache_dtype
+    if kv_cache_dtype not in KV_CACHE_DTYPE_TO_FORMAT:
         raise ValueError(
-            f"--attention-backend inkling does not support --kv-cache-dtype {kv_dtype}; allowed values: "
+            f"--attention-backend inkling does not support --kv-cache-dtype {kv_cache_dtype}; allowed values: "
             f"{', '.join(KV_CACHE_DTYPE_TO_FORMAT)}")
-    if KV_CACHE_DTYPE_TO_FORMAT[kv_dtype] in QUANTIZED_KV_DTYPES and not (prefill and decode):
+    quantized = KV_CACHE_DTYPE_TO_FORMAT[kv_cache_dtype] in QUANTIZED_KV_FORMATS
+    if quantized and not (prefill and decode):
         raise ValueError(
-            f"--kv-cache-dtype {kv_dtype} with the inkling backend needs inkling for both prefill and decode (the "
-            f"quantized pool is this backend's); got {_flag_pair(cfg)}")
-    if KV_CACHE_DTYPE_TO_FORMAT[kv_dtype] in QUANTIZED_KV_DTYPES and getattr(cfg, "enable_hierarchical_cache", False):
+            f"--kv-cache-dtype {kv_cache_dtype} with the inkling backend needs inkling for both prefill and decode "
+            f"(the quantized pool is this backend's); got {_flag_pair(cfg)}")
+    if quantized and getattr(cfg, "enable_hierarchical_cache", False):
         raise ValueError(
-            f"--enable-hierarchical-cache is not supported with --kv-cache-dtype {kv_dtype} on --attention-backend "
-            "inkling (SGLang's host tier does not know this pool's scale buffers); drop the flag or use "
+            f"--enable-hierarchical-cache is not supported with --kv-cache-dtype {kv_cache_dtype} on "
+            "--attention-backend inkling (SGLang's host tier does not know this pool's scale buffers); drop the flag or use "
             "--kv-cache-dtype auto/bf16")
     if model_config is None:
         return
@@ -180,7 +181,7 @@ def validate_server_args(cfg: Any, model_config: Any, *, prefill: bool, decode: 
             f"--tp-size {tp_size} does not divide this model's {num_heads} query heads, so the ranks cannot split "
             f"them for --attention-backend inkling; allowed --tp-size values: {', '.join(map(str, divisors))}")
     head_dim = getattr(model_config, "head_dim", None)
-    if kv_dtype == "mxfp8" and head_dim is not None and not head_dim_ok(head_dim):
+    if kv_cache_dtype == "mxfp8" and head_dim is not None and not head_dim_ok(head_dim):
         raise ValueError(
             f"--kv-cache-dtype mxfp8 needs head_dim to be a multiple of 32 (one UE8M0 scale per 32 channels); this "
             f"model has head_dim {head_dim}. Allowed --kv-cache-dtype values for it: auto, bf16, fp8_e4m3")

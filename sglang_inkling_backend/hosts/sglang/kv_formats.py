@@ -1,4 +1,4 @@
-"""SGLang's ``--kv-cache-dtype`` values this backend serves and the core KV format (``mxfp8.KV_DTYPES``) each
+"""SGLang's ``--kv-cache-dtype`` values this backend serves and the core KV format (``mxfp8.KV_FORMATS``) each
 stores; read by the resolution hooks (launcher) and the pool factory (scheduler)."""
 from __future__ import annotations
 

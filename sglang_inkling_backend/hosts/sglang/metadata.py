@@ -26,7 +26,7 @@ import torch
 from sglang_inkling_backend.checks import PADDING_SLOT
 from sglang_inkling_backend.rails import (INDEX_DTYPE, KVPages, KVRails, check_token_table, gather_rails, page_table,
                                           translate_rails, window_start)
-from sglang_inkling_backend.routes import DecodePlanCache
+from sglang_inkling_backend.step_plans import DecodePlanCache
 
 @dataclass
 class InklingForwardMetadata:

@@ -33,7 +33,7 @@ from sglang_inkling_backend.scale_layout import INTERLEAVED_PAGE_SIZE
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_FORMATS = mxfp8.KV_DTYPES
+SUPPORTED_FORMATS = mxfp8.KV_FORMATS
 E8M0 = getattr(torch, "float8_e8m0fnu", None)
 
 
@@ -62,7 +62,7 @@ class InklingMHATokenToKVPool(MHATokenToKVPool):
             plan = LayerPlan([spec] * self.layer_num)
             # Layer ids inside the core pool are local (0 .. layer_num-1); SGLang's are offset by start_layer.
             with self.memory_saver_adapter.region(GPU_MEMORY_TYPE_KV_CACHE):
-                self.core = InklingKVPool(plan, size=self.size, page_size=self.page_size, kv_dtype=self.KV_FORMAT,
+                self.core = InklingKVPool(plan, size=self.size, page_size=self.page_size, kv_format=self.KV_FORMAT,
                                           device=self.device)
             self.store_dtype = self.core.store_dtype
         self.k_buffer = [self.core.get_key_buffer(i) for i in range(self.layer_num)]

@@ -36,14 +36,14 @@ def cell_bytes(kv_format: str, head_dim: int) -> int:
 
 @dataclass(frozen=True)
 class BlockCacheLayout:
-    kv_format: str  # one of mxfp8.KV_DTYPES
+    kv_format: str  # one of mxfp8.KV_FORMATS
     num_kv_heads: int
     head_dim: int
     block_size: int
 
     def __post_init__(self):
-        if self.kv_format not in mxfp8.KV_DTYPES:
-            raise ValueError(f"kv_format must be one of {mxfp8.KV_DTYPES}, got {self.kv_format!r}")
+        if self.kv_format not in mxfp8.KV_FORMATS:
+            raise ValueError(f"kv_format must be one of {mxfp8.KV_FORMATS}, got {self.kv_format!r}")
         for name in ("num_kv_heads", "head_dim", "block_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -63,7 +63,7 @@ class BlockCacheLayout:
         that dtype's elements). Views, no copy."""
         region, num_blocks = self._region(kv_cache)
         slots, hkv, d = num_blocks * self.block_size, self.num_kv_heads, self.head_dim
-        if self.kv_format not in mxfp8.QUANTIZED_KV_DTYPES:
+        if self.kv_format not in mxfp8.QUANTIZED_KV_FORMATS:
             dtype = mxfp8.STORAGE_DTYPE[self.kv_format]
             data = region[: 2 * slots * hkv * d * dtype.itemsize].view(dtype).view(2, slots, hkv, d)
             return PagedKV(data[0], data[1])

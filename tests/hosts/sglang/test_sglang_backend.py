@@ -473,9 +473,9 @@ def triton_backend(h, per_layer_plans=False):
     """An InklingAttnBackend on h's runner serving through the Triton route (the CPU picks torch otherwise); with
     ``per_layer_plans`` the route ignores the step's plan cache, i.e. plans every layer (the path before caching)."""
     from sglang_inkling_backend import triton as kernels
-    from sglang_inkling_backend.routes import TritonRoute
+    from sglang_inkling_backend.triton.route import TritonRoute
 
-    from sglang_inkling_backend.routes import DecodePlanCache
+    from sglang_inkling_backend.step_plans import DecodePlanCache
 
     class PerLayerPlans(TritonRoute):
         def decode(self, q, kv, keys, params, *, max_seq_len, plans, workspace):

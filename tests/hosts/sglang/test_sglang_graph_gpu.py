@@ -1,8 +1,9 @@
 """Decode CUDA-graph path of the inkling backend on a GPU: capture once, replay for new batches.
 
-Host-free parts only (``metadata.DecodeGraphBuffers``, ``kv_views.store_kv_unchecked``, ``routes.TritonRoute``), so
-it runs without SGLang on any CUDA machine: the buffers are refilled in place between replays, the captured write and
-Triton decode read them, and every replay must equal an eager torch-reference decode of the same batch.
+Host-free parts only (``metadata.DecodeGraphBuffers``, ``kv_views.store_kv_unchecked``,
+``triton.route.TritonRoute``), so it runs without SGLang on any CUDA machine: the buffers are refilled in place
+between replays, the captured write and Triton decode read them, and every replay must equal an eager
+torch-reference decode of the same batch.
 Skipped without CUDA (the CPU CI covers the refill logic in test_sglang_metadata.py).
 """
 import itertools
@@ -38,7 +39,7 @@ def empty_paged_kv(kv_format, slots, page, dev):
 def whole_pages_req_to_token(rows, ctx, page, slots, g, dev):
     """req_to_token rows of ``ctx`` positions over random whole pages (never page 0, the padding sink's): SGLang's
     paged allocator gives requests whole pages, and the Triton route decodes MXFP8 pools by pages on that promise
-    (routes.TritonRoute), so per-token random slots would break that contract."""
+    (triton.route.TritonRoute), so per-token random slots would break that contract."""
     per_row = -(-ctx // page)
     pages = (torch.randperm(slots // page - 1, device=dev, generator=g)[: rows * per_row] + 1).view(rows, per_row)
     pos = torch.arange(ctx, device=dev)
@@ -56,7 +57,8 @@ def check_decode_graph_capture_and_replay(kv_format, window, cached=False, max_b
     from sglang_inkling_backend.hosts.sglang.metadata import DecodeGraphBuffers, build_forward_metadata
     from sglang_inkling_backend.kv_views import store_kv_unchecked
     from sglang_inkling_backend.attention_inputs import AttentionParams
-    from sglang_inkling_backend.routes import DecodePlanCache, TorchRoute, choose_route
+    from sglang_inkling_backend.routes import TorchRoute, choose_route
+    from sglang_inkling_backend.step_plans import DecodePlanCache
 
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)
@@ -148,7 +150,8 @@ def check_eager_triton_route_matches_torch_route(kv_format, window):
     from sglang_inkling_backend.hosts.sglang.metadata import build_forward_metadata
     from sglang_inkling_backend.kv_views import store_kv_unchecked
     from sglang_inkling_backend.attention_inputs import AttentionParams
-    from sglang_inkling_backend.routes import DecodePlanCache, TorchRoute, choose_route
+    from sglang_inkling_backend.routes import TorchRoute, choose_route
+    from sglang_inkling_backend.step_plans import DecodePlanCache
 
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(1)

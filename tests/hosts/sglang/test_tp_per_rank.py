@@ -59,7 +59,7 @@ def run_rank(inputs, rank: int, tp: int):
     qkvr = torch.cat([row[:, q_cols], row[:, dq_full + kv_cols], row[:, dq_full + dkv_full + kv_cols]], 1)
     k_cache = inputs["k_cache"][:, :, kv_cols].clone()
     v_cache = inputs["v_cache"][:, :, kv_cols].clone()
-    pool = InklingKVPool(plan, size=2 * PAGE, page_size=PAGE, kv_dtype="mxfp8")
+    pool = InklingKVPool(plan, size=2 * PAGE, page_size=PAGE, kv_format="mxfp8")
     slots, indptr = [], [0]
     next_slot = 1
     for (hk, hv), n in zip(inputs["history"], HISTORY):

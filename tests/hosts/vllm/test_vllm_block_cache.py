@@ -28,7 +28,7 @@ def test_mxfp8_bytes_identical_to_the_sglang_pool_for_the_same_tokens():
     cache = vllm_view(blocks, layout)
     kv = layout.paged_kv(cache)
     plan = LayerPlan.from_windows({0: None}, num_q_heads=4, num_kv_heads=HKV, head_dim=D)
-    pool = InklingKVPool(plan, size=blocks * N - N, page_size=N, kv_dtype="mxfp8")  # + one page of padding slots
+    pool = InklingKVPool(plan, size=blocks * N - N, page_size=N, kv_format="mxfp8")  # + one page of padding slots
     g = torch.Generator().manual_seed(3)
     slots = torch.tensor([5, 127, 128, 200, 383])
     k = (torch.randn(5, HKV, D, generator=g) * 7).bfloat16()

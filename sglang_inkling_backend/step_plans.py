@@ -1,0 +1,74 @@
+"""What a route keeps and checks once per step, shared by every route and host: the step's decode plans
+(``DecodePlanCache``, one per key, views of the route's workspace) and the check of an extend's keys
+(``check_extend_keys``). Host-free and accelerator-free."""
+from __future__ import annotations
+
+from typing import Callable, Hashable
+
+import torch
+
+from sglang_inkling_backend.attention_inputs import PagedKV
+from sglang_inkling_backend.checks import require_slots
+from sglang_inkling_backend.rails import KVRails
+
+
+class DecodePlanCache:
+    """The decode plans of one step (one forward metadata), keyed by everything a plan depends on (window, head
+    counts, head_dim, KV dtype, page size, batch size, max_seq_len). Every layer with the same key shares one plan:
+    plans hold views of the route's one workspace, allocated at start-up, so making a plan allocates nothing, and a
+    plan made while a CUDA graph is being captured stays valid for every replay."""
+
+    def __init__(self) -> None:
+        self._plans: dict = {}
+        self._checked: set = set()
+
+    def get(self, key: Hashable, make: Callable[[], object]):
+        """The plan for ``key``, made with ``make()`` on first use."""
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = make()
+        return plan
+
+    def once(self, key: Hashable, check: Callable[[], object]) -> None:
+        """Run ``check()`` the first time ``key`` is seen in this step (a check of the step's keys: once, not per
+        layer); if it raises, it runs again next time."""
+        if key not in self._checked:
+            check()
+            self._checked.add(key)
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+    def plans(self) -> list:
+        return list(self._plans.values())
+
+
+
+def check_extend_keys(kv: PagedKV, rails: KVRails, qo_indptr: torch.Tensor, rows: int) -> bool:
+    """The extend's keys as the kernels read them (one sync): ``qo_indptr`` and the rails' ``indptr`` from 0,
+    non-decreasing, one entry per request each, ``qo_indptr`` ending at the query's ``rows``; every request with at
+    least as many keys as queries; every slot read in ``[0, kv.num_slots)``. ValueError/TypeError naming what is
+    wrong; True when all hold."""
+    for name, t in (("qo_indptr", qo_indptr), ("the extend rails' indptr", rails.indptr),
+                    ("the extend rails' indices", rails.indices)):
+        if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int32, torch.int64) or t.dim() != 1:
+            raise TypeError(f"{name} must be a 1-D int32/int64 tensor, got "
+                            f"{f'{t.dtype} {tuple(t.shape)}' if isinstance(t, torch.Tensor) else type(t).__name__}")
+    if qo_indptr.numel() != rails.indptr.numel() or qo_indptr.numel() < 2:
+        raise ValueError(f"qo_indptr and the extend rails' indptr must both have batch + 1 >= 2 entries, got "
+                         f"{qo_indptr.numel()} and {rails.indptr.numel()}")
+    qo, kvp = qo_indptr.tolist(), rails.indptr.tolist()
+    if qo[0] != 0 or qo[-1] != rows or any(a > b for a, b in zip(qo, qo[1:])):
+        raise ValueError(f"qo_indptr must start at 0, be non-decreasing and end at the query's {rows} rows, got "
+                         f"{qo if len(qo) <= 8 else qo[:4] + ['...'] + qo[-2:]}")
+    if kvp[0] != 0 or any(a > b for a, b in zip(kvp, kvp[1:])):
+        raise ValueError("the extend rails' indptr must start at 0 and be non-decreasing")
+    if kvp[-1] > rails.indices.numel():
+        raise ValueError(f"the extend rails' indptr ends at {kvp[-1]}, past its {rails.indices.numel()} indices")
+    short = [b for b in range(len(qo) - 1) if qo[b + 1] - qo[b] > kvp[b + 1] - kvp[b]]
+    if short:
+        b = short[0]
+        raise ValueError(f"extend request {b} has {qo[b + 1] - qo[b]} queries but {kvp[b + 1] - kvp[b]} keys; each "
+                         "request's keys include its queries")
+    require_slots(rails.indices[:kvp[-1]], "the extend rails' slots", kv.num_slots)
+    return True

@@ -1,0 +1,142 @@
+"""The Triton family's route: the object a host calls per layer on CUDA/ROCm (``TritonRoute``), and when it
+can serve (``unavailable_because``, ``route_for``). ``routes.choose_route`` asks this module; a new kernel family
+is a folder with a module like this one.
+
+``TritonRoute`` decodes with this package's kernels (``plan_decode`` once per step and key, in the step's
+``DecodePlanCache``, over views of the one workspace the host allocated at start-up with ``make_workspace``;
+``run_decode`` per layer; page tables or per-token rails) and extends with FlashInfer's ragged prefill where the
+layer's semantics are FlashInfer's and it is installed (``sglang_inkling_backend.flashinfer``, the extend family;
+``INKLING_EXTEND_KERNEL`` = auto, triton or flashinfer), else with this package's extend kernel.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Optional, Union
+
+import torch
+
+from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV
+from sglang_inkling_backend.checks import stream_capturing, triton_head_dim_ok
+from sglang_inkling_backend.rails import KVPages, KVRails
+from sglang_inkling_backend.step_plans import DecodePlanCache, check_extend_keys
+
+logger = logging.getLogger(__name__)
+MIN_CAPABILITY = (8, 0)  # NVIDIA: the kernels' bf16 dots; 8-bit pools before sm_89 are read as bytes (plan.py)
+
+
+class TritonRoute:
+    name = "triton"
+    graph_capturable = True
+    reads_page_tables = True
+    query_in_model_dtype = True
+    runs_triton = True
+
+    def __init__(self, kernels=None, extend_family=None):
+        if kernels is None:
+            from sglang_inkling_backend import triton as kernels
+        self.kernels = kernels  # this package's API (a test may pass a wrapped copy to count calls)
+        self.mxfp8_store = kernels.store_kv_mxfp8
+        self.extend_family = extend_family  # flashinfer.FlashInferExtend, or None: the Triton extend kernel only
+        self._extend_notes: set = set()  # the reasons already logged for running the Triton extend kernel
+
+    def make_workspace(self, *, max_batch: int, geometries, max_seq_len: int, device):
+        """One ``DecodeWorkspace`` for every layer shape of the model (``geometries``: ``(Hq, Hkv, D)`` per layer):
+        room for the most split rows any of them plans for up to ``max_batch`` requests of ``max_seq_len`` keys."""
+        geometries = set(geometries)
+        shapes = [self.kernels.decode_workspace_shape(max_batch, hkv, max_seq_len, device) for _, hkv, _ in geometries]
+        batch, splits = max(shapes, key=lambda shape: shape[0] * shape[1])  # the most split rows
+        return self.kernels.DecodeWorkspace(batch, max(g[0] for g in geometries), max(g[2] for g in geometries),
+                                            splits, device)
+
+    def decode(self, q: torch.Tensor, kv: PagedKV, keys: Union[KVRails, KVPages], params: AttentionParams, *,
+               max_seq_len: int, plans: DecodePlanCache, workspace) -> torch.Tensor:
+        """One layer's decode. The plan is made on the first layer of each (window, shape) key of the step and
+        reused by the others; ``max_seq_len`` is a host int, so nothing reads the device (CUDA-graph capture).
+
+        ``keys``: a page table (``KVPages``: the paged kernels, windows included, positions absolute) or per-token
+        rails (``KVRails``: any slot per token; a hybrid pool's window rails, a pool without whole pages)."""
+        pages = isinstance(keys, KVPages)
+        page_size = keys.page_size if pages else None
+        csr = (None, None) if pages else (keys.indptr, keys.indices)
+        table = (keys.page_table, keys.seq_lens) if pages else (None, None)
+        # The no-sync shape/dtype/device checks, on every call (not only the layer that plans): q, the pool,
+        # rel_bias and sinks are per layer. Then the key holds every input of the plan.
+        self.kernels.check_decode_inputs(q, kv, *csr, params, None, page_table=table[0], seq_lens=table[1],
+                                         page_size=page_size)
+        batch, hq, d = q.shape
+        hkv, kv_dtype = kv.num_kv_heads, kv.k_buffer.dtype
+        kv_format = kv.kv_format
+        key = (params.window, hq, hkv, d, kv_dtype, kv_format, page_size, batch, max_seq_len)
+        if not stream_capturing(q.device):
+            # The values the kernels read unchecked (block ids, lengths, max_seq_len), once per step and key: a page
+            # past the pool would be an illegal address (a killed process); a length past max_seq_len, lost keys.
+            plans.once(("decode keys", params.window, kv.num_slots, page_size),
+                       lambda: self._check_decode_keys(kv, keys, params.window, max_seq_len))
+        plan = plans.get(key, lambda: self.kernels.plan_decode(
+            batch, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, window=params.window, max_seq_len=max_seq_len,
+            page_size=page_size, kv_dtype=kv_dtype, workspace=workspace, kv_format=kv_format))
+        return self.kernels.run_decode(plan, q, kv, *csr, params, check=False, page_table=table[0],
+                                       seq_lens=table[1])
+
+    def _check_decode_keys(self, kv: PagedKV, keys: Union[KVRails, KVPages], window: Optional[int],
+                           max_seq_len: int) -> None:
+        if isinstance(keys, KVPages):
+            self.kernels.validate_page_table(kv, keys.page_table, keys.seq_lens, keys.page_size, window=window,
+                                             max_seq_len=max_seq_len)
+        else:
+            self.kernels.validate_slots(kv, keys.indptr, keys.indices, max_seq_len=max_seq_len)
+
+    def extend(self, q: torch.Tensor, kv: PagedKV, rails: KVRails, qo_indptr: torch.Tensor,
+               params: AttentionParams, *, plans: Optional[DecodePlanCache] = None) -> torch.Tensor:
+        """One layer's extend: the extend family (FlashInfer) where it serves the layer and the step gives
+        ``plans``, else the Triton kernel, with one log line per reason. The keys are checked once per step and
+        window (``check_extend_keys``), before any kernel reads them."""
+        if plans is None:
+            check_extend_keys(kv, rails, qo_indptr, q.shape[0])
+        else:
+            plans.once(("extend keys", params.window, kv.num_slots),
+                       lambda: check_extend_keys(kv, rails, qo_indptr, q.shape[0]))
+        family = self.extend_family
+        if family is not None:
+            why = family.why_not(q, kv, params) or ("" if plans is not None else "no step plan cache")
+            if not why:
+                try:
+                    return family.extend(q, kv, rails, qo_indptr, params, plans)
+                except Exception as err:
+                    if family.served:
+                        raise  # it has served before: a real failure, not an install that cannot build its kernel
+                    # It writes none of our buffers, so the Triton kernel can still serve this call.
+                    self.extend_family = None
+                    logger.warning("inkling: extend: %s failed on its first call (%s: %s); the Triton extend "
+                                   "kernel serves every extend from now on", family.name, type(err).__name__, err)
+            elif why not in self._extend_notes:
+                self._extend_notes.add(why)
+                logger.info("inkling: extend: the Triton kernel for layers with %s", why)
+        return self.kernels.paged_extend_attention(q, kv, rails.indptr, rails.indices, qo_indptr, params,
+                                                   validate=False)
+
+
+def unavailable_because(device: Optional[torch.device], head_dims=()) -> str:
+    """Why this route cannot serve ``device`` (None: any CUDA/ROCm device, asked without touching one) and these
+    head sizes, or "" when it can."""
+    unsupported = sorted(d for d in set(head_dims) if not triton_head_dim_ok(d))
+    if unsupported:
+        return f"the Triton kernels need a power-of-two head_dim >= 32, the model has {unsupported}"
+    if device is not None and device.type == "cuda" and torch.version.hip is None and torch.cuda.is_available():
+        capability = torch.cuda.get_device_capability(device)
+        if capability < MIN_CAPABILITY:
+            return (f"{torch.cuda.get_device_name(device)} is sm_{capability[0]}{capability[1]}; the Triton kernels "
+                    f"need sm_{MIN_CAPABILITY[0]}{MIN_CAPABILITY[1]} or newer for their bf16 dots")
+    return ""
+
+
+def route_for(device: torch.device) -> tuple[TritonRoute, str]:
+    """The route for ``device`` with the extend family it found (``flashinfer.extend_family``), and a note for the
+    start-up log line."""
+    from sglang_inkling_backend.flashinfer import extend_family
+    from sglang_inkling_backend.triton.plan import route_note
+
+    family, note = extend_family(device)
+    extend = (f"{note} where a layer's semantics are FlashInfer's, else the Triton kernel" if family is not None
+              else f"the Triton kernel ({note})")
+    return TritonRoute(extend_family=family), f"Triton kernels on {device}; {route_note(device)}; extend: {extend}"
