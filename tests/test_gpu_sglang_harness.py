@@ -231,3 +231,28 @@ def test_summarize_compares_the_per_rank_models_like_the_full_ones(tmp_path):
     text = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     (row,) = [line for line in text.splitlines() if line.startswith("| gemma3-swa-rank2 | parity bf16")]
     assert row.split(" | ")[3:5] == ["1/2", "1"]  # tokens before the first divergence; divergences off a near-tie
+
+
+def test_speed_table_uses_the_points_a_timed_out_entry_printed(tmp_path):
+    ours = {"label": "inkling_mxfp8", "attention_backend": "inkling", "rc": 0, "max_total_num_tokens": 1,
+            "kv_pool": "Pool", "page_size": 128, "server_args": [],
+            "points": [{"batch": 32, "context": 4096, "prefill_s": 0.5, "step_ms": 4.0, "decode_tok_s": 8000,
+                        "graph_steps": 4, "steps": 4}]}
+    (tmp_path / "speed.json").write_text(json.dumps([
+        {"label": "flashinfer_auto", "rc": 124, "log_tail": ["Capturing prefill shape"]}, ours]))
+    (tmp_path / "speed.log").write_text(
+        "===== flashinfer:auto\n"
+        "flashinfer_auto B=32 ctx=4096: step 6.000 ms (min 5.9, max 6.1), forward 5.5 ms, 5333 decode tok/s, "
+        "graph 4/4, prefill 0.40 s\n"
+        "inkling_mxfp8 B=32 ctx=4096: step 9.000 ms (min 9, max 9), forward 9 ms, 1 decode tok/s, graph 4/4, "
+        "prefill 9.00 s\n")  # another entry's line: never read for flashinfer_auto
+    out = subprocess.run([sys.executable, str(HARNESS / "speed_table.py"), str(tmp_path), "--json",
+                          str(tmp_path / "s.json")], capture_output=True, text=True, check=True).stdout
+    assert "| 32 | 4096 | 6.00 | 4.00 | 1.50x |" in out  # its step, ours from the JSON (not the log's 9.000)
+    assert "flashinfer_auto: stopped (`rc=124`) after 1 points" in out
+    assert "| 32 | 4096 | 0.40 (1.00x) | 0.50 (1.25x) |" in out
+    # without the log nothing is recovered: the entry is listed as failed
+    (tmp_path / "speed.log").unlink()
+    out = subprocess.run([sys.executable, str(HARNESS / "speed_table.py"), str(tmp_path)], capture_output=True,
+                         text=True, check=True).stdout
+    assert "flashinfer_auto: failed: `rc=124`" in out

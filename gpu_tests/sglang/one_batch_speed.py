@@ -316,6 +316,10 @@ def main(argv=None) -> int:
             print(f"{label} B={batch} ctx={context}: step {point['step_ms']:.3f} ms (min {point['step_ms_min']:.3f}, "
                   f"max {point['step_ms_max']:.3f}){fwd}, {point['decode_tok_s']:.0f} decode tok/s, graph "
                   f"{point['graph_steps']}/{args.steps}, prefill {point['prefill_s']:.2f} s", flush=True)
+            # Each finished point is on disk at once: a per-entry timeout (SIGTERM, no finally) keeps the points
+            # measured before it.
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(record, indent=1))
         record["done"] = True
 
     original = one_batch.latency_test

@@ -8,18 +8,53 @@ over each SGLang entry (their step time / ours: > 1 means ours is faster); the p
 GPU time of a whole request (``REQUEST_MIXES``: prompt / output tokens) at each point whose context is the mix's
 prompt: ``prefill_s / B + output x step_ms / B`` (the decode step measured at the prompt's context, so a long output's
 growing context is not counted: 6% more keys at the end of 32k/2k). An entry that failed is listed with the last line
-of its log that names an error.
+of its log that names an error; the points it finished before stopping (its lines in the call's speed.log) are used.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
 
+POINT_LINE = re.compile(r"^(?P<label>\S+) B=(?P<batch>\d+) ctx=(?P<context>\d+): step (?P<step_ms>[\d.]+) ms .*?, "
+                        r"(?P<tok_s>\d+) decode tok/s, graph (?P<graph>\d+)/(?P<steps>\d+), prefill (?P<prefill>[\d.]+) s")
+
+
+def points_from_log(folder: Path, label: str) -> list[dict]:
+    """The points an entry printed before it stopped (a per-entry timeout kills it before its JSON is written):
+    its lines of ``speed.log``, as ``one_batch_speed.py`` prints them (prefill to 0.01 s)."""
+    log = folder / "speed.log"
+    if not log.exists():
+        return []
+    points = []
+    for line in log.read_text(errors="replace").splitlines():
+        m = POINT_LINE.match(line)
+        if m and m["label"] == label:
+            points.append({"batch": int(m["batch"]), "context": int(m["context"]), "step_ms": float(m["step_ms"]),
+                           "decode_tok_s": float(m["tok_s"]), "graph_steps": int(m["graph"]),
+                           "steps": int(m["steps"]), "prefill_s": float(m["prefill"])})
+    return points
+
+
 def load(folder: Path) -> list[dict]:
-    return json.loads((folder / "speed.json").read_text())
+    """The call's records; an entry that stopped without writing its JSON gets the points its log shows, marked
+    ``recovered_from_log`` (its rc stays, so the tables say it stopped)."""
+    records = json.loads((folder / "speed.json").read_text())
+    for r in records:
+        if r.get("rc", 0) != 0 and not r.get("points"):
+            points = points_from_log(folder, r["label"])
+            if points:
+                backend = r["label"].split("_")[0]
+                r.update(points=points, recovered_from_log=True, attention_backend=backend)
+    return records
+
+
+def usable(r: dict) -> bool:
+    """An entry with measured points: a completed one, or the points a stopped one printed."""
+    return bool(r.get("points")) and (r.get("rc", 0) == 0 or r.get("recovered_from_log", False))
 
 
 def error_line(record: dict) -> str:
@@ -28,7 +63,7 @@ def error_line(record: dict) -> str:
 
 
 def call_table(name: str, records: list[dict]) -> tuple[list[str], dict]:
-    ok = [r for r in records if r.get("rc", 0) == 0 and r.get("points")]
+    ok = [r for r in records if usable(r)]
     ours = [r for r in ok if r["attention_backend"] == "inkling"]
     peers = [r for r in ok if r["attention_backend"] != "inkling"]
     points = sorted({(p["batch"], p["context"]) for r in ok for p in r["points"]}, key=lambda bc: (bc[1], bc[0]))
@@ -61,7 +96,11 @@ def call_table(name: str, records: list[dict]) -> tuple[list[str], dict]:
         summary["points"].append(row)
     out.append("")
     for r in records:
-        if r in ok:
+        if r in ok and r.get("recovered_from_log"):
+            summary["entries"][r["label"]] = {"stopped": error_line(r), "points_recovered_from_log": len(r["points"])}
+            out.append(f"- {r['label']}: stopped (`{error_line(r)}`) after {len(r['points'])} points; those points "
+                       "are from its lines in speed.log")
+        elif r in ok:
             summary["entries"][r["label"]] = {"kv_tokens": r["max_total_num_tokens"], "kv_pool": r["kv_pool"],
                                               "page_size": r["page_size"], "server_args": r["server_args"],
                                               "graph_steps_all": all(p["graph_steps"] == p["steps"]
@@ -82,8 +121,7 @@ REQUEST_MIXES = [(1024, 128), (4096, 512), (32768, 256), (32768, 2048)]
 def prefill_and_request_tables(records: list[dict]) -> tuple[list[str], list[dict]]:
     """The prefill time per point and the whole-request GPU time per mix, every entry; ratios to the first
     ``flashinfer`` entry of the call (> 1: slower than it)."""
-    ok = [r for r in records if r.get("rc", 0) == 0 and r.get("points")
-          and all("prefill_s" in p for p in r["points"])]
+    ok = [r for r in records if usable(r) and all("prefill_s" in p for p in r["points"])]
     if not ok:
         return [], []
     base = next((r for r in ok if r["attention_backend"] == "flashinfer"), None)
