@@ -35,7 +35,7 @@ from sglang_inkling_backend.triton import decode_tiles  # noqa: E402
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 
-def launch_signature(fn, types, consts, unmarked=()):
+def launch_signature(fn, types, consts, unmarked=(), target=None):
     """``fn``'s signature and attributes as Triton's JIT specializes a real launch: ``types`` by argument name
     (ints otherwise), ``consts`` as constexprs, and every pointer and int argument marked divisible by 16 except
     ``max_splits`` (the split count) and ``unmarked``. At run time every stride, split_len (whole tiles), window
@@ -43,8 +43,13 @@ def launch_signature(fn, types, consts, unmarked=()):
     another layout and some variants compiled with 30 fewer registers than launched (124 against 154,
     bench/results/history/2026-11-30-offline-vs-jit-registers/). A constexpr parameter that ``consts`` does not
     name takes its default, as at a launch (added to ``consts``: without it the compile would make it an int
-    argument and compile every branch on it at run time)."""
+    argument and compile every branch on it at run time). ``target``: an AMD one also marks every pointer as
+    within 2 GB (``tt.pointer_range`` 32), as Triton's launch does for such tensors while buffer operations are on
+    (``AMDGCN_USE_BUFFER_OPS``, on by default)."""
     sig, attrs = {}, {}
+    pointer_attrs = [["tt.divisibility", 16]]
+    if target is not None and target.backend == "hip" and triton.knobs.amd.use_buffer_ops:
+        pointer_attrs = pointer_attrs + [["tt.pointer_range", 32]]
     for param in fn.params:
         if param.is_constexpr and param.has_default and param.name not in consts:
             consts[param.name] = param.default
@@ -53,22 +58,27 @@ def launch_signature(fn, types, consts, unmarked=()):
             sig[name] = "constexpr"
             continue
         sig[name] = types.get(name, "i32")
-        if sig[name].startswith("*") or sig[name] == "i32" and name not in ("max_splits",) + tuple(unmarked):
+        if sig[name].startswith("*"):
+            attrs[(i,)] = pointer_attrs
+        elif sig[name] == "i32" and name not in ("max_splits",) + tuple(unmarked):
             attrs[(i,)] = [["tt.divisibility", 16]]
     return sig, attrs
 
 
 def compile_decode(D=128, G=8, HKV=2, fmt="mxfp8", block_n=64, warps=2, stages=2, paged=False, direct=False,
-                   extra=None, arch=90, e4m3_bytes=False):
+                   extra=None, arch=90, e4m3_bytes=False, target=None, arg_types=None):
     """``arch``: the sm number to compile for; ``e4m3_bytes``: pass an 8-bit pool as bytes (``*u8``), as the launchers
-    do where the GPU has no e4m3 conversions (``triton.inputs.e4m3_by_integers``)."""
+    do where the GPU has no e4m3 conversions (``triton.inputs.e4m3_by_integers``); ``target``: a ``GPUTarget`` to
+    compile for instead of ``arch`` (an AMD one, say: ``GPUTarget("hip", "gfx942", 64)``); ``arg_types``: argument
+    types by name in place of these (``{"ksf_ptr": "*fp8e4nv"}``, say)."""
+    target = target or GPUTarget("cuda", arch, 32)
     fn = decode_blocks.decode_blocks_kernel if paged == "blocks" else decode_tiles.decode_tiles_kernel
     e4m3 = "*u8" if e4m3_bytes else "*fp8e4nv"
     kvt = {"mxfp8": e4m3, "fp8": e4m3, "bf16": "*bf16"}[fmt]
     types = {"q_ptr": "*bf16", "k_ptr": kvt, "v_ptr": kvt, "ksf_ptr": "*u8", "vsf_ptr": "*u8",
              "lens_ptr": "*i32", "index_ptr": "*i32", "rel_bias_ptr": "*bf16", "sinks_ptr": "*bf16",
              "out_ptr": "*bf16", "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32",
-             "sm_scale": "fp32", "k_scale": "fp32", "v_scale": "fp32", "logit_cap": "fp32"}
+             "sm_scale": "fp32", "k_scale": "fp32", "v_scale": "fp32", "logit_cap": "fp32", **(arg_types or {})}
     consts = dict(G=G, G_PAD=max(16, triton.next_power_of_2(G)), D=D, HKV=HKV, BLOCK_N=block_n,
                   KV_FORMAT={"mxfp8": 2, "fp8": 1, "bf16": 0}[fmt], PAGE=128 if fmt == "mxfp8" else 1,
                   INTERLEAVED=fmt == "mxfp8", DOT_DTYPE=triton.language.float16 if fmt != "bf16" else
@@ -87,9 +97,10 @@ def compile_decode(D=128, G=8, HKV=2, fmt="mxfp8", block_n=64, warps=2, stages=2
         if param.is_constexpr and param.name not in consts and param.has_default:
             consts[param.name] = param.default
     # COMPILE_UNMARKED (comma-separated names) leaves arguments unmarked, as do_not_specialize would.
-    sig, attrs = launch_signature(fn, types, consts, tuple(os.environ.get("COMPILE_UNMARKED", "").split(",")))
+    sig, attrs = launch_signature(fn, types, consts, tuple(os.environ.get("COMPILE_UNMARKED", "").split(",")), target)
     src = ASTSource(fn, sig, constexprs=consts, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict({"num_warps": warps, "num_stages": stages}, **json.loads(os.environ.get("COMPILE_OPTIONS", "{}"))))
+    options = dict({"num_warps": warps, "num_stages": stages}, **json.loads(os.environ.get("COMPILE_OPTIONS", "{}")))
+    return triton.compile(src, target=target, options=options)
 
 
 def resources(kernel):

@@ -56,7 +56,10 @@ def scale_args(kv: PagedKV):
     if kv.is_mxfp8:
         return kv.k_scales.view(torch.uint8), kv.v_scales.view(torch.uint8), kv.layout.page_size, \
             kv.layout.interleaved
-    return kv.k_buffer, kv.k_buffer, 1, False  # unused
+    # Unused; still typed pointers: the K buffer as the kernels take it, so an 8-bit pool is bytes where the GPU has no
+    # e4m3 (Triton refuses a float8e4nv pointer before sm_89 even when nothing reads it).
+    k_data = kv_data(kv)[0]
+    return k_data, k_data, 1, False
 
 
 def check_query_and_pool(q: torch.Tensor, kv: PagedKV, params: AttentionParams,

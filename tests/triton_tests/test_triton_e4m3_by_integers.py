@@ -99,6 +99,22 @@ def test_integer_path_gives_the_native_paths_bits(fmt, monkeypatch):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("fmt", ["mxfp8", "fp8"])
+def test_no_e4m3_pointer_reaches_a_launch_on_the_integer_path(fmt, monkeypatch):
+    """Triton refuses a float8e4nv pointer before sm_89 even when the kernel never reads it, so the per-tensor fp8
+    pool's unused scale arguments must be bytes there too (a per-tensor fp8 decode, extend or gather on an A100
+    would otherwise fail at its first launch: bench/results/current/compile-targets/README.md)."""
+    from sglang_inkling_backend.triton.inputs import scale_args
+
+    pool = make_pool(fmt, torch.Generator().manual_seed(4))
+    monkeypatch.setenv(E4M3_BY_INTEGERS_ENV, "1")
+    launched = [*kv_data(pool), *scale_args(pool)[:2]]
+    assert [t.dtype for t in launched] == [torch.uint8] * 4
+    monkeypatch.delenv(E4M3_BY_INTEGERS_ENV)
+    if fmt == "fp8":  # natively the buffers go as they are
+        assert scale_args(pool)[0].dtype == torch.float8_e4m3fn
+
+
 def test_float_pools_are_never_passed_as_bytes(monkeypatch):
     monkeypatch.setenv(E4M3_BY_INTEGERS_ENV, "1")
     pool = PagedKV(torch.zeros(4, 1, 32, dtype=torch.bfloat16), torch.zeros(4, 1, 32, dtype=torch.bfloat16))
