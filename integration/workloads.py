@@ -50,7 +50,7 @@ PREFIX_PROMPTS = [
 ]
 TIMING_PROMPT = "Write a sentence about the weather:"
 TIMING_TOKENS = 32
-TIMING_REPEATS = 2  # best of 2: the shared CPU is noisy; every run repeats it, so it is kept short
+TIMING_REPEATS = 1  # reported, never asserted; integration/measure_times.py measures best-of-N for the record
 
 
 # A long real text (public domain: the first 1,100-1,200 tokens of the US Declaration of Independence, past

@@ -29,9 +29,10 @@ if [ "$#" -gt 0 ]; then
   exit "$status"
 fi
 
-# 1. The unit tests in two pytest-xdist workers (most are single-threaded Triton-interpreter runs; no servers).
-#    TEST_WORKERS=0 runs them in this process.
-run .venv/bin/python -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-2}" tests
+# 1. The unit tests in two pytest-xdist workers (most are single-threaded Triton-interpreter runs; no servers); a
+#    worker that runs out of tests takes queued ones from the other (worksteal), so neither idles at the end while
+#    the other still has several 20-50 s interpreter tests. TEST_WORKERS=0 runs them in this process.
+run .venv/bin/python -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-2}" --dist worksteal tests
 # 2. The integration tests in one process, in order: one real server at a time (two at once on a 2-core machine
 #    took about 3x as long each: integration/results/README.md, "Test time").
 run .venv/bin/python -m pytest -q -p no:cacheprovider integration
