@@ -43,6 +43,10 @@ class PagedKV:
                             f"{self.v_buffer.dtype}")
         if self.k_buffer.dtype not in FLOAT_KV_DTYPES + (mxfp8.DATA_DTYPE,):
             raise TypeError(f"k_buffer must be one of {FLOAT_KV_DTYPES + (mxfp8.DATA_DTYPE,)}, got {self.k_buffer.dtype}")
+        for name in ("k_scale", "v_scale"):  # host numbers: checking them reads nothing from the device
+            value = getattr(self, name)
+            if not (isinstance(value, torch.Tensor) and value.numel() == 1 and value.is_floating_point()):
+                setattr(self, name, require_positive_real(value, name))
         has_scales = self.k_scales is not None or self.v_scales is not None
         if has_scales:
             if self.k_scales is None or self.v_scales is None or self.layout is None:

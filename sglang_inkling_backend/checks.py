@@ -34,6 +34,7 @@ def require_positive_int(value, name: str) -> int:
 
 
 FLOAT32_MAX = 3.4028234663852886e38  # the kernels compute in float32: a larger "finite" value is an inf there
+FLOAT32_TINY = 1.1754943508222875e-38  # float32's smallest normal: a positive scale below it is 0 or subnormal there
 
 
 def require_real(value, name: str, expected: str = "a finite number") -> float:
@@ -51,9 +52,11 @@ def require_real(value, name: str, expected: str = "a finite number") -> float:
 
 
 def require_positive_real(value, name: str) -> float:
+    """A number > 0 that stays > 0 in float32 (the kernels take scales as float32: 1e-50 would be 0 there)."""
     value = require_real(value, name, "a finite number > 0")
-    if value <= 0:
-        raise ValueError(f"{name} must be a finite number > 0, got {value}")
+    if value < FLOAT32_TINY:
+        why = "" if value <= 0 else f" (below float32's smallest normal, {FLOAT32_TINY:.4g}: 0 or subnormal there)"
+        raise ValueError(f"{name} must be a finite number > 0, got {value}{why}")
     return value
 
 

@@ -9,6 +9,7 @@ that CUDA graphs can capture (no host sync).
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Optional
 
 import torch
@@ -22,12 +23,20 @@ def dequantize_query(q: torch.Tensor, num_heads: int, head_dim: int,
                      q_descale: Optional[torch.Tensor]) -> torch.Tensor:
     """``q [T, Hq * D]`` (or ``[T, Hq, D]``) as ``[T, Hq, D]``; an e4m3 q (the Inkling model's MXFP8 q) is
     dequantized with its UE8M0 block scales ``q_descale [T, Hq, D // 32]`` (any shape of that many bytes)."""
+    if not isinstance(q, torch.Tensor) or q.dim() not in (2, 3) or math.prod(q.shape[1:]) != num_heads * head_dim:
+        desc = tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__
+        raise ValueError(f"q must be [tokens, {num_heads * head_dim}] or [tokens, {num_heads}, {head_dim}] (the "
+                         f"layer's query heads), got {desc}")
     rows = q.shape[0]
     q3 = q.reshape(rows, num_heads, head_dim)
     if q.dtype != mxfp8.DATA_DTYPE:
         return q3
     if q_descale is None:
         raise ValueError("q arrived as float8_e4m3fn without q_descale (its MXFP8 block scales)")
+    if not isinstance(q_descale, torch.Tensor) or q_descale.numel() != rows * num_heads * (head_dim // mxfp8.BLOCK):
+        desc = tuple(q_descale.shape) if isinstance(q_descale, torch.Tensor) else type(q_descale).__name__
+        raise ValueError(f"q_descale must hold {rows * num_heads * (head_dim // mxfp8.BLOCK)} UE8M0 bytes (one per 32 "
+                         f"channels of q), got {desc}")
     scales = q_descale.view(torch.uint8).reshape(rows, num_heads, head_dim // mxfp8.BLOCK)
     return mxfp8.dequantize(q3, scales, torch.float32)
 

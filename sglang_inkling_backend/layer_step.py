@@ -62,6 +62,8 @@ def attend(route, spec: LayerSpec, q3: torch.Tensor, kv: PagedKV, keys: StepKeys
         raise ValueError(f"num_decode_rows must lie in [0, {rows}] (the query's rows), got {nd}")
     if out is not None and tuple(out.shape) != tuple(q3.shape):
         raise ValueError(f"out must have the query's shape {tuple(q3.shape)}, got {tuple(out.shape)}")
+    if out is not None and not out.is_floating_point():
+        raise TypeError(f"out must be a floating-point tensor (the attention is cast into it), got {out.dtype}")
     decoded = extended = None
     if nd:
         decoded = route.decode(q3[:nd], kv, keys.decode_keys(spec.window, route.reads_page_tables),

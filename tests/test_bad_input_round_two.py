@@ -96,3 +96,31 @@ def test_decode_context_refuses_a_bad_full_pool_map(full_map, match):
     BatchedDecodeContext([4], caches, full_kv_pool_index_by_layer={0: 0, 2: 1})  # a valid map
     with pytest.raises(ValueError, match=match):
         BatchedDecodeContext([4], caches, full_kv_pool_index_by_layer=full_map)
+
+
+# --- round two, after the re-probe (bench/results/current/bad-input-probe/) ------------------------------------
+
+def test_a_scale_that_is_zero_in_float32_is_refused():
+    from sglang_inkling_backend import mxfp8
+
+    with pytest.raises(ValueError, match="scale must be a finite number > 0, got 1e-50 \\(below float32's smallest"):
+        mxfp8.quantize_per_tensor(torch.zeros(4), 1e-50)  # was: 0 / 0 -> NaN bytes
+
+
+@pytest.mark.parametrize("scale,exc", [(float("nan"), ValueError), (float("inf"), ValueError), (0.0, ValueError),
+                                       (-1.0, ValueError), (1e300, ValueError), (1e-50, ValueError),
+                                       (True, TypeError), ("2.0", TypeError)])
+def test_paged_kv_refuses_a_per_tensor_scale_it_cannot_use(scale, exc):
+    data = torch.zeros(4, 1, 32).to(torch.float8_e4m3fn)
+    with pytest.raises(exc, match="k_scale must be"):
+        PagedKV(data, data, k_scale=scale)  # was: read as NaN, zeros or negated values, or a TypeError at read
+    assert PagedKV(data, data, k_scale=0.5).k_scale == 0.5
+
+
+def test_attend_refuses_an_integer_output():
+    from sglang_inkling_backend.layer_step import attend
+
+    q = torch.zeros(1, 2, 32)
+    with pytest.raises(TypeError, match="out must be a floating-point tensor"):
+        attend(None, None, q, None, SimpleNamespace(num_decode_rows=1), lambda a, b: AttentionParams(1.0), None,
+               torch.zeros(1, 2, 32, dtype=torch.int32))  # was: the attention truncated into ints

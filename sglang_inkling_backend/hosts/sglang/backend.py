@@ -239,6 +239,11 @@ class InklingAttnBackend(AttentionBackend):
             return
         loc = KVWriteLoc.for_layer(forward_batch, layer, swa_loc=md.swa_out_cache_loc)
         n, hkv, d = forward_batch.out_cache_loc.numel(), spec.num_kv_heads, spec.head_dim
+        for name, t in (("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor) or t.numel() != n * hkv * d or (t.dim() and t.shape[0] != n):
+                desc = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                raise ValueError(f"{name} must hold one [{hkv}, {d}] row per new token ({n}, out_cache_loc's "
+                                 f"length), got {desc}")
         k, v = k.reshape(n, hkv, d), v.reshape(n, hkv, d)
         if k_desc is not None:
             self.token_to_kv_pool.set_kv_buffer(layer, loc, k, v, k_desc, v_desc)
@@ -256,9 +261,16 @@ class InklingAttnBackend(AttentionBackend):
         spec = self._layer_spec(layer)
         rows = q.shape[0]
         params = call_args.attention_params(spec, kwargs, rows)
-        if save_kv_cache and k is not None and v is not None:
-            self._store(layer, spec, forward_batch, k, v, kwargs)
+        # The query and K/V are checked before the store writes: a bad call leaves the pool as it was.
         q3 = layer_step.prepare_query(q, spec, self.route, self.model_dtype, kwargs.get("q_descale"))
+        new_tokens = forward_batch.out_cache_loc.numel()
+        if not md.graph and rows != new_tokens:
+            raise ValueError(f"q must have one row per new token of the batch ({new_tokens}, out_cache_loc's "
+                             f"length), got {rows}")
+        if save_kv_cache and (k is None) != (v is None):
+            raise ValueError("k and v must be given together (save_kv_cache=True stores both)")
+        if save_kv_cache and k is not None:
+            self._store(layer, spec, forward_batch, k, v, kwargs)
         out = layer_step.attend(self.route, spec, q3, self._paged_kv(layer.layer_id, spec), md,
                                 lambda first, last: params, self.workspace)
         return out.to(self.model_dtype).reshape(rows, spec.num_q_heads * spec.head_dim)

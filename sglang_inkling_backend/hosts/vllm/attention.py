@@ -4,12 +4,13 @@ attention for a batch (decodes through the route's decode, the rest through its 
 adapts vLLM's calls to it."""
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Optional
 
 import torch
 
-from sglang_inkling_backend import checks, kv_views, layer_step
+from sglang_inkling_backend import checks, kv_views, layer_step, mxfp8
 from sglang_inkling_backend.hosts.vllm.batch import VllmBatch, padded_slots
 from sglang_inkling_backend.hosts.vllm.block_cache import BlockCacheLayout
 from sglang_inkling_backend.layer_plan import LayerSpec, attention_params
@@ -21,6 +22,21 @@ class LayerAttention:
 
     def __init__(self, spec: LayerSpec, kv_format: str, model_dtype: torch.dtype,
                  sinks: Optional[torch.Tensor] = None):
+        if not isinstance(spec, LayerSpec):
+            raise TypeError(f"spec must be a LayerSpec, got {type(spec).__name__}")
+        if kv_format not in mxfp8.KV_FORMATS:
+            raise ValueError(f"kv_format must be one of {mxfp8.KV_FORMATS}, got {kv_format!r}")
+        if not isinstance(model_dtype, torch.dtype) or not model_dtype.is_floating_point:
+            raise TypeError(f"model_dtype must be a floating-point torch.dtype, got {model_dtype!r}")
+        if sinks is not None:
+            if not isinstance(sinks, torch.Tensor) or not sinks.is_floating_point() or \
+                    tuple(sinks.shape) != (spec.num_q_heads,):
+                desc = f"{sinks.dtype} {tuple(sinks.shape)}" if isinstance(sinks, torch.Tensor) \
+                    else type(sinks).__name__
+                raise ValueError(f"sinks must be a floating-point tensor of shape [{spec.num_q_heads}] (one per "
+                                 f"query head), got {desc}")
+            if not bool(torch.isfinite(sinks).all()):  # weights: checked once, here
+                raise ValueError("sinks must be finite (a NaN or inf sink makes every output of its head NaN)")
         self.spec = spec
         self.kv_format = kv_format
         self.model_dtype = model_dtype
@@ -29,8 +45,10 @@ class LayerAttention:
 
     def bind_fp8_scales(self, k_scale: float, v_scale: float) -> None:
         """The checkpoint's per-tensor fp8 scales, known once weights are loaded (``LayerSpec`` checks them)."""
+        k_scale = checks.require_positive_real(k_scale, "k_scale")
+        v_scale = checks.require_positive_real(v_scale, "v_scale")
         if (k_scale, v_scale) != (self.spec.k_scale, self.spec.v_scale):
-            self.spec = replace(self.spec, k_scale=float(k_scale), v_scale=float(v_scale))
+            self.spec = replace(self.spec, k_scale=k_scale, v_scale=v_scale)
 
     def paged_kv(self, kv_cache: torch.Tensor) -> PagedKV:
         if not isinstance(kv_cache, torch.Tensor) or kv_cache.dim() != 4:
@@ -59,7 +77,7 @@ class LayerAttention:
             if not isinstance(t, torch.Tensor) or not t.is_floating_point():
                 raise TypeError(f"{name} must be a floating-point tensor, got "
                                 f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}")
-            if t.dim() not in (2, 3) or t.shape[0] < n or t[:1].numel() != width:
+            if t.dim() not in (2, 3) or t.shape[0] < n or math.prod(t.shape[1:]) != width:
                 raise ValueError(f"{name} must be [tokens >= {n} (slot_mapping's entries), {self.spec.num_kv_heads}, "
                                  f"{self.spec.head_dim}] or [tokens, {width}], got {tuple(t.shape)}")
         kv = self.paged_kv(kv_cache)
@@ -81,11 +99,21 @@ class LayerAttention:
                 output: torch.Tensor) -> torch.Tensor:
         """Attention of the batch's ``num_actual_tokens`` query rows into ``output`` (rows past them untouched)."""
         spec, route = self.spec, batch.route
-        n = batch.num_actual_tokens
-        if kv_cache.dim() != 4 or kv_cache.shape[2] != batch.block_size:
+        n, width = batch.num_actual_tokens, spec.num_q_heads * spec.head_dim
+        kv = self.paged_kv(kv_cache)
+        if kv_cache.shape[2] != batch.block_size:
             raise ValueError(f"kv_cache blocks must hold the batch's block_size {batch.block_size} tokens, got "
                              f"shape {tuple(kv_cache.shape)}")
-        kv = self.paged_kv(kv_cache)
+        for name, t in (("query", query), ("output", output)):
+            if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+                raise TypeError(f"{name} must be a floating-point tensor, got "
+                                f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}")
+            if t.dim() not in (2, 3) or t.shape[0] < n or math.prod(t.shape[1:]) != width:
+                raise ValueError(f"{name} must be [tokens >= {n} (num_actual_tokens), {spec.num_q_heads}, "
+                                 f"{spec.head_dim}] or [tokens, {width}], got {tuple(t.shape)}")
+        if not checks.stream_capturing(query.device):
+            batch.plans.once(("vLLM batch values", kv.num_slots, spec.window),
+                             lambda: batch.check_values(kv_cache.shape[0], spec.window))
         q = layer_step.prepare_query(query[:n], spec, route, self.model_dtype)
         sinks = None if self.sinks is None else self.sinks.float()
         layer_step.attend(route, spec, q, kv, batch,

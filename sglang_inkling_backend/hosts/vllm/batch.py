@@ -68,6 +68,49 @@ class VllmBatch:
             raise ValueError(f"decodes have one query token each: num_decode_tokens {self.num_decode_tokens} != "
                              f"num_decodes {self.num_decodes}")
 
+    def check_values(self, num_blocks: int, window: Optional[int] = None) -> None:
+        """The values the kernels read, in vLLM's words, before anything is written or read (one sync; the adapter
+        calls it once per step and window outside CUDA-graph capture): ``query_start_loc`` from 0, non-decreasing,
+        one token per decode, ending at ``num_actual_tokens``; ``seq_lens`` >= 0 for decodes (0: vLLM's CUDA-graph
+        padding row) and at least each prefill's query tokens; the ``block_table`` entries a layer with ``window``
+        visible keys reads (blocks before its window are not read: vLLM may have freed them) inside the cache's
+        ``num_blocks`` blocks."""
+        nr, nd = self.num_reqs, self.num_decodes
+        if nr == 0:
+            return
+        qsl = self.query_start_loc[:nr + 1].tolist()
+        lens = self.seq_lens[:nr].tolist()
+        shown = qsl if len(qsl) <= 8 else qsl[:4] + ["..."] + qsl[-2:]
+        if qsl[0] != 0 or any(b < a for a, b in zip(qsl, qsl[1:])) or qsl[-1] != self.num_actual_tokens:
+            raise ValueError(f"query_start_loc must start at 0, be non-decreasing and end at num_actual_tokens "
+                             f"({self.num_actual_tokens}), got {shown}")
+        if qsl[:nd + 1] != list(range(nd + 1)):
+            raise ValueError(f"the first num_decodes ({nd}) requests are decodes of one query token each: "
+                             f"query_start_loc must begin 0, 1, ..., {nd}, got {shown}")
+        if min(lens) < 0:
+            i = lens.index(min(lens))
+            raise ValueError(f"seq_lens must be >= 0, got seq_lens[{i}]={lens[i]}")
+        short = [i for i in range(nd, nr) if lens[i] < qsl[i + 1] - qsl[i]]
+        if short:
+            i = short[0]
+            raise ValueError(f"seq_lens[{i}]={lens[i]} is shorter than request {i}'s {qsl[i + 1] - qsl[i]} query "
+                             "tokens (seq_lens count the cached tokens and the new ones)")
+        blocks = [-(-n // self.block_size) for n in lens]
+        first = [0] * nr if window is None else \
+            [max(0, lens[i] - (qsl[i + 1] - qsl[i]) - (window - 1)) // self.block_size for i in range(nr)]
+        if max(blocks) > self.block_table.shape[1]:
+            i = blocks.index(max(blocks))
+            raise ValueError(f"seq_lens[{i}]={lens[i]} needs {blocks[i]} blocks of {self.block_size}; block_table has "
+                             f"{self.block_table.shape[1]} columns")
+        column = torch.arange(self.block_table.shape[1], device=self.block_table.device)[None, :]
+        used = (column < torch.tensor(blocks, device=column.device)[:, None]) & \
+            (column >= torch.tensor(first, device=column.device)[:, None])
+        ids = self.block_table[:nr][used]
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_blocks):
+            bad = ((ids < 0) | (ids >= num_blocks)).nonzero()[0].item()
+            raise ValueError(f"block_table entries that seq_lens reach{'' if window is None else ' in the window'} "
+                             f"must be blocks of the cache in [0, {num_blocks}), got {int(ids[bad])}")
+
     @property
     def num_prefills(self) -> int:
         return self.num_reqs - self.num_decodes

@@ -160,6 +160,36 @@ def dense_reference(h, fb, layer, q, kv_round_trip, rel_bias=None, sinks=None, v
     return torch.cat(out)
 
 
+@pytest.mark.parametrize("bad, error, match", [
+    ("q_width", ValueError, r"q must be \[tokens, 128\] or \[tokens, 4, 32\]"),
+    ("q_rows", ValueError, r"q must have one row per new token of the batch \(3, out_cache_loc's length\), got 2"),
+    ("k_rows", ValueError, r"k must hold one \[2, 32\] row per new token \(3, out_cache_loc's length\)"),
+    ("v_none", ValueError, "k and v must be given together"),
+])
+def test_a_bad_call_leaves_the_pool_as_it_was(bad, error, match):
+    """The query and K/V are checked before the store (the re-probe of the bad-input issue found the K/V written
+    first, then the query refused)."""
+    layers = make_layers()
+    h = Harness(layers, bf16_pool())
+    ours = InklingAttnBackend(h.runner)
+    fb = h.batch([0], [3], decode=False)
+    ours.init_forward_metadata(fb)
+    q, k, v = h.qkv(fb, layers[0])
+    if bad == "q_width":
+        q = q.reshape(q.shape[0], -1)[:, :100]
+    elif bad == "q_rows":
+        q = q[:2]
+    elif bad == "k_rows":
+        k = k[:2]
+    elif bad == "v_none":
+        v = None
+    pool = ours.token_to_kv_pool
+    before = [pool.get_key_buffer(0).clone(), pool.get_value_buffer(0).clone()]
+    with pytest.raises(error, match=match):
+        ours.forward(q, k, v, layers[0], fb)
+    assert torch.equal(pool.get_key_buffer(0), before[0]) and torch.equal(pool.get_value_buffer(0), before[1])
+
+
 def bf16_pool(size=256, page_size=1, layers=2):
     return lambda: inkling_pool_class("bf16")(size, page_size, torch.bfloat16, HKV, D, layers, "cpu", False)
 

@@ -1,0 +1,137 @@
+"""The vLLM adapter's layer (``hosts/vllm/attention.LayerAttention``, host-free) refuses what the re-probe of the
+bad-input issue found it taking (bench/results/current/bad-input-probe/), in vLLM's words and before any write:
+the batch's values (``query_start_loc``, ``seq_lens``, ``block_table``) once per step, the query and output shapes,
+sinks and per-tensor scales at binding; and an empty step's store is valid."""
+
+import math
+
+import pytest
+import torch
+
+from sglang_inkling_backend.hosts.vllm.attention import LayerAttention
+from sglang_inkling_backend.hosts.vllm.batch import VllmBatch
+from sglang_inkling_backend.hosts.vllm.block_cache import BlockCacheLayout, vllm_layer_view
+from sglang_inkling_backend.layer_plan import LayerSpec
+from sglang_inkling_backend.routes import TorchRoute
+
+HQ, HKV, D, BLOCK, BLOCKS = 4, 2, 32, 16, 8
+SPEC = LayerSpec(window=None, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D, softmax_scale=1 / math.sqrt(D))
+
+
+def batch(**changes):
+    """Two decodes (20 and 5 keys) and a 4-token prefill over 10 keys; blocks 1-4 hold them."""
+    fields = dict(num_reqs=3, num_actual_tokens=6, num_decodes=2, num_decode_tokens=2,
+                  query_start_loc=torch.tensor([0, 1, 2, 6], dtype=torch.int32),
+                  seq_lens=torch.tensor([20, 5, 10], dtype=torch.int32),
+                  block_table=torch.tensor([[1, 2], [3, 0], [4, 0]], dtype=torch.int32),
+                  slot_mapping=torch.zeros(6, dtype=torch.int64), block_size=BLOCK, max_seq_len=32,
+                  route=TorchRoute())
+    fields.update(changes)
+    return VllmBatch(**fields)
+
+
+def layer_cache():
+    layer = LayerAttention(SPEC, "bf16", torch.bfloat16)
+    cache = vllm_layer_view(BlockCacheLayout("bf16", HKV, D, BLOCK), BLOCKS, dtype=torch.bfloat16)
+    cache.normal_(generator=torch.Generator().manual_seed(0))
+    return layer, cache
+
+
+def test_a_valid_batch_is_served():
+    layer, cache = layer_cache()
+    out = layer.forward(torch.randn(6, HQ * D).bfloat16(), cache, batch(), torch.zeros(6, HQ * D).bfloat16())
+    assert out.abs().max() > 0.05
+
+
+@pytest.mark.parametrize("changes, match", [
+    (dict(block_table=torch.tensor([[1, 9], [3, 0], [4, 0]], dtype=torch.int32)),
+     r"block_table entries that seq_lens reach must be blocks of the cache in \[0, 8\), got 9"),
+    (dict(block_table=torch.tensor([[1, 2], [-1, 0], [4, 0]], dtype=torch.int32)),
+     r"block_table entries .* got -1"),
+    (dict(seq_lens=torch.tensor([20, 5, 2], dtype=torch.int32)),
+     r"seq_lens\[2\]=2 is shorter than request 2's 4 query tokens"),
+    (dict(seq_lens=torch.tensor([20, -3, 10], dtype=torch.int32)), r"seq_lens must be >= 0, got seq_lens\[1\]=-3"),
+    (dict(query_start_loc=torch.tensor([0, 2, 2, 6], dtype=torch.int32)),
+     r"query_start_loc must begin 0, 1, \.\.\., 2"),
+    (dict(query_start_loc=torch.tensor([1, 2, 3, 7], dtype=torch.int32)), r"query_start_loc must start at 0"),
+    (dict(query_start_loc=torch.tensor([0, 1, 2, 5], dtype=torch.int32)),
+     r"query_start_loc must .* end at num_actual_tokens \(6\)"),
+    (dict(seq_lens=torch.tensor([40, 5, 10], dtype=torch.int32)), r"seq_lens\[0\]=40 needs 3 blocks of 16"),
+])
+def test_bad_batch_values_are_refused_in_vllms_words_before_any_write(changes, match):
+    layer, cache = layer_cache()
+    output = torch.full((6, HQ * D), 7.0).bfloat16()
+    with pytest.raises(ValueError, match=match):
+        layer.forward(torch.randn(6, HQ * D).bfloat16(), cache, batch(**changes), output)
+    assert bool((output == 7.0).all())  # no decode row written before the refusal
+
+
+@pytest.mark.parametrize("query, output, error, match", [
+    (torch.zeros(6, 100), torch.zeros(6, HQ * D), ValueError, r"query must be \[tokens >= 6"),
+    (torch.zeros(5, HQ * D), torch.zeros(6, HQ * D), ValueError, r"query must be \[tokens >= 6"),
+    (torch.zeros(6, HQ * D), torch.zeros(4, HQ * D), ValueError, r"output must be \[tokens >= 6"),
+    (torch.zeros(6, HQ * D), torch.zeros(6, HQ * D, dtype=torch.int32), TypeError,
+     "output must be a floating-point tensor"),
+    (torch.zeros(6, HQ * D, dtype=torch.int32), torch.zeros(6, HQ * D), TypeError,
+     "query must be a floating-point tensor"),
+])
+def test_bad_query_or_output_is_refused(query, output, error, match):
+    layer, cache = layer_cache()
+    with pytest.raises(error, match=match):
+        layer.forward(query, cache, batch(), output)
+
+
+def test_a_kv_cache_that_is_not_a_tensor_is_refused():
+    layer, cache = layer_cache()
+    with pytest.raises(ValueError, match="kv_cache must be vLLM's 4-D per-layer view"):
+        layer.forward(torch.zeros(6, HQ * D), [cache], batch(), torch.zeros(6, HQ * D))
+
+
+@pytest.mark.parametrize("sinks, match", [
+    (torch.zeros(3), r"sinks must be a floating-point tensor of shape \[4\]"),
+    ([0.0] * 4, r"sinks must be a floating-point tensor of shape \[4\]"),
+    (torch.tensor([0.0, float("nan"), 0.0, 0.0]), "sinks must be finite"),
+    (torch.tensor([0.0, float("inf"), 0.0, 0.0]), "sinks must be finite"),
+])
+def test_bad_sinks_are_refused_when_the_layer_is_built(sinks, match):
+    with pytest.raises(ValueError, match=match):
+        LayerAttention(SPEC, "bf16", torch.bfloat16, sinks=sinks)
+
+
+@pytest.mark.parametrize("args, error, match", [
+    ((None, "bf16", torch.bfloat16), TypeError, "spec must be a LayerSpec"),
+    ((SPEC, "fp4", torch.bfloat16), ValueError, "kv_format must be one of"),
+    ((SPEC, "bf16", "bfloat16"), TypeError, "model_dtype must be a floating-point torch.dtype"),
+])
+def test_bad_layer_arguments_are_refused_when_the_layer_is_built(args, error, match):
+    with pytest.raises(error, match=match):
+        LayerAttention(*args)
+
+
+@pytest.mark.parametrize("scale, error", [("2.0", TypeError), (True, TypeError), (0.0, ValueError),
+                                          (float("nan"), ValueError)])
+def test_fp8_scales_are_numbers(scale, error):
+    layer = LayerAttention(SPEC, "fp8_e4m3", torch.bfloat16)
+    with pytest.raises(error, match="k_scale must be a finite number > 0"):
+        layer.bind_fp8_scales(scale, 1.0)
+    layer.bind_fp8_scales(2.0, 0.5)
+    assert (layer.spec.k_scale, layer.spec.v_scale) == (2.0, 0.5)
+
+
+def test_an_empty_step_stores_nothing():
+    layer, cache = layer_cache()
+    before = cache.clone()
+    empty = torch.zeros(0, HKV, D).bfloat16()
+    layer.store(empty, empty, cache, torch.zeros(0, dtype=torch.int64))  # was: refused as a bad key shape
+    assert torch.equal(cache, before)
+
+
+def test_what_vllm_leaves_unread_is_not_refused():
+    """A decode of 0 keys is vLLM's CUDA-graph padding row; a windowed layer does not read the blocks before its
+    window (vLLM may have freed them)."""
+    padded = batch(seq_lens=torch.tensor([20, 0, 10], dtype=torch.int32))
+    padded.check_values(BLOCKS)
+    stale = batch(block_table=torch.tensor([[9999, 2], [3, 0], [4, 0]], dtype=torch.int32))
+    stale.check_values(BLOCKS, window=4)  # request 0: keys 16-19 only, in block 2
+    with pytest.raises(ValueError, match="block_table entries that seq_lens reach must be blocks"):
+        stale.check_values(BLOCKS)
