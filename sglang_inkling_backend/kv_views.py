@@ -27,6 +27,8 @@ def dequantize_query(q: torch.Tensor, num_heads: int, head_dim: int,
         desc = tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__
         raise ValueError(f"q must be [tokens, {num_heads * head_dim}] or [tokens, {num_heads}, {head_dim}] (the "
                          f"layer's query heads), got {desc}")
+    if not q.is_floating_point():
+        raise TypeError(f"q must be a floating-point tensor (or float8_e4m3fn with q_descale), got {q.dtype}")
     rows = q.shape[0]
     q3 = q.reshape(rows, num_heads, head_dim)
     if q.dtype != mxfp8.DATA_DTYPE:

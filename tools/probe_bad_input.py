@@ -1505,7 +1505,6 @@ def define_kv_pool_cases():
             defect, build, names, kind)
 
     T = torch.tensor
-    k2 = lambda: torch.ones(2, 1, 32).bfloat16()  # noqa: E731
     for fmt in ("bf16", "mxfp8"):
         pool_case("set.valid", "valid set_kv_buffer", lambda p, k: p.set_kv_buffer(0, T([5, 6]), k, k), (), "control",
                   fmt, expect=lambda r: None)
@@ -1717,7 +1716,6 @@ def sglang_pool_case(id, defect, mutate, names, kind="bad", fmt="mxfp8", op="loa
         k = torch.randn(2, HKV, D, generator=torch.Generator().manual_seed(8)).bfloat16()
         pool.set_kv_buffer(layer, src, k, k)
         saved = pool.get_cpu_copy(src)
-        expect_k = pool.k_buffer[1][src].clone()
         pool.set_kv_buffer(layer, src, torch.zeros_like(k), torch.zeros_like(k))
         S = SimpleNamespace(pool=pool, layer=layer, saved=saved, indices=src, k=k, loc=torch.tensor([5, 6]),
                             k_scale=None, v_scale=None, tgt=torch.tensor([9, 10]), src=src, kwargs={})
@@ -1928,7 +1926,6 @@ def sglang_forward_case(id, defect, mutate, names, kind="bad", decode=True, laye
     the call is init_forward_metadata + forward, else only forward."""
 
     def build():
-        torch = _torch()
         H = SGLangHarness(route=route)
         fb = H.batch([0, 1], [1, 1] if decode else [3, 2], decode=decode)
         q, k, v = H.qkv(fb)

@@ -152,7 +152,13 @@ class InklingAttnBackend(AttentionBackend):
         self.forward_metadata = build_forward_metadata(
             r2t, forward_batch.req_pool_indices, forward_batch.seq_lens, extend_seq_lens=extend_seq_lens,
             windows=self.windows, full_to_swa=self._full_to_swa(), out_cache_loc=forward_batch.out_cache_loc,
-            page_size=self.decode_page_size, max_seq_len=max_seq_len)
+            page_size=self.decode_page_size, max_seq_len=max_seq_len, num_slots=self._full_pool_slots())
+
+    def _full_pool_slots(self):
+        """Slots of the pool that ``req_to_token`` indexes (a full-attention layer's buffer; None when every layer
+        is windowed in a hybrid pool, whose rails are translated instead)."""
+        full = [i for i in self.layer_plan.attention_layer_ids if self.layer_plan.window(i) is None]
+        return self.token_to_kv_pool.get_key_buffer(full[0]).shape[0] if full else None
 
     # --- CUDA graphs (decode) -----------------------------------------------------------------------------------
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):

@@ -83,12 +83,14 @@ def build_forward_metadata(req_to_token: torch.Tensor, req_pool_indices: torch.T
                            extend_seq_lens: Optional[torch.Tensor] = None, windows: Iterable[int] = (),
                            full_to_swa: Optional[torch.Tensor] = None,
                            out_cache_loc: Optional[torch.Tensor] = None, page_size: Optional[int] = None,
-                           max_seq_len: Optional[int] = None) -> InklingForwardMetadata:
+                           max_seq_len: Optional[int] = None,
+                           num_slots: Optional[int] = None) -> InklingForwardMetadata:
     """Eager metadata. Decode when ``extend_seq_lens`` is None (one query per request, ``seq_lens`` counting it);
     extend otherwise (``seq_lens`` = cached prefix + new tokens; prefix-cache hits and chunked prefill are both just
     a prefix). ``page_size`` (decode only): build the page table instead of the full rail and of the window rails
     it serves (all windows unless ``full_to_swa`` keeps them in a sub-pool); ``max_seq_len`` (a host int, the
-    batch's longest request) then sizes it."""
+    batch's longest request) then sizes it. ``num_slots``: the pool's slots; the batch's ``req_to_token`` entries
+    are checked to lie in it before any layer stores (one sync; eager steps only)."""
     check_token_table(req_to_token, req_pool_indices, seq_lens)
     device = req_to_token.device
     bs = seq_lens.numel()
@@ -112,6 +114,11 @@ def build_forward_metadata(req_to_token: torch.Tensor, req_pool_indices: torch.T
         pages = KVPages(page_table(req_to_token, req_pool_indices, page_size, -(-max_seq_len // page_size)),
                         seq_lens, page_size)
     full = gather_rails(req_to_token, req_pool_indices, seq_lens) if pages is None else None
+    if num_slots is not None:
+        read = (full if full is not None else gather_rails(req_to_token, req_pool_indices, seq_lens)).indices
+        if read.numel() and (int(read.min()) < 0 or int(read.max()) >= num_slots):
+            raise ValueError(f"req_to_token's entries for this batch (req_pool_indices' rows up to seq_lens) must be "
+                             f"slots of the KV pool in [0, {num_slots}), got [{int(read.min())}, {int(read.max())}]")
     rail_windows = sorted(set(windows)) if pages is None or full_to_swa is not None else []
     window_rails = {
         w: translate_rails(gather_rails(req_to_token, req_pool_indices, seq_lens,

@@ -165,6 +165,7 @@ def dense_reference(h, fb, layer, q, kv_round_trip, rel_bias=None, sinks=None, v
     ("q_rows", ValueError, r"q must have one row per new token of the batch \(3, out_cache_loc's length\), got 2"),
     ("k_rows", ValueError, r"k must hold one \[2, 32\] row per new token \(3, out_cache_loc's length\)"),
     ("v_none", ValueError, "k and v must be given together"),
+    ("q_int", TypeError, "q must be a floating-point tensor"),
 ])
 def test_a_bad_call_leaves_the_pool_as_it_was(bad, error, match):
     """The query and K/V are checked before the store (the re-probe of the bad-input issue found the K/V written
@@ -183,11 +184,24 @@ def test_a_bad_call_leaves_the_pool_as_it_was(bad, error, match):
         k = k[:2]
     elif bad == "v_none":
         v = None
+    elif bad == "q_int":
+        q = q.to(torch.int32)
     pool = ours.token_to_kv_pool
     before = [pool.get_key_buffer(0).clone(), pool.get_value_buffer(0).clone()]
     with pytest.raises(error, match=match):
         ours.forward(q, k, v, layers[0], fb)
     assert torch.equal(pool.get_key_buffer(0), before[0]) and torch.equal(pool.get_value_buffer(0), before[1])
+
+
+@pytest.mark.parametrize("slot", [9999, -1])
+def test_req_to_token_entries_past_the_pool_are_refused_before_any_layer_stores(slot):
+    layers = make_layers()
+    h = Harness(layers, bf16_pool())
+    ours = InklingAttnBackend(h.runner)
+    fb = h.batch([0], [3], decode=False)
+    h.r2t_pool.req_to_token[0, 1] = slot  # a key the batch reads
+    with pytest.raises(ValueError, match=r"req_to_token's entries for this batch .* must be slots of the KV pool"):
+        ours.init_forward_metadata(fb)
 
 
 def bf16_pool(size=256, page_size=1, layers=2):
