@@ -80,6 +80,66 @@ def test_the_decode_block_kernel_compiles_for(target, block_kernel_records):
         assert e4m3["instructions"].get("v_cvt_scalef32_pk_f16_fp8", 0) > 0, e4m3
 
 
+# Every kernel for every target, in one configuration each (the first of tools/compile_targets.py's cases for it)
+# and, where the pool goes as bytes (sm_80 / sm_86), each kernel that takes a pool with a per-tensor fp8 one too
+# (its unused scale arguments once were a float8e4nv pointer, which Triton refuses there). One process per vendor,
+# side by side. The full table (every configuration and pool) is tools/compile_targets.py's.
+COMPILE_EVERY_KERNEL = """
+import json, sys
+sys.path.insert(0, {tools!r})
+import compile_targets as ct
+from triton.backends import backends
+for target in {targets!r}:
+    vendor = "nvidia" if ct.TARGETS[target][0] == "cuda" else "amd"
+    if vendor not in backends:
+        print("RECORD " + json.dumps({{"target": target, "unavailable": "this Triton has no " + vendor + " backend"}}))
+        continue
+    chosen, seen = [], set()
+    for i in ct.cases_for(target):
+        case = ct.CASES[i]
+        fp8_as_bytes = case.pool == "fp8" and ct.pool_as_bytes(target)
+        if case.kernel not in seen or (fp8_as_bytes and (case.kernel, "fp8") not in seen):
+            chosen.append(i)
+            seen.update({{case.kernel, (case.kernel, case.pool)}})
+    for i in chosen:
+        print("RECORD " + json.dumps(ct.compile_case(i, target)), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def every_kernel_records():
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    vendors = [[t for t in TARGETS if t.startswith("sm_")], [t for t in TARGETS if t.startswith("gfx")]]
+    procs = [subprocess.Popen([sys.executable, "-c", COMPILE_EVERY_KERNEL.format(tools=TOOLS, targets=targets)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for targets in vendors]
+    records = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=900)
+        assert proc.returncode == 0, err[-3000:]
+        records += [json.loads(line[len("RECORD "):]) for line in out.splitlines() if line.startswith("RECORD ")]
+    return records
+
+
+def test_every_kernel_compiles_for_every_target(every_kernel_records):
+    available = [r for r in every_kernel_records if "unavailable" not in r]
+    if not available:
+        pytest.skip("this Triton has neither the NVIDIA nor the AMD backend")
+    failed = [f"{r['target']} {r['kernel']} {r['pool']}: {r['error']}" for r in available if not r["compiled"]]
+    assert not failed, failed
+    kernels = {r["kernel"] for r in available}
+    assert {"decode_blocks", "decode_tiles", "decode_merge", "extend", "kv_store", "gather_kv", "prologue"} <= kernels
+    for target in {r["target"] for r in available}:  # every kernel on every target, the Hopper one on sm_90
+        want = kernels - ({"decode_hopper"} if target != "sm_90" else set())
+        assert {r["kernel"] for r in available if r["target"] == target} == want, target
+    bytes_fp8 = {(r["target"], r["kernel"]) for r in available
+                 if r["pool"] == "fp8" and r["target"] in ("sm_80", "sm_86")}
+    assert {("sm_80", k) for k in ("decode_blocks", "decode_tiles", "extend", "gather_kv")} <= bytes_fp8
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # gfx942's e4m3fn decodings, reproduced from its AMDGCN (no GPU, no Triton)
 # ---------------------------------------------------------------------------------------------------------------
