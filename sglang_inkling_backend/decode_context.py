@@ -104,7 +104,13 @@ class BatchedDecodeContext:
         return self._padding_by_window[window]
 
     def cache_for(self, layer_id: int, request: int) -> Any:
-        return self.attention_layer_caches[self.attention_pool_index_by_layer[layer_id]][request]
+        if layer_id not in self.attention_pool_index_by_layer:
+            raise ValueError(f"layer_id must be one of the model's attention layers "
+                             f"{sorted(self.attention_pool_index_by_layer)}, got {layer_id!r}")
+        caches = self.attention_layer_caches[self.attention_pool_index_by_layer[layer_id]]
+        if isinstance(request, bool) or not isinstance(request, int) or not 0 <= request < len(caches):
+            raise ValueError(f"request must be an int in [0, {len(caches)}) (the batch's requests), got {request!r}")
+        return caches[request]
 
 
 def make_decode_context(plan: LayerPlan, seq_lens: Sequence[int], attention_layer_caches: list[Any],

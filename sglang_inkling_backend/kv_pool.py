@@ -65,7 +65,11 @@ class InklingKVPool:
                 mxfp8.require_head_dim(plan.spec(layer_id).head_dim, f"layer {layer_id}'s head_dim")
         self.plan, self.size, self.page_size, self.kv_format = plan, size, page_size, kv_format
         self.swa_size = swa_size if swa_size is not None else size
-        self.device = torch.device(device)
+        try:
+            self.device = torch.device(device)
+        except (RuntimeError, TypeError) as err:
+            raise ValueError(f"device must be a torch device or its name (e.g. 'cpu', 'cuda:0'), got {device!r}") \
+                from err
         self.k_scale, self.v_scale = float(k_scale), float(v_scale)
         self.store_dtype = mxfp8.STORAGE_DTYPE[kv_format]
         self.layers: dict[int, LayerKV] = {}

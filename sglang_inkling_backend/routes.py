@@ -105,6 +105,7 @@ def accelerated_route_possible(head_dims=()) -> tuple[bool, str]:
 def choose_route(device: torch.device, head_dims=()):
     """Torch on CPU; the Triton family on CUDA/ROCm when it imports and serves the GPU and the model's head sizes;
     else torch, with one WARNING saying why. The chosen route is logged with its extend kernel."""
+    device = torch.device(device)  # a name ("cuda:0") is a device too
     if device.type == "cpu":
         logger.info("inkling: attention route: torch reference (device %s)", device)
         return TorchRoute()

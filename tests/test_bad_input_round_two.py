@@ -124,3 +124,28 @@ def test_attend_refuses_an_integer_output():
     with pytest.raises(TypeError, match="out must be a floating-point tensor"):
         attend(None, None, q, None, SimpleNamespace(num_decode_rows=1), lambda a, b: AttentionParams(1.0), None,
                torch.zeros(1, 2, 32, dtype=torch.int32))  # was: the attention truncated into ints
+
+
+def test_decode_context_names_an_unknown_layer_or_request():
+    from sglang_inkling_backend.decode_context import BatchedDecodeContext
+
+    ctx = BatchedDecodeContext([4, 7], [["c00", "c01"], ["c10", "c11"]])
+    assert ctx.cache_for(1, 1) == "c11"
+    with pytest.raises(ValueError, match=r"layer_id must be one of the model's attention layers \[0, 1\], got 9"):
+        ctx.cache_for(9, 0)  # was: KeyError
+    with pytest.raises(ValueError, match=r"request must be an int in \[0, 2\)"):
+        ctx.cache_for(0, 2)  # was: IndexError
+
+
+def test_a_pool_on_an_unknown_device_is_refused_by_name():
+    from sglang_inkling_backend.kv_pool import InklingKVPool
+
+    with pytest.raises(ValueError, match="device must be a torch device or its name"):
+        InklingKVPool(LayerPlan.from_windows({0: None}, num_q_heads=2, num_kv_heads=1, head_dim=32), 16, 1,
+                      device="bogus")  # was: torch's RuntimeError
+
+
+def test_choose_route_takes_a_device_name():
+    from sglang_inkling_backend.routes import choose_route
+
+    assert choose_route("cpu").name == "torch"  # was: AttributeError

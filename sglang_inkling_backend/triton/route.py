@@ -55,6 +55,9 @@ class TritonRoute:
 
         ``keys``: a page table (``KVPages``: the paged kernels, windows included, positions absolute) or per-token
         rails (``KVRails``: any slot per token; a hybrid pool's window rails, a pool without whole pages)."""
+        if not isinstance(keys, (KVRails, KVPages)):
+            raise TypeError(f"keys must be KVPages (a page table) or KVRails (per-token rails), got "
+                            f"{type(keys).__name__}")
         pages = isinstance(keys, KVPages)
         page_size = keys.page_size if pages else None
         csr = (None, None) if pages else (keys.indptr, keys.indices)

@@ -117,3 +117,8 @@ def test_extend_keys_checks():
         check_extend_keys(kv, rails, qo.float(), 4)
     with pytest.raises(ValueError, match="batch \\+ 1 >= 2 entries"):
         check_extend_keys(kv, rails, qo[:2], 2)
+
+
+def test_keys_of_the_wrong_kind_are_refused():
+    with pytest.raises(TypeError, match=r"keys must be KVPages \(a page table\) or KVRails"):
+        decode(TritonRoute(kernels), None, 8)  # was: AttributeError

@@ -124,6 +124,8 @@ class InklingMHATokenToKVPool(MHATokenToKVPool):
             raise NotImplementedError("the inkling KV pool does not support dcp_kv_mask (decode context parallelism)")
         loc, _, _ = unwrap_write_loc(loc_info)
         self._check_physical_write_loc(loc_info, "set_kv_buffer (inkling)")
+        if layer_id_override is None and not hasattr(layer, "layer_id"):
+            raise TypeError(f"layer must be SGLang's attention layer (with a layer_id), got {type(layer).__name__}")
         layer_id = layer_id_override if layer_id_override is not None else layer.layer_id
         local = self._local(layer_id)
         if _is_block_scales(k_scale) or _is_block_scales(v_scale):

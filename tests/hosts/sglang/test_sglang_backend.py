@@ -412,6 +412,8 @@ def test_pool_rejects_bad_writes_before_writing():
         pool.set_kv_buffer(layer, torch.tensor([5, 384]), k, k)
     with pytest.raises(ValueError, match="per-tensor k_scale/v_scale"):
         pool.set_kv_buffer(layer, torch.tensor([5, 6]), k, k, 2.0, 2.0)
+    with pytest.raises(TypeError, match="layer must be SGLang's attention layer"):
+        pool.set_kv_buffer(0, torch.tensor([5, 6]), k, k)  # a layer id where the layer goes (was: AttributeError)
     assert torch.equal(pool.get_key_buffer(0).view(torch.uint8), before.view(torch.uint8))
     with pytest.raises(ValueError, match="v_head_dim == head_dim"):
         inkling_pool_class("bf16")(256, 1, torch.bfloat16, HKV, D, 1, "cpu", False, v_head_dim=64)
