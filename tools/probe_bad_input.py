@@ -1636,8 +1636,9 @@ def define_routes_misc_cases():
     from sglang_inkling_backend.routes import choose_route
     from sglang_inkling_backend.scale_layout import ScaleLayout
     S = "core.routes"
-    call_case("core.routes.choose_route.string_device", S, "routes.py:choose_route", "device 'cpu' (a string)",
-              lambda: choose_route("cpu").name, "device", expect=lambda r: ("accepted", r))
+    call_case("core.routes.choose_route.string_device", S, "routes.py:choose_route",
+              "documented: a device name ('cpu') is a device", lambda: choose_route("cpu").name, kind="control",
+              expect=lambda r: None if r == "torch" else ("silent_wrong", r))
     call_case("core.routes.choose_route.valid", S, "routes.py:choose_route", "valid: torch.device('cpu')",
               lambda: choose_route(torch.device("cpu")).name, kind="control", expect=lambda r: None
               if r == "torch" else ("silent_wrong", r))
