@@ -17,6 +17,18 @@ from sglang_inkling_backend.layer_plan import LayerSpec, attention_params
 from sglang_inkling_backend.attention_inputs import PagedKV
 
 
+def _require_token_rows(t, name: str, n: int, counted_by: str, heads: int, head_dim: int) -> None:
+    """``t`` a floating-point ``[tokens >= n, heads, head_dim]`` or ``[tokens >= n, heads * head_dim]`` tensor (vLLM
+    pads its token buffers past the step's ``n`` rows, which ``counted_by`` names)."""
+    if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got "
+                        f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}")
+    width = heads * head_dim
+    if t.dim() not in (2, 3) or t.shape[0] < n or math.prod(t.shape[1:]) != width:
+        raise ValueError(f"{name} must be [tokens >= {n} ({counted_by}), {heads}, {head_dim}] or [tokens, {width}], "
+                         f"got {tuple(t.shape)}")
+
+
 class LayerAttention:
     _slots_checked: tuple = ()  # the slot_mapping (pointer, version, length, cache slots) last checked, any layer
 
@@ -72,14 +84,9 @@ class LayerAttention:
             desc = f"{slot_mapping.dtype} {tuple(slot_mapping.shape)}" if isinstance(slot_mapping, torch.Tensor) \
                 else type(slot_mapping).__name__
             raise TypeError(f"slot_mapping must be a 1-D int32/int64 tensor of slots, got {desc}")
-        n, width = slot_mapping.shape[0], self.spec.num_kv_heads * self.spec.head_dim
+        n = slot_mapping.shape[0]
         for name, t in (("key", key), ("value", value)):
-            if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-                raise TypeError(f"{name} must be a floating-point tensor, got "
-                                f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}")
-            if t.dim() not in (2, 3) or t.shape[0] < n or math.prod(t.shape[1:]) != width:
-                raise ValueError(f"{name} must be [tokens >= {n} (slot_mapping's entries), {self.spec.num_kv_heads}, "
-                                 f"{self.spec.head_dim}] or [tokens, {width}], got {tuple(t.shape)}")
+            _require_token_rows(t, name, n, "slot_mapping's entries", self.spec.num_kv_heads, self.spec.head_dim)
         kv = self.paged_kv(kv_cache)
         # Every layer of a step stores at the same slot_mapping tensor: its values are checked once (an in-place
         # update for the next step bumps the tensor's version).
@@ -99,18 +106,13 @@ class LayerAttention:
                 output: torch.Tensor) -> torch.Tensor:
         """Attention of the batch's ``num_actual_tokens`` query rows into ``output`` (rows past them untouched)."""
         spec, route = self.spec, batch.route
-        n, width = batch.num_actual_tokens, spec.num_q_heads * spec.head_dim
+        n = batch.num_actual_tokens
         kv = self.paged_kv(kv_cache)
         if kv_cache.shape[2] != batch.block_size:
             raise ValueError(f"kv_cache blocks must hold the batch's block_size {batch.block_size} tokens, got "
                              f"shape {tuple(kv_cache.shape)}")
         for name, t in (("query", query), ("output", output)):
-            if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-                raise TypeError(f"{name} must be a floating-point tensor, got "
-                                f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}")
-            if t.dim() not in (2, 3) or t.shape[0] < n or math.prod(t.shape[1:]) != width:
-                raise ValueError(f"{name} must be [tokens >= {n} (num_actual_tokens), {spec.num_q_heads}, "
-                                 f"{spec.head_dim}] or [tokens, {width}], got {tuple(t.shape)}")
+            _require_token_rows(t, name, n, "num_actual_tokens", spec.num_q_heads, spec.head_dim)
         if not checks.stream_capturing(query.device):
             batch.plans.once(("vLLM batch values", kv.num_slots, spec.window),
                              lambda: batch.check_values(kv_cache.shape[0], spec.window))
