@@ -96,6 +96,10 @@ class InklingAttnBackend(AttentionBackend):
         if self.is_swa_pool:
             check_swa_placement(self.layer_plan, self.token_to_kv_pool.layers_mapping)
         self.windows = {self.layer_plan.window(i) for i in self.layer_plan.windowed_layer_ids}
+        # The slots req_to_token indexes: a full-attention layer's buffer (None when every layer is windowed in a
+        # hybrid pool, whose rails are translated instead); checked against each eager step's entries.
+        full = [i for i in self.layer_plan.attention_layer_ids if self.layer_plan.window(i) is None]
+        self.req_to_token_slots = self.token_to_kv_pool.get_key_buffer(full[0]).shape[0] if full else None
         head_dims = {self.layer_plan.spec(i).head_dim for i in self.layer_plan.attention_layer_ids}
         self.use_route(choose_route(self.device, head_dims))
         self.forward_metadata: Optional[InklingForwardMetadata] = None
@@ -152,13 +156,7 @@ class InklingAttnBackend(AttentionBackend):
         self.forward_metadata = build_forward_metadata(
             r2t, forward_batch.req_pool_indices, forward_batch.seq_lens, extend_seq_lens=extend_seq_lens,
             windows=self.windows, full_to_swa=self._full_to_swa(), out_cache_loc=forward_batch.out_cache_loc,
-            page_size=self.decode_page_size, max_seq_len=max_seq_len, num_slots=self._full_pool_slots())
-
-    def _full_pool_slots(self):
-        """Slots of the pool that ``req_to_token`` indexes (a full-attention layer's buffer; None when every layer
-        is windowed in a hybrid pool, whose rails are translated instead)."""
-        full = [i for i in self.layer_plan.attention_layer_ids if self.layer_plan.window(i) is None]
-        return self.token_to_kv_pool.get_key_buffer(full[0]).shape[0] if full else None
+            page_size=self.decode_page_size, max_seq_len=max_seq_len, num_slots=self.req_to_token_slots)
 
     # --- CUDA graphs (decode) -----------------------------------------------------------------------------------
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
