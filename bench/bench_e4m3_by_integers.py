@@ -102,6 +102,23 @@ def with_integers(on: bool):
         os.environ.pop(E4M3_BY_INTEGERS_ENV, None)
 
 
+def measure_paths(row: dict, fmt: str, call, want) -> None:
+    """Time ``call()`` and its error against ``want`` into ``row``: once for a bf16 pool, natively and by integers
+    for an 8-bit one, with the two outputs compared bit for bit and their time ratios."""
+    outs = {}
+    for integers in ((False,) if fmt == "bf16" else (False, True)):
+        with_integers(integers)
+        name = fmt if fmt == "bf16" else f"{fmt}_{'integers' if integers else 'native'}"
+        outs[name] = call()
+        row[f"{name}_ms"] = round(timed_ms(call), 4)
+        row[f"{name}_err"] = rel_err(outs[name], want)
+    with_integers(False)
+    if fmt != "bf16":
+        row[f"{fmt}_bit_identical"] = bool(torch.equal(outs[f"{fmt}_native"], outs[f"{fmt}_integers"]))
+        row[f"{fmt}_integers_over_native"] = round(row[f"{fmt}_integers_ms"] / row[f"{fmt}_native_ms"], 3)
+        row[f"{fmt}_integers_over_bf16"] = round(row[f"{fmt}_integers_ms"] / row["bf16_ms"], 3)
+
+
 def decode_rows(dev, gen):
     rows = []
     for label, hq, hkv, d, b, ctx in DECODE_SHAPES:
@@ -117,22 +134,11 @@ def decode_rows(dev, gen):
                                            page_size=PAGE, kv_dtype=kv.k_buffer.dtype, device=dev,
                                            config=DecodeConfig(kernel=kernel), kv_format=kv.kv_format)
                 want = float64_attention(q, kv, table, lens.tolist(), params.softmax_scale)
-                outs = {}
-                for integers in ((False,) if fmt == "bf16" else (False, True)):
-                    with_integers(integers)
-                    name = fmt if fmt == "bf16" else f"{fmt}_{'integers' if integers else 'native'}"
 
-                    def call(kv=kv, plan=plan):
-                        return kernels.run_decode(plan, q, kv, params=params, page_table=table, seq_lens=lens,
-                                                  check=False)
-                    outs[name] = call()
-                    row[f"{name}_ms"] = round(timed_ms(call), 4)
-                    row[f"{name}_err"] = rel_err(outs[name], want)
-                with_integers(False)
-                if fmt != "bf16":
-                    row[f"{fmt}_bit_identical"] = bool(torch.equal(outs[f"{fmt}_native"], outs[f"{fmt}_integers"]))
-                    row[f"{fmt}_integers_over_native"] = round(row[f"{fmt}_integers_ms"] / row[f"{fmt}_native_ms"], 3)
-                    row[f"{fmt}_integers_over_bf16"] = round(row[f"{fmt}_integers_ms"] / row["bf16_ms"], 3)
+                def call(kv=kv, plan=plan):
+                    return kernels.run_decode(plan, q, kv, params=params, page_table=table, seq_lens=lens,
+                                              check=False)
+                measure_paths(row, fmt, call, want)
             rows.append(row)
     return rows
 
@@ -149,22 +155,11 @@ def extend_row(dev, gen):
     for fmt in ("bf16", "mxfp8", "fp8"):
         kv = pools[fmt]
         want = float64_attention(q, kv, table, lens.tolist(), params.softmax_scale, qo=qo.tolist())
-        outs = {}
-        for integers in ((False,) if fmt == "bf16" else (False, True)):
-            with_integers(integers)
-            name = fmt if fmt == "bf16" else f"{fmt}_{'integers' if integers else 'native'}"
 
-            def call(kv=kv):
-                return kernels.paged_extend_attention(q, kv, qo_indptr=qo, params=params, page_table=table,
-                                                      seq_lens=lens, page_size=PAGE, validate=False)
-            outs[name] = call()
-            row[f"{name}_ms"] = round(timed_ms(call), 4)
-            row[f"{name}_err"] = rel_err(outs[name], want)
-        with_integers(False)
-        if fmt != "bf16":
-            row[f"{fmt}_bit_identical"] = bool(torch.equal(outs[f"{fmt}_native"], outs[f"{fmt}_integers"]))
-            row[f"{fmt}_integers_over_native"] = round(row[f"{fmt}_integers_ms"] / row[f"{fmt}_native_ms"], 3)
-            row[f"{fmt}_integers_over_bf16"] = round(row[f"{fmt}_integers_ms"] / row["bf16_ms"], 3)
+        def call(kv=kv):
+            return kernels.paged_extend_attention(q, kv, qo_indptr=qo, params=params, page_table=table,
+                                                  seq_lens=lens, page_size=PAGE, validate=False)
+        measure_paths(row, fmt, call, want)
     return row
 
 
