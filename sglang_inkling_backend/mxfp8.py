@@ -29,6 +29,10 @@ ZERO_BLOCK_EXPONENT = 19  # the exponent of the 1e-30 floor: what an all-zero bl
 NAN_SCALE = 0xFF  # UE8M0 NaN; scale buffers therefore start zeroed, never 0xFF
 E4M3_NAN = 0x7F
 AMAX_FLOOR = 1e-30
+# The largest magnitude whose encoding dequantizes finite in float32: 240 * 2**120 = 1.875 * 2**127 (3.19e38). A
+# larger finite value (float32 up to 3.40e38, or float64) saturates to it; unclamped, e4m3 rounding would give
+# 256 * 2**120 = 2**128, which float32 reads as inf. Below it every encoder is SGLang's rule, byte for byte.
+LARGEST_ROUND_TRIP = 1.875 * 2.0**127
 
 DATA_DTYPE = torch.float8_e4m3fn
 SCALE_DTYPE = torch.uint8  # a uint8 view of float8_e8m0fnu: every library can index and copy it
@@ -85,15 +89,19 @@ def exponent_to_scale(scales: torch.Tensor) -> torch.Tensor:
 
 def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize ``x [..., D]`` (any float dtype; bf16 in the KV path) to ``(data float8_e4m3fn [..., D],
-    scales uint8 [..., D // 32])``."""
+    scales uint8 [..., D // 32])``. Finite values past ``LARGEST_ROUND_TRIP`` saturate to it; a block holding a NaN
+    or an infinity is all NaN."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if not x.is_floating_point():
         raise TypeError(f"x must be a floating-point tensor, got {x.dtype}")
     d = _check_last_dim(x, "x")
-    blocks = x.float().reshape(*x.shape[:-1], d // BLOCK, BLOCK)
+    blocks = x.reshape(*x.shape[:-1], d // BLOCK, BLOCK)
     amax = blocks.abs().amax(dim=-1)  # NaN and inf propagate: one finiteness test per block, not per element
     finite = torch.isfinite(amax)
+    if torch.finfo(x.dtype).max > LARGEST_ROUND_TRIP:  # float32, bf16 and float64 can hold larger finite values
+        blocks, amax = blocks.clamp(-LARGEST_ROUND_TRIP, LARGEST_ROUND_TRIP), amax.clamp(max=LARGEST_ROUND_TRIP)
+    blocks, amax = blocks.float(), amax.float()
     e = scale_exponent(torch.where(finite, amax, 0.0))
     # Division by a power of two is exact; the ceil rule keeps |x / scale| <= 448, the clamp is belt and braces.
     scaled = torch.clamp(blocks / exponent_to_scale(e).unsqueeze(-1), -E4M3_MAX, E4M3_MAX)

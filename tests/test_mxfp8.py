@@ -108,6 +108,25 @@ def test_non_finite_block_is_nan_and_does_not_spill():
     assert deq[0, :32].isnan().all() and (deq[0, 32:] == 1).all()
 
 
+def test_finite_values_past_float32s_round_trip_saturate():
+    """Past 1.875 * 2**127 e4m3 rounding at scale 2**120 reaches 256 * 2**120 = 2**128, which float32 reads as inf;
+    the quantizer saturates instead, for float32, bf16 and float64 input (1e300 would be inf in float32)."""
+    top = mxfp8.LARGEST_ROUND_TRIP
+    for x in (torch.tensor([[3.3e38, -3.4028e38, 1.0] + [0.0] * 29]),
+              torch.tensor([[3.3e38, -3.39e38, 1.0] + [0.0] * 29]).bfloat16(),
+              torch.tensor([[1e300, -1e300, 1.0] + [0.0] * 29], dtype=torch.float64)):
+        data, scales = mxfp8.quantize(x)
+        back = mxfp8.dequantize(data, scales, torch.float32)[0]
+        assert back[:2].tolist() == [top, -top] and back[2] == 0.0 and int(scales) == 247, x.dtype
+    # exactly at the limit: unchanged; an infinity still makes the block NaN
+    data, scales = mxfp8.quantize(torch.tensor([[top] + [0.0] * 31]))
+    assert mxfp8.dequantize(data, scales, torch.float32)[0, 0] == top
+    assert int(mxfp8.quantize(torch.tensor([[float("inf")] + [0.0] * 31]))[1]) == mxfp8.NAN_SCALE
+    # without the saturation the same rule overflows: 3.3e38 / 2**120 = 248.3 rounds to 256, 256 * 2**120 = inf
+    unsaturated = torch.tensor(3.3e38 / 2.0 ** 120).to(mxfp8.DATA_DTYPE).float() * 2.0 ** 120
+    assert unsaturated.isinf()
+
+
 @settings(max_examples=200, deadline=None)
 @given(arrays(np.float32, (2, 64), elements=st.floats(-2.0 ** 100, 2.0 ** 100, width=32, allow_subnormal=True)))
 def test_round_trip_error_within_half_an_e4m3_step(x):

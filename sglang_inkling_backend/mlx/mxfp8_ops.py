@@ -13,7 +13,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from ..mxfp8 import AMAX_FLOOR as _AMAX_FLOOR  # an all-zero block gets exponent 19, as in SGLang
-from ..mxfp8 import BLOCK, E4M3_MAX
+from ..mxfp8 import BLOCK, E4M3_MAX, LARGEST_ROUND_TRIP
 from ..mxfp8 import NAN_SCALE as UE8M0_NAN
 from ..scale_layout import INTERLEAVED_PAGE_SIZE, ROWS_PER_ATOM
 
@@ -74,6 +74,7 @@ def quantize(x: mx.array) -> tuple[mx.array, mx.array]:
     blocks = x.astype(mx.float32).reshape(*x.shape[:-1], x.shape[-1] // BLOCK, BLOCK)
     element_finite = mx.isfinite(blocks)
     block_finite = mx.all(element_finite, axis=-1)
+    blocks = mx.clip(blocks, -LARGEST_ROUND_TRIP, LARGEST_ROUND_TRIP)  # finite values saturate, as in the core
     exponent = ue8m0_exponent(mx.max(mx.where(element_finite, mx.abs(blocks), 0.0), axis=-1))
     inverse_scale = ((254 - exponent.astype(mx.uint32)) << 23).view(mx.float32)  # 2^(127 - e), exact
     scaled = mx.clip(mx.where(element_finite, blocks, 0.0) * inverse_scale[..., None], -E4M3_MAX, E4M3_MAX)

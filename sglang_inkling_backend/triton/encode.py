@@ -5,7 +5,8 @@ Every rounding is an integer bit operation (round to nearest even), never a dtyp
 the Triton interpreter alike (the interpreter's fp32 -> e4m3 cast rounds ties wrongly: 124 -> 64, 84 -> 88;
 ``tests/triton_tests/test_triton_prologue.py`` feeds it those ties). The scale exponent is ``ceil(log2(amax / 448))`` from the
 float's exponent and mantissa bits, and the scaling multiplies by an exact power of two. A block holding a NaN or
-an infinity gets the UE8M0 NaN byte 0xFF and e4m3 NaNs (0x7F), as the core quantizer.
+an infinity gets the UE8M0 NaN byte 0xFF and e4m3 NaNs (0x7F), and a finite value past ``LARGEST_ROUND_TRIP``
+saturates to it, as the core quantizer.
 
 Reductions go through ``tl.reduce`` with this module's combine functions, not ``tl.max`` / ``tl.min``: those are
 @jit functions of triton.language, which stay compiled when triton was imported before ``TRITON_INTERPRET`` was
@@ -52,6 +53,8 @@ def mxfp8_encode_blocks(xb):
     bits = xb.to(tl.int32, bitcast=True)
     finite = (bits & 0x7F800000) != 0x7F800000
     block_finite = tl.reduce(finite.to(tl.int32), 1, _min) == 1
+    # saturate at mxfp8.LARGEST_ROUND_TRIP = 1.875 * 2**127: past it e4m3 rounding would reach 2**128 (inf)
+    xb = tl.minimum(tl.maximum(xb, -3.1901471898837981e38), 3.1901471898837981e38)
     amax = tl.maximum(tl.reduce(tl.where(finite, tl.abs(xb), 0.0), 1, _max), 1e-30)
     # smallest e with amax <= 448 * 2**(e - 127): amax = 1.m * 2**(E - 127), 448 = 1.75 * 2**8. A finite float32
     # has E <= 254, so e <= 247 and 2**(127 - e) below is a normal float32

@@ -102,10 +102,11 @@ def test_e4m3_encoder_in_metal_source_on_edge_values(cache_dir):
     # blocks whose amax is exactly 448 keep scale 2^0, so codes and ties are encoded as they are
     rows[..., 0] = 448.0
     rows[..., 32] = 448.0
-    extra = torch.zeros(4, 1, 64)
+    extra = torch.zeros(5, 1, 64)
     extra[0, 0, 5] = float("nan")
     extra[1, 0, 40] = float("inf")
     extra[2] = torch.linspace(-3.5, 3.5, 64)
+    extra[4, 0, :3] = torch.tensor([3.3e38, -3.4e38, 1.0])  # past LARGEST_ROUND_TRIP: saturate, not 2**128
     v = torch.cat([rows, extra]).float()
     t = v.shape[0]
     q = torch.zeros(t, 1, 64)
@@ -115,6 +116,8 @@ def test_e4m3_encoder_in_metal_source_on_edge_values(cache_dir):
     core_v, core_vs = mxfp8.quantize(v)
     assert torch.equal(torch.from_numpy(out[4]), core_v.view(torch.uint8))
     assert torch.equal(torch.from_numpy(out[5]), core_vs)
+    assert mxfp8.dequantize(core_v[-1], core_vs[-1], torch.float32)[0, :2].tolist() == [
+        mxfp8.LARGEST_ROUND_TRIP, -mxfp8.LARGEST_ROUND_TRIP]
 
 
 def test_rope_float_kernel_source(cache_dir):

@@ -20,7 +20,7 @@ def _edge_values() -> torch.Tensor:
     """Blocks that stress the exponent rule and e4m3 rounding: exact powers of two at 448 * 2^k, mantissas
     just above 1.75, e4m3 ties (odd/even), subnormal ties, zeros, negative zeros, huge and tiny blocks."""
     blocks = []
-    for amax in (448.0, 3.5, 3.5000002, 1.76, 1.75, 500.0, 449.0, 2.0 ** -20, 1e-30, 3e38, 1.0):
+    for amax in (448.0, 3.5, 3.5000002, 1.76, 1.75, 500.0, 449.0, 2.0 ** -20, 1e-30, 3e38, 1.0, 3.3e38):
         row = torch.linspace(-amax, amax, 32)
         row[0] = amax
         blocks.append(row)

@@ -109,6 +109,7 @@ def test_mxfp8_quantize_matches_core_quantizer_at_ties_and_edges():
     x[2, 5] = float("nan")  # non-finite blocks: scale 0xFF, all elements 0x7F; neighbours unaffected
     x[2, 40] = float("inf")
     x[3, :32] = torch.exp2(torch.arange(-40.0, -8.0))  # deep subnormals relative to the block max
+    x[4, :3] = torch.tensor([3.3e38, -3.38e38, 1.0])  # past LARGEST_ROUND_TRIP: saturate, not 2**128
     x = x.bfloat16().float()
     data, scales = mxfp8.quantize(x)
     x_dev = x.to(DEVICE)
@@ -118,6 +119,8 @@ def test_mxfp8_quantize_matches_core_quantizer_at_ties_and_edges():
     assert torch.equal(out.cpu(), data.view(torch.uint8))
     assert torch.equal(out_scales.cpu().view(rows, 4), scales)
     assert int(scales[1, 0]) == mxfp8.ZERO_BLOCK_EXPONENT and int(scales[2, 0]) == mxfp8.NAN_SCALE
+    assert mxfp8.dequantize(data[4:5], scales[4:5], torch.float32)[0, :2].tolist() == [
+        mxfp8.LARGEST_ROUND_TRIP, -mxfp8.LARGEST_ROUND_TRIP]
 
 
 # ------------------------------------------------------------------------------------------------------------

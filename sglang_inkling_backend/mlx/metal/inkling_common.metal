@@ -8,7 +8,7 @@
 // MXFP8 (SGLang's Inkling recipe, identical to sglang_inkling_backend.mxfp8):
 //   32 channels share one UE8M0 scale byte e (value 2^(e-127));
 //   e = clamp(ceil(log2(max(amax, 1e-30) / 448)) + 127, 0, 254), computed exactly from the bits;
-//   data = e4m3fn(x / 2^(e-127)), round-to-nearest-even, saturating at +-448;
+//   data = e4m3fn(x / 2^(e-127)), round-to-nearest-even, saturating at +-448 (and x at +-1.875 * 2^127);
 //   a block holding a NaN or an infinity gets scale 0xFF (UE8M0 NaN) and data 0x7F (e4m3 NaN).
 
 #define INKLING_MX_BLOCK 32u
@@ -26,6 +26,11 @@ inline uint inkling_ue8m0_exponent(float amax) {
 // 2^(127 - e) as a float, exact for the exponents the quantizer produces (19 <= e <= 247).
 inline float inkling_inverse_scale(uint e) {
     return as_type<float>((254u - e) << 23);
+}
+
+// mxfp8.LARGEST_ROUND_TRIP = 1.875 * 2^127: a larger finite value would round to 2^128, which float reads as inf.
+inline float inkling_saturate(float x) {
+    return metal::clamp(x, -as_type<float>(0x7F700000u), as_type<float>(0x7F700000u));
 }
 
 #define INKLING_FLOAT_NAN_BITS 0x7FC00000u
@@ -127,7 +132,7 @@ inline void inkling_quantize_row(const device T* x, device uchar* data, device u
         for (uint c = 0; c < INKLING_MX_BLOCK; ++c) {
             const float value = float(x[first + c]);
             finite = finite && inkling_is_finite(value);
-            amax = inkling_is_finite(value) ? metal::max(amax, metal::fabs(value)) : amax;
+            amax = inkling_is_finite(value) ? metal::max(amax, metal::fabs(inkling_saturate(value))) : amax;
         }
         if (!finite) {  // the core's choice: the whole block dequantizes to NaN
             for (uint c = 0; c < INKLING_MX_BLOCK; ++c) {
@@ -139,7 +144,7 @@ inline void inkling_quantize_row(const device T* x, device uchar* data, device u
         const uint e = inkling_ue8m0_exponent(amax);
         const float inverse_scale = inkling_inverse_scale(e);
         for (uint c = 0; c < INKLING_MX_BLOCK; ++c) {
-            const float scaled = metal::clamp(float(x[first + c]) * inverse_scale, -448.0f, 448.0f);
+            const float scaled = metal::clamp(inkling_saturate(float(x[first + c])) * inverse_scale, -448.0f, 448.0f);
             data[first + c] = inkling_e4m3_encode(scaled);
         }
         scales[block] = uchar(e);
