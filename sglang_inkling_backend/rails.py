@@ -102,21 +102,40 @@ def gather_rails(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq
     out_indices[:nnz].copy_(indices)
     return KVRails(out_indptr[: bs + 1], out_indices)
 
-def translate_rails(rails: KVRails, full_to_swa: Optional[torch.Tensor]) -> KVRails:
-    """Full-pool slots -> sliding-window sub-pool slots (SGLang's ``full_to_swa_index_mapping``)."""
+def translate_rails(rails: KVRails, full_to_swa: Optional[torch.Tensor], *, check: bool = True) -> KVRails:
+    """Full-pool slots -> sliding-window sub-pool slots (SGLang's ``full_to_swa_index_mapping``). ``check`` reads
+    the rails' largest slot back (one sync) to refuse a map that does not cover it; pass False only where the caller
+    has checked the slots against a map it knows covers the pool."""
     if full_to_swa is None:
         return rails
+    if not isinstance(full_to_swa, torch.Tensor) or full_to_swa.dim() != 1 \
+            or full_to_swa.dtype not in (torch.int32, torch.int64):
+        desc = f"{full_to_swa.dtype} {tuple(full_to_swa.shape)}" if isinstance(full_to_swa, torch.Tensor) \
+            else type(full_to_swa).__name__
+        raise TypeError(f"full_to_swa must be a 1-D int32/int64 map from full-pool slots, got {desc}")
+    if check and rails.indices.numel():
+        low, high = int(rails.indices.min()), int(rails.indices.max())
+        if low < 0 or high >= full_to_swa.numel():
+            raise ValueError(f"full_to_swa must map every full-pool slot the rails read: it has "
+                             f"{full_to_swa.numel()} entries, the rails read slots [{low}, {high}]")
     return KVRails(rails.indptr, full_to_swa[rails.indices].to(INDEX_DTYPE))
 
 
 def page_table(token_to_slot: torch.Tensor, rows: torch.Tensor, page_size: int,
-               max_pages: Optional[int] = None) -> torch.Tensor:
+               max_pages: Optional[int] = None, *, check: bool = True) -> torch.Tensor:
     """``[len(rows), max_pages]`` int32 page ids from a token-to-slot table ``token_to_slot [max_reqs, max_len]``
     (SGLang's ``req_to_token``) whose requests own whole pages: the slot of each page's first position, divided by
-    ``page_size``. No host sync. Entries past a request's length are whatever the table holds there; kernels read
-    only ``cdiv(seq_len, page_size)`` pages of each row."""
+    ``page_size``. Entries past a request's length are whatever the table holds there; kernels read only
+    ``cdiv(seq_len, page_size)`` pages of each row. ``check`` reads ``rows`` back (one sync) to refuse a row outside
+    the table; with False (the caller ran ``check_token_table``) there is no host sync."""
     if token_to_slot.dim() != 2:
         raise ValueError(f"token_to_slot must be 2-D [max_reqs, max_len], got shape {tuple(token_to_slot.shape)}")
+    if not isinstance(rows, torch.Tensor) or rows.dim() != 1 or rows.dtype not in (torch.int32, torch.int64):
+        desc = f"{rows.dtype} {tuple(rows.shape)}" if isinstance(rows, torch.Tensor) else type(rows).__name__
+        raise TypeError(f"rows must be a 1-D int32/int64 tensor of token_to_slot's rows, got {desc}")
+    if check and rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= token_to_slot.shape[0]):
+        raise ValueError(f"rows must be rows of token_to_slot in [0, {token_to_slot.shape[0]}), got "
+                         f"[{int(rows.min())}, {int(rows.max())}]")
     if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size <= 0:
         raise ValueError(f"page_size must be a positive int, got {page_size!r}")
     width = -(-token_to_slot.shape[1] // page_size)

@@ -149,3 +149,26 @@ def test_choose_route_takes_a_device_name():
     from sglang_inkling_backend.routes import choose_route
 
     assert choose_route("cpu").name == "torch"  # was: AttributeError
+
+
+def test_rails_helpers_refuse_indices_outside_their_tables():
+    """IndexErrors before: a map shorter than the slots the rails read, and rows past the token table."""
+    from sglang_inkling_backend import rails
+    r = rails.KVRails(torch.tensor([0, 2]), torch.tensor([3, 30]))
+    with pytest.raises(ValueError, match=r"full_to_swa must map every full-pool slot .* 10 entries, .* \[3, 30\]"):
+        rails.translate_rails(r, torch.arange(10))
+    with pytest.raises(TypeError, match="full_to_swa must be a 1-D int32/int64 map"):
+        rails.translate_rails(r, torch.arange(40.0))
+    assert rails.translate_rails(r, torch.arange(40) * 2).indices.tolist() == [6, 60]
+    table = torch.arange(4 * 8).view(4, 8)
+    with pytest.raises(ValueError, match=r"rows must be rows of token_to_slot in \[0, 4\), got \[9, 9\]"):
+        rails.page_table(table, torch.tensor([9]), 2)
+    with pytest.raises(TypeError, match="rows must be a 1-D int32/int64 tensor"):
+        rails.page_table(table, torch.tensor([1.5]), 2)
+    assert rails.page_table(table, torch.tensor([1]), 2).tolist() == [[4, 5, 6, 7]]
+
+
+def test_quantizer_saturates_rather_than_overflowing_float32():
+    from sglang_inkling_backend import mxfp8
+    data, scales = mxfp8.quantize(torch.tensor([[1e300] + [0.0] * 31], dtype=torch.float64))
+    assert mxfp8.dequantize(data, scales, torch.float32)[0, 0].item() == mxfp8.LARGEST_ROUND_TRIP

@@ -111,8 +111,8 @@ def build_forward_metadata(req_to_token: torch.Tensor, req_pool_indices: torch.T
     if page_size is not None and extend_seq_lens is None:
         if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 1:
             raise ValueError(f"max_seq_len must be a positive int (host) with page_size, got {max_seq_len!r}")
-        pages = KVPages(page_table(req_to_token, req_pool_indices, page_size, -(-max_seq_len // page_size)),
-                        seq_lens, page_size)
+        pages = KVPages(page_table(req_to_token, req_pool_indices, page_size, -(-max_seq_len // page_size),
+                                   check=False), seq_lens, page_size)  # check_token_table read the rows
     full = gather_rails(req_to_token, req_pool_indices, seq_lens) if pages is None else None
     if num_slots is not None:
         read = (full if full is not None else gather_rails(req_to_token, req_pool_indices, seq_lens)).indices
@@ -194,7 +194,7 @@ class DecodeGraphBuffers:
         else:  # the table has a fixed width: no batch size is read back (the input checks read seq_lens once)
             check_token_table(req_to_token, req_pool_indices, seq_lens)
             self.page_table[:bs].copy_(page_table(req_to_token, req_pool_indices, self.page_size,
-                                                  self.page_table.shape[1]))
+                                                  self.page_table.shape[1], check=False))
             self.seq_lens[:bs].copy_(seq_lens)
             pages = KVPages(self.page_table[:bs], self.seq_lens[:bs], self.page_size)
         ones = torch.ones_like(seq_lens)
