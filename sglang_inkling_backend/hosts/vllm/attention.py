@@ -29,8 +29,19 @@ def _require_token_rows(t, name: str, n: int, counted_by: str, heads: int, head_
                          f"got {tuple(t.shape)}")
 
 
+def _reads_are_free(device: torch.device) -> bool:
+    """Whether reading a tensor's values back costs no device sync (a CPU tensor)."""
+    return device.type == "cpu"
+
+
 class LayerAttention:
-    _slots_checked: tuple = ()  # the slot_mapping (pointer, version, length, cache slots) last checked, any layer
+    # the slot mappings (pointer, version, length, cache slots, device) checked in this step, any layer; emptied by
+    # new_step, which the metadata builder calls once per step
+    _slots_checked: set = set()
+
+    @classmethod
+    def new_step(cls) -> None:
+        cls._slots_checked = set()
 
     def __init__(self, spec: LayerSpec, kv_format: str, model_dtype: torch.dtype,
                  sinks: Optional[torch.Tensor] = None):
@@ -47,8 +58,6 @@ class LayerAttention:
                     else type(sinks).__name__
                 raise ValueError(f"sinks must be a floating-point tensor of shape [{spec.num_q_heads}] (one per "
                                  f"query head), got {desc}")
-            if not bool(torch.isfinite(sinks).all()):  # weights: checked once, here
-                raise ValueError("sinks must be finite (a NaN or inf sink makes every output of its head NaN)")
         self.spec = spec
         self.kv_format = kv_format
         self.model_dtype = model_dtype
@@ -88,10 +97,12 @@ class LayerAttention:
         for name, t in (("key", key), ("value", value)):
             _require_token_rows(t, name, n, "slot_mapping's entries", self.spec.num_kv_heads, self.spec.head_dim)
         kv = self.paged_kv(kv_cache)
-        # Every layer of a step stores at the same slot_mapping tensor: its values are checked once (an in-place
-        # update for the next step bumps the tensor's version).
+        # Every layer of a step stores at its group's slot_mapping: on an accelerator its values are read back once
+        # per step and tensor (a refill without a version bump, e.g. by a kernel, comes with a new step); on a CPU
+        # reading them costs no sync and every call checks.
         seen = (slot_mapping.data_ptr(), slot_mapping._version, n, kv.num_slots, slot_mapping.device)
-        if not checks.stream_capturing(slot_mapping.device) and n and LayerAttention._slots_checked != seen:
+        if not checks.stream_capturing(slot_mapping.device) and n and (
+                _reads_are_free(slot_mapping.device) or seen not in LayerAttention._slots_checked):
             lowest = int(slot_mapping.min())
             if lowest < -1:
                 raise ValueError(f"slot_mapping entries must be slots in [0, {kv.num_slots}) or -1 (padding), got "
@@ -99,7 +110,7 @@ class LayerAttention:
             # block 0, vLLM's null block, is the padding sink: never read
             checks.require_slots(padded_slots(slot_mapping), "slot_mapping", kv.num_slots, distinct=True,
                                  padding_slots=kv_cache.shape[2])
-            LayerAttention._slots_checked = seen
+            LayerAttention._slots_checked.add(seen)
         kv_views.store_kv_unchecked(kv, padded_slots(slot_mapping), key[:n], value[:n], mxfp8_store=mxfp8_store)
 
     def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, batch: VllmBatch,
@@ -117,8 +128,9 @@ class LayerAttention:
             batch.plans.once(("vLLM batch values", kv.num_slots, spec.window),
                              lambda: batch.check_values(kv_cache.shape[0], spec.window))
         q = layer_step.prepare_query(query[:n], spec, route, self.model_dtype)
-        sinks = None if self.sinks is None else self.sinks.float()
+        # the weights themselves (every kernel reads sinks as float32): AttentionParams checks them finite once per
+        # tensor and version; not here at construction, where vLLM has not loaded them yet
         layer_step.attend(route, spec, q, kv, batch,
-                          lambda first, last: attention_params(spec, rows=last - first, sinks=sinks),
+                          lambda first, last: attention_params(spec, rows=last - first, sinks=self.sinks),
                           batch.workspace, output[:n].view(n, spec.num_q_heads, spec.head_dim))
         return output

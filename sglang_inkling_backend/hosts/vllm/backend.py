@@ -176,6 +176,7 @@ class InklingVllmMetadataBuilder(AttentionMetadataBuilder[VllmBatch]):
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> VllmBatch:
         cm = common_attn_metadata
+        LayerAttention.new_step()  # this step's slot mappings are new values: check them again
         num_decodes, _, num_decode_tokens, _ = split_decodes_and_prefills(cm, decode_threshold=1)
         return VllmBatch(num_reqs=cm.num_reqs, num_actual_tokens=cm.num_actual_tokens, num_decodes=num_decodes,
                          num_decode_tokens=num_decode_tokens, query_start_loc=cm.query_start_loc,

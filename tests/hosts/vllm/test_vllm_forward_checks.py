@@ -90,12 +90,28 @@ def test_a_kv_cache_that_is_not_a_tensor_is_refused():
 @pytest.mark.parametrize("sinks, match", [
     (torch.zeros(3), r"sinks must be a floating-point tensor of shape \[4\]"),
     ([0.0] * 4, r"sinks must be a floating-point tensor of shape \[4\]"),
-    (torch.tensor([0.0, float("nan"), 0.0, 0.0]), "sinks must be finite"),
-    (torch.tensor([0.0, float("inf"), 0.0, 0.0]), "sinks must be finite"),
 ])
-def test_bad_sinks_are_refused_when_the_layer_is_built(sinks, match):
+def test_misshapen_sinks_are_refused_when_the_layer_is_built(sinks, match):
     with pytest.raises(ValueError, match=match):
         LayerAttention(SPEC, "bf16", torch.bfloat16, sinks=sinks)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_sinks_are_refused_at_the_first_forward_not_at_construction(bad):
+    """vLLM builds the layer before it loads the weights (the sinks may be torch.empty then): their values are read
+    at the first forward, once per tensor version, before any write; a reload through torch (copy_) is read again."""
+    layer, cache = layer_cache()
+    sinks = torch.full((HQ,), 0.5, dtype=torch.bfloat16)
+    layer = LayerAttention(SPEC, "bf16", torch.bfloat16, sinks=torch.full((HQ,), float("nan")))  # not refused
+    layer.sinks = sinks
+    query, out = torch.randn(6, HQ * D).bfloat16(), torch.zeros(6, HQ * D).bfloat16()
+    assert layer.forward(query, cache, batch(), out).isfinite().all()
+    with torch.no_grad():
+        sinks[1] = bad  # bumps the version
+    out = torch.zeros(6, HQ * D).bfloat16()
+    with pytest.raises(ValueError, match="sinks must be finite"):
+        layer.forward(query, cache, batch(), out)
+    assert not out.any()
 
 
 @pytest.mark.parametrize("args, error, match", [
@@ -135,3 +151,20 @@ def test_what_vllm_leaves_unread_is_not_refused():
     stale.check_values(BLOCKS, window=4)  # request 0: keys 16-19 only, in block 2
     with pytest.raises(ValueError, match="block_table entries that seq_lens reach must be blocks"):
         stale.check_values(BLOCKS)
+
+
+def test_a_slot_mapping_refilled_in_place_is_checked_again():
+    """A mapping refilled through its numpy view keeps its torch version: on a CPU every store checks anyway; on an
+    accelerator the once-per-step memo is emptied by ``new_step`` (the metadata builder's first act)."""
+    layer, cache = layer_cache()
+    rows = torch.randn(3, HKV, D).bfloat16()
+    mapping = torch.tensor([17, 18, 40])
+    layer.store(rows, rows, cache, mapping)
+    before = cache.clone()
+    mapping.numpy()[1] = BLOCKS * BLOCK  # one past the cache, no version bump
+    with pytest.raises(ValueError, match=r"slot_mapping .* \[0, 128\)"):
+        layer.store(rows, rows, cache, mapping)
+    assert torch.equal(cache, before)
+    assert LayerAttention._slots_checked
+    LayerAttention.new_step()
+    assert not LayerAttention._slots_checked
