@@ -10,7 +10,8 @@ from typing import Optional
 import torch
 
 from . import mxfp8
-from .checks import require_non_negative_real, require_positive_int, require_positive_real, require_slots
+from .checks import (require_finite_once, require_non_negative_real, require_positive_int, require_positive_real,
+                     require_slots)
 from .scale_layout import ScaleLayout
 
 FLOAT_KV_DTYPES = tuple(mxfp8.UNQUANTIZED_FORMAT_OF_DTYPE)  # bf16, fp16, fp32
@@ -115,6 +116,10 @@ class AttentionParams:
             if t is not None and (not isinstance(t, torch.Tensor) or not t.is_floating_point()):
                 raise TypeError(f"{name} must be None or a floating-point tensor, got "
                                 f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}")
+        # sinks are weights: read once per tensor and version. rel_bias is an activation, like q, k and v: never read
+        # back (a NaN there propagates to its rows' outputs, as in every attention kernel)
+        if self.sinks is not None:
+            require_finite_once(self.sinks, "sinks")
 
 
 def inkling_params(head_dim: int, rel_bias: Optional[torch.Tensor], window: Optional[int] = None) -> AttentionParams:

@@ -7,6 +7,7 @@ what was expected, and none writes anything (callers run every check before thei
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Optional
 
 import torch
@@ -97,6 +98,29 @@ def require_slots(slots, name: str, num_slots: int, distinct: bool = False, wher
 def stream_capturing(device) -> bool:
     """Whether the current stream of ``device`` is capturing a CUDA graph (never on other devices)."""
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+_checked_finite: dict[int, tuple] = {}  # id(tensor) -> (weakref, version, pointer, shape) of tensors found finite
+
+
+def require_finite_once(t: torch.Tensor, name: str) -> None:
+    """Refuse a tensor holding a NaN or an infinity, reading it (one sync) the first time this tensor, at this
+    version, is seen; for weights (``sinks``) that a layer passes on every call. Skipped while a CUDA graph is
+    being captured (nothing can be read back). A change that bypasses torch's version counter (``param.data.copy_``)
+    is not seen again."""
+    if stream_capturing(t.device):
+        return
+    key = (t._version, t.data_ptr(), tuple(t.shape))
+    seen = _checked_finite.get(id(t))
+    if seen is not None and seen[0]() is t and seen[1:] == key:
+        return
+    if not bool(torch.isfinite(t).all()):
+        raise ValueError(f"{name} must be finite (a NaN or an infinity makes every output it touches NaN), got "
+                         f"{int((~torch.isfinite(t)).sum())} non-finite of {t.numel()}")
+    if len(_checked_finite) > 4096:  # ids of collected tensors are reused: forget them now and then
+        for k in [k for k, v in _checked_finite.items() if v[0]() is None]:
+            del _checked_finite[k]
+    _checked_finite[id(t)] = (weakref.ref(t), *key)
 
 
 def triton_head_dim_ok(head_dim: int) -> bool:
