@@ -27,7 +27,7 @@ def test_case_table_is_well_formed(probe):
     cases = probe.all_cases()
     assert len(cases) >= 250
     assert len({c.id for c in cases}) == len(cases)
-    assert {c.kind for c in cases} <= {"bad", "control", "construct"}
+    assert {c.kind for c in cases} <= {"bad", "control", "construct", "activation"}
     assert {c.group for c in cases} <= {"core", "sglang", "triton", "sglang-triton"}
     unnamed = [c.id for c in cases if c.kind != "control" and not c.names]
     assert not unnamed, f"bad-input cases must say which argument a clean message names: {unnamed}"
@@ -81,5 +81,8 @@ def test_the_classifier(probe):
     assert synthetic(probe, lambda: torch.ones(2), expect=torch.zeros(2)) == "silent_wrong"
     assert synthetic(probe, lambda: torch.zeros(2), expect=torch.zeros(2)) == "accepted"
     assert synthetic(probe, lambda: torch.zeros(2), expect=torch.zeros(2), kind="control") == "valid"
+    # a NaN activation (rel_bias) must come out as NaN: documented; a finite result from it is wrong
+    assert synthetic(probe, lambda: torch.tensor([float("nan")]), expect=torch.zeros(1), kind="activation") == "valid"
+    assert synthetic(probe, lambda: torch.zeros(1), expect=torch.zeros(1), kind="activation") == "silent_wrong"
     assert synthetic(probe, lambda: object(), use=lambda o: raise_(TypeError("slots must be a tensor")),
                      kind="construct") == "deferred"
