@@ -256,3 +256,37 @@ def test_speed_table_uses_the_points_a_timed_out_entry_printed(tmp_path):
     out = subprocess.run([sys.executable, str(HARNESS / "speed_table.py"), str(tmp_path)], capture_output=True,
                          text=True, check=True).stdout
     assert "flashinfer_auto: failed: `rc=124`" in out
+
+
+Q_BF16_CHECK = r"""
+import sys, torch
+from sglang_inkling_backend.hosts.sglang.cpu_testing import prepare_sglang_cpu_import
+prepare_sglang_cpu_import()
+import sglang.kernels.ops.quantization.mxfp8_quant as m
+calls = []
+real = m.to_mxfp8
+def fake_original(x):  # the patch wrapped the module's function at import: swap what it calls to see the calls
+    calls.append(tuple(x.shape)); return "quantized"
+site = "/x/sglang/srt/models/inkling_common/attn.py"
+code = compile("def attend(q, k, to_mxfp8):\n    return to_mxfp8(q.view(2, 4, 32)), to_mxfp8(k.view(2, 1, 32))", site, "exec")
+ns = {}; exec(code, ns)
+for cell, name in zip(real.__closure__, real.__code__.co_freevars):
+    if name == "original": cell.cell_contents = fake_original
+q, k = torch.randn(2, 128), torch.randn(2, 32)
+q_out, k_out = ns["attend"](q, k, m.to_mxfp8)
+assert q_out.data.data_ptr() == q.data_ptr() and q_out.scale.view(torch.float8_e8m0fnu) is None
+assert k_out == "quantized" and calls == [(2, 1, 32)], calls
+assert m.to_mxfp8(q.view(2, 4, 32)) == "quantized"  # the same q from any other file is quantized
+print("ok")
+"""
+
+
+def test_the_q_bf16_diagnostic_passes_only_the_inkling_attention_q_through():
+    """patches/sitecustomize.py's INKLING_TEST_Q_BF16: only attn.py's call on a view of its local q is passed
+    through unrounded (no q_descale); K's call, and q from elsewhere, reach the real quantizer."""
+    if importlib.util.find_spec("sglang") is None:
+        pytest.skip("SGLang is not installed")
+    env = {"INKLING_TEST_Q_BF16": "1", "PYTHONPATH": f"{HARNESS / 'patches'}:{HARNESS.parents[1]}",
+           "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-c", Q_BF16_CHECK], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]

@@ -4,7 +4,9 @@
 # broken (INKLING_TEST_BREAK_SCALE=0.01, see patches/sitecustomize.py), noprefillgraph (--disable-prefill-cuda-graph:
 # the Inkling model turns on SGLang's FULL prefill graph, which its triton backend cannot replay: "ValueError: Invalid
 # forward mode: forward_mode=<ForwardMode.EXTEND: 1> for CUDA Graph replay"; decode graphs stay on), tp2
-# (--tp-size 2: two GPUs, device kind nvidia-h200-x2; gpu_env.sh keeps NVLink multicast off in every process). Tags
+# (--tp-size 2: two GPUs, device kind nvidia-h200-x2; gpu_env.sh keeps NVLink multicast off in every process),
+# noprologue (SGLANG_OPT_USE_INKLING_FUSED_ATTN_PROLOGUE=0: the Inkling model's unfused q/k/v path), qbf16
+# (INKLING_TEST_Q_BF16=1: with noprologue, the Inkling model's Q is not rounded to MXFP8, see patches/). Tags
 # combine with "+", e.g. inkling-swa:triton:auto:tp2+noprefillgraph.
 # PARITY_SERVE_ARGS: more serve_check.py flags for every entry (e.g. "--prompt-logprobs --rescore").
 #   cd .h16 && bash gpu_tests/sglang/run_parity.sh llama-gqa4:triton:auto llama-gqa4:inkling:auto ...
@@ -30,7 +32,9 @@ for entry in "$@"; do
       noprefillgraph) extra+=(--disable-prefill-cuda-graph) ;;
       broken) envs+=(INKLING_TEST_BREAK_SCALE=0.01) ;;
       tp2) extra+=(--tp-size 2) ;;
-      *) echo "entry $entry: unknown tag $t (nograph, noprefillgraph, broken, tp2)"; exit 2 ;;
+      noprologue) envs+=(SGLANG_OPT_USE_INKLING_FUSED_ATTN_PROLOGUE=0) ;;
+      qbf16) envs+=(INKLING_TEST_Q_BF16=1) ;;
+      *) echo "entry $entry: unknown tag $t (nograph, noprefillgraph, broken, tp2, noprologue, qbf16)"; exit 2 ;;
     esac
   done
   ls /tmp/models/$m/*.safetensors > /dev/null 2>&1 || { extra+=(--load-format dummy); envs+=(INKLING_TEST_SEEDED_INIT=1); }

@@ -35,6 +35,12 @@ memory: "Cannot access accelerator device when none is available").
 (``rel_bias``, or the triton contract's ``aux_tensors[0]``), the output, the layer's scale and window, the positions
 and the keyword names. It serves the oracle check of integration/test_inkling_model.py.
 
+``INKLING_TEST_Q_BF16=1`` (a diagnostic of issue #36, with SGLang's fused Inkling prologue off:
+``SGLANG_OPT_USE_INKLING_FUSED_ATTN_PROLOGUE=0``): in MXFP8 mode the in-tree Inkling model rounds Q to MXFP8 with
+``to_mxfp8`` before the attention call (FA4's contract). The patch makes that one call, the one whose argument is a
+view of the caller's local ``q`` in ``inkling_common/attn.py``, return Q unrounded with no ``q_descale``; K and V
+are quantized as before. It separates Q's rounding from K/V's in the drift from bf16.
+
 A deliberately broken inkling backend, to show that the parity check can fail:
 
 With ``INKLING_TEST_BREAK_SCALE=eps`` set, every attention call of ``--attention-backend inkling`` uses a softmax
@@ -156,6 +162,33 @@ if _DUMP:
         module.RadixAttention.forward = forward
 
     sys.meta_path.insert(0, _PatchOnImport("sglang.srt.layers.radix_attention", _dump_attention))
+
+if os.environ.get("INKLING_TEST_Q_BF16") == "1":
+    def _query_stays_bf16(module):
+        import types
+
+        original = module.to_mxfp8
+        site = os.path.join("inkling_common", "attn.py")
+
+        class _NoScale:  # attn.py passes q_mxfp.scale.view(torch.float8_e8m0fnu) on as q_descale: None here
+            def view(self, *args, **kwargs):
+                return None
+
+        def to_mxfp8(x):
+            caller = sys._getframe(1)
+            q = caller.f_locals.get("q")
+            if caller.f_code.co_filename.endswith(site) and getattr(q, "data_ptr", None) is not None \
+                    and x.data_ptr() == q.data_ptr() and x.numel() == q.numel():
+                if not _query_stays_bf16.said:
+                    print("[sitecustomize] Inkling Q kept unrounded (INKLING_TEST_Q_BF16)", file=sys.stderr)
+                    _query_stays_bf16.said = True
+                return types.SimpleNamespace(data=x, scale=_NoScale())
+            return original(x)
+
+        module.to_mxfp8 = to_mxfp8
+
+    _query_stays_bf16.said = False
+    sys.meta_path.insert(0, _PatchOnImport("sglang.kernels.ops.quantization.mxfp8_quant", _query_stays_bf16))
 
 _EPS = os.environ.get("INKLING_TEST_BREAK_SCALE")
 
