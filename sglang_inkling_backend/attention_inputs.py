@@ -116,6 +116,11 @@ class AttentionParams:
             if t is not None and (not isinstance(t, torch.Tensor) or not t.is_floating_point()):
                 raise TypeError(f"{name} must be None or a floating-point tensor, got "
                                 f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}")
+        if self.rel_bias is not None and self.rel_bias.dim() != 3:
+            raise ValueError(f"rel_bias must be 3-D [query rows, Hq, rel_extent], got shape "
+                             f"{tuple(self.rel_bias.shape)}")
+        if self.sinks is not None and self.sinks.dim() != 1:
+            raise ValueError(f"sinks must be 1-D [Hq] (one per query head), got shape {tuple(self.sinks.shape)}")
         # sinks are weights: read once per tensor and version. rel_bias is an activation, like q, k and v: never read
         # back (a NaN there propagates to its rows' outputs, as in every attention kernel)
         if self.sinks is not None:

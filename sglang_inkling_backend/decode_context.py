@@ -70,10 +70,17 @@ class BatchedDecodeContext:
         self.max_len = max(self.seq_lens) + 1
         self.needs_padding = min(self.seq_lens) < max(self.seq_lens)
         self.pad_sizes = [max(self.seq_lens) - n for n in self.seq_lens]
+        try:
+            num_caches = len(self.attention_layer_caches)
+        except TypeError:
+            raise TypeError(f"attention_layer_caches must be a list (one entry per attention layer), got "
+                            f"{type(self.attention_layer_caches).__name__}") from None
+        if not callable(self.mask_factory):
+            raise TypeError(f"mask_factory must be callable (rows -> keep-mask), got "
+                            f"{type(self.mask_factory).__name__}")
         if not self.attention_pool_index_by_layer:
-            self.attention_pool_index_by_layer = {i: i for i in range(len(self.attention_layer_caches))}
-        _check_index_map(self.attention_pool_index_by_layer, "attention_pool_index_by_layer",
-                         len(self.attention_layer_caches))
+            self.attention_pool_index_by_layer = {i: i for i in range(num_caches)}
+        _check_index_map(self.attention_pool_index_by_layer, "attention_pool_index_by_layer", num_caches)
         _check_index_map(self.full_kv_pool_index_by_layer, "full_kv_pool_index_by_layer",
                          len(self.full_kv_pool_index_by_layer))
         stray = sorted(set(self.full_kv_pool_index_by_layer) - set(self.attention_pool_index_by_layer))
@@ -91,7 +98,7 @@ class BatchedDecodeContext:
         return list(self.seq_lens)
 
     def decode_padding(self, window: Optional[int]) -> tuple[list[int], Any]:
-        if window is not None and (not isinstance(window, int) or window <= 0):
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window <= 0):
             raise ValueError(f"window must be None or a positive int, got {window!r}")
         if window not in self._padding_by_window:
             lens = [n + 1 if window is None else min(n + 1, window) for n in self.seq_lens]

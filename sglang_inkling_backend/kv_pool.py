@@ -23,7 +23,7 @@ from .scale_layout import ScaleLayout
 
 def _layer_id(layer: Union[int, Any]) -> int:
     layer_id = layer if isinstance(layer, int) else getattr(layer, "layer_id", None)
-    if not isinstance(layer_id, int):
+    if isinstance(layer_id, bool) or not isinstance(layer_id, int):
         raise TypeError(f"layer must be an int layer id or have an int .layer_id, got {type(layer).__name__}")
     return layer_id
 
@@ -245,7 +245,7 @@ def bytes_per_token(plan: LayerPlan, kv_format: str) -> int:
 
 def tokens_that_fit(byte_budget: int, plan: LayerPlan, kv_format: str) -> int:
     """How many tokens of KV (every attention layer) fit in ``byte_budget`` bytes."""
-    if not isinstance(byte_budget, int) or byte_budget < 0:
+    if isinstance(byte_budget, bool) or not isinstance(byte_budget, int) or byte_budget < 0:
         raise ValueError(f"byte_budget must be a non-negative int, got {byte_budget!r}")
     return byte_budget // bytes_per_token(plan, kv_format)
 
@@ -260,7 +260,7 @@ class HostKVTier:
                  pin_memory: bool = False):
         if not isinstance(pool, InklingKVPool):
             raise TypeError(f"pool must be an InklingKVPool, got {type(pool).__name__}")
-        if not isinstance(num_pages, int) or num_pages <= 0:
+        if isinstance(num_pages, bool) or not isinstance(num_pages, int) or num_pages <= 0:
             raise ValueError(f"num_pages must be a positive int, got {num_pages!r}")
         self.pool, self.num_pages, self.page_size = pool, num_pages, pool.page_size
         self.layer_ids = list(layer_ids) if layer_ids is not None else list(pool.layers)

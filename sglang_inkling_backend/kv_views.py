@@ -47,6 +47,8 @@ def paged_kv(kv_format: str, k_buffer: torch.Tensor, v_buffer: torch.Tensor, *, 
              k_scales: Optional[torch.Tensor] = None, v_scales: Optional[torch.Tensor] = None,
              k_scale: float = 1.0, v_scale: float = 1.0) -> PagedKV:
     """One layer's pool buffers as a ``PagedKV`` for the routes."""
+    if kv_format not in mxfp8.KV_FORMATS:
+        raise ValueError(f"kv_format must be one of {mxfp8.KV_FORMATS}, got {kv_format!r}")
     if kv_format == "mxfp8":
         if k_scales is None or v_scales is None:
             raise ValueError("an mxfp8 pool layer needs its scale buffers (get_kv_scale_buffer)")

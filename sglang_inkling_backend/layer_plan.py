@@ -21,7 +21,8 @@ from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
-from .checks import require_non_negative_real, require_positive_int, require_positive_real
+from .checks import (_describe, require_int, require_non_negative_real, require_positive_int, require_positive_real,
+                     require_real)
 from .attention_inputs import AttentionParams
 
 
@@ -31,6 +32,10 @@ class LogScaling:
 
     n_floor: int
     alpha: float = 0.1
+
+    def __post_init__(self):
+        require_positive_int(self.n_floor, "LogScaling.n_floor")
+        object.__setattr__(self, "alpha", require_real(self.alpha, "LogScaling.alpha"))
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,8 @@ class LayerSpec:
     v_scale: float = 1.0
 
     def __post_init__(self):
+        if not isinstance(self.has_attention, bool):
+            raise TypeError(f"LayerSpec.has_attention must be a bool, got {_describe(self.has_attention)}")
         if not self.has_attention:
             return
         for name in ("num_q_heads", "num_kv_heads", "head_dim"):
@@ -72,6 +79,10 @@ class LayerSpec:
         for name in ("k_scale", "v_scale"):
             object.__setattr__(self, name, require_positive_real(getattr(self, name), f"LayerSpec.{name}"))
         object.__setattr__(self, "logit_cap", require_non_negative_real(self.logit_cap, "LayerSpec.logit_cap"))
+        if self.rope_theta is not None:
+            object.__setattr__(self, "rope_theta", require_positive_real(self.rope_theta, "LayerSpec.rope_theta"))
+        if self.log_scaling is not None and not isinstance(self.log_scaling, LogScaling):
+            raise TypeError(f"LayerSpec.log_scaling must be None or a LogScaling, got {_describe(self.log_scaling)}")
 
     @property
     def is_full(self) -> bool:
@@ -94,7 +105,10 @@ class LayerPlan:
     windowed_layer_ids: tuple[int, ...] = field(init=False)
 
     def __init__(self, specs: Sequence[LayerSpec]):
-        specs = tuple(specs)
+        try:
+            specs = tuple(specs)
+        except TypeError:
+            raise TypeError(f"specs must be a sequence of LayerSpec, got {type(specs).__name__}") from None
         for i, s in enumerate(specs):
             if not isinstance(s, LayerSpec):
                 raise TypeError(f"specs[{i}] must be a LayerSpec, got {type(s).__name__}")
@@ -114,6 +128,11 @@ class LayerPlan:
         no attention."""
         if not windows:
             raise ValueError("windows must name at least one attention layer")
+        keys = [i for i in windows if isinstance(i, bool) or not isinstance(i, int)]
+        if keys:
+            raise TypeError(f"windows must map int layer ids to windows, got keys {keys!r}")
+        if num_layers is not None:
+            require_positive_int(num_layers, "num_layers")
         n = num_layers if num_layers is not None else max(windows) + 1
         if any(not 0 <= i < n for i in windows):
             raise ValueError(f"windows names layers outside [0, {n}): {sorted(windows)}")
@@ -125,7 +144,8 @@ class LayerPlan:
     @classmethod
     def from_hf_config(cls, config: Any) -> "LayerPlan":
         """From a Hugging Face style config: Llama-like (all full), Gemma-2/3 (``layer_types`` or
-        ``sliding_window_pattern``), Inkling (``local_layer_ids`` with optional ``swa_*`` geometry)."""
+        ``sliding_window_pattern``), Inkling (``local_layer_ids`` with optional ``swa_*`` geometry). A field that is
+        None counts as absent; any other value must be valid (0 is never read as absent)."""
         text = getattr(config, "text_config", None) or config
         get = lambda name, default=None: getattr(text, name, default)  # noqa: E731
         n = get("num_hidden_layers")
@@ -134,32 +154,87 @@ class LayerPlan:
                 or n < 1 or hq < 1:
             raise ValueError(f"config must give num_hidden_layers and num_attention_heads as positive ints, got "
                              f"{n!r} and {hq!r}")
-        hkv = get("num_key_value_heads") or hq
-        d = get("head_dim") or get("hidden_size") // hq
+
+        def positive_int(name, default=None):
+            value = get(name)
+            return default if value is None else require_positive_int(value, f"config.{name}")
+
+        def positive_real(name, value):
+            return None if value is None else require_positive_real(value, f"config.{name}")
+
+        def gqa(q_name, q, kv_name, kv):
+            if q % kv:
+                raise ValueError(f"config.{q_name} ({q}) must be a multiple of config.{kv_name} ({kv}) for GQA")
+
         window = get("sliding_window")
-        query_pre_attn_scalar = get("query_pre_attn_scalar")
-        scale = query_pre_attn_scalar ** -0.5 if query_pre_attn_scalar else None
-        cap = float(get("attn_logit_softcapping") or 0.0)
-        full_theta = get("rope_theta")
-        local_theta = get("rope_local_base_freq", full_theta)
+
+        def window_for(reason):
+            if window is None:
+                raise ValueError(f"{reason} but config.sliding_window is None: a window needs its size")
+            return require_positive_int(window, "config.sliding_window")
+
+        hkv = positive_int("num_key_value_heads", hq)
+        d = positive_int("head_dim")
+        if d is None:
+            hidden = get("hidden_size")
+            if hidden is None:
+                raise ValueError("config must give head_dim or hidden_size (head_dim = hidden_size // "
+                                 "num_attention_heads), got neither")
+            require_positive_int(hidden, "config.hidden_size")
+            if hidden % hq:
+                raise ValueError(f"config.hidden_size ({hidden}) must be a multiple of config.num_attention_heads "
+                                 f"({hq}) when config.head_dim is not given")
+            d = hidden // hq
+        full_theta = positive_real("rope_theta", get("rope_theta"))
+        local_theta = positive_real("rope_local_base_freq", get("rope_local_base_freq", full_theta))
         layer_types = get("layer_types")
         local_ids = get("local_layer_ids")
         if get("model_type") == "inkling" or local_ids is not None:
-            local = set(local_ids or [])
-            d_local = get("swa_head_dim") or d
+            try:
+                ids = list(local_ids or [])
+            except TypeError:
+                raise TypeError(f"config.local_layer_ids must be a list of layer ids, got {_describe(local_ids)}") \
+                    from None
+            for i in ids:
+                require_int(i, "config.local_layer_ids' entries")
+            outside = [i for i in ids if not 0 <= i < n]
+            if outside:
+                raise ValueError(f"config.local_layer_ids must name layers in [0, {n}) (config.num_hidden_layers), "
+                                 f"got {outside}")
+            local = set(ids)
             specs = []
+            if local:
+                w = window_for("config.local_layer_ids names local layers")
+                hq_local = positive_int("swa_num_attention_heads", hq)
+                hkv_local = positive_int("swa_num_key_value_heads", hkv)
+                d_local = positive_int("swa_head_dim", d)
+                gqa("swa_num_attention_heads", hq_local, "swa_num_key_value_heads", hkv_local)
+            if len(local) < n:
+                gqa("num_attention_heads", hq, "num_key_value_heads", hkv)
+                rel_extent = get("rel_extent", 1024)
+                if rel_extent is not None:
+                    require_positive_int(rel_extent, "config.rel_extent")
+                n_floor = positive_int("log_scaling_n_floor")
+                alpha = get("log_scaling_alpha")
+                log_scaling = None if n_floor is None else LogScaling(
+                    n_floor, 0.1 if alpha is None else require_real(alpha, "config.log_scaling_alpha"))
             for i in range(n):
                 if i in local:
-                    specs.append(LayerSpec(window=window, num_q_heads=get("swa_num_attention_heads") or hq,
-                                           num_kv_heads=get("swa_num_key_value_heads") or hkv, head_dim=d_local,
-                                           rel_extent=window, softmax_scale=1.0 / d_local))
+                    specs.append(LayerSpec(window=w, num_q_heads=hq_local, num_kv_heads=hkv_local, head_dim=d_local,
+                                           rel_extent=w, softmax_scale=1.0 / d_local))
                 else:
-                    n_floor = get("log_scaling_n_floor")
                     specs.append(LayerSpec(window=None, num_q_heads=hq, num_kv_heads=hkv, head_dim=d,
-                                           rel_extent=get("rel_extent", 1024), softmax_scale=1.0 / d,
-                                           log_scaling=LogScaling(n_floor, get("log_scaling_alpha", 0.1))
-                                           if n_floor else None))
+                                           rel_extent=rel_extent, softmax_scale=1.0 / d, log_scaling=log_scaling))
             return cls(specs)
+        gqa("num_attention_heads", hq, "num_key_value_heads", hkv)
+        query_pre_attn_scalar = positive_real("query_pre_attn_scalar", get("query_pre_attn_scalar"))
+        scale = query_pre_attn_scalar ** -0.5 if query_pre_attn_scalar is not None else None
+        cap = get("attn_logit_softcapping")
+        cap = 0.0 if cap is None else require_non_negative_real(cap, "config.attn_logit_softcapping")
+        pattern = get("sliding_window_pattern")
+        use_sliding = get("use_sliding_window")
+        if use_sliding is not None and not isinstance(use_sliding, bool):
+            raise TypeError(f"config.use_sliding_window must be a bool, got {_describe(use_sliding)}")
         if layer_types is not None:
             known = ("sliding_attention", "full_attention")
             if len(layer_types) != n:
@@ -169,14 +244,16 @@ class LayerPlan:
             if unknown:
                 raise ValueError(f"config.layer_types holds {unknown}; this backend serves {known}")
             is_local = [t == "sliding_attention" for t in layer_types]
-            if any(is_local) and not window:
-                raise ValueError("config.layer_types has sliding_attention layers but config.sliding_window is "
-                                 f"{window!r}: a window needs its size")
-        elif get("sliding_window_pattern") and window:
-            p = get("sliding_window_pattern")
+            if any(is_local):
+                window_for("config.layer_types has sliding_attention layers")
+        elif pattern is not None and window is not None:
+            p = require_positive_int(pattern, "config.sliding_window_pattern")
+            window_for("config.sliding_window_pattern is given")
             is_local = [(i + 1) % p != 0 for i in range(n)]
         else:
-            is_local = [bool(window) and get("use_sliding_window", False)] * n
+            is_local = [bool(use_sliding)] * n
+            if use_sliding:
+                window_for("config.use_sliding_window is True")
         return cls([LayerSpec(window=window if loc else None, num_q_heads=hq, num_kv_heads=hkv, head_dim=d,
                               softmax_scale=scale, logit_cap=cap,
                               rope_theta=local_theta if loc else full_theta) for loc in is_local])
@@ -187,7 +264,7 @@ class LayerPlan:
         return len(self.specs)
 
     def spec(self, layer_id: int) -> LayerSpec:
-        if not isinstance(layer_id, int) or not 0 <= layer_id < len(self.specs):
+        if isinstance(layer_id, bool) or not isinstance(layer_id, int) or not 0 <= layer_id < len(self.specs):
             raise ValueError(f"layer_id must be an int in [0, {len(self.specs)}), got {layer_id!r}")
         return self.specs[layer_id]
 
@@ -226,7 +303,7 @@ class LayerPlan:
 
     def with_tp(self, tp_size: int) -> "LayerPlan":
         """Per-rank geometry: query heads split, KV heads split or replicated when tp_size > num_kv_heads."""
-        if not isinstance(tp_size, int) or tp_size <= 0:
+        if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size <= 0:
             raise ValueError(f"tp_size must be a positive int, got {tp_size!r}")
         specs = []
         for i, s in enumerate(self.specs):

@@ -46,7 +46,16 @@ class KVPages:
     page_size: int
 
 
+def _require_int_tensor(t, name: str) -> None:
+    """An integer (not bool) tensor: a dtype check, no host sync."""
+    if not isinstance(t, torch.Tensor) or t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        desc = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
+        raise TypeError(f"{name} must be an integer tensor, got {desc}")
+
+
 def check_token_table(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor) -> None:
+    for name, t in (("req_to_token", req_to_token), ("req_pool_indices", req_pool_indices), ("seq_lens", seq_lens)):
+        _require_int_tensor(t, name)
     if req_to_token.dim() != 2:
         raise ValueError(f"req_to_token must be 2-D [max_reqs, max_context_len], got shape {tuple(req_to_token.shape)}")
     if req_pool_indices.dim() != 1 or seq_lens.dim() != 1 or req_pool_indices.shape != seq_lens.shape:
@@ -63,6 +72,8 @@ def check_token_table(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor
 
 def window_start(seq_lens: torch.Tensor, query_lens: torch.Tensor, window: int) -> torch.Tensor:
     """First position any query of the request can see with ``window`` visible keys."""
+    if isinstance(window, bool) or not isinstance(window, int):
+        raise TypeError(f"window must be an int (visible keys), got {window!r} ({type(window).__name__})")
     if window < 1:
         raise ValueError(f"window must be >= 1 visible key, got {window}")
     return torch.clamp(seq_lens - query_lens - (window - 1), min=0)
@@ -77,13 +88,22 @@ def gather_rails(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq
     returned; ``out_indices`` must hold every index.
     """
     check_token_table(req_to_token, req_pool_indices, seq_lens)
+    if start is not None:
+        _require_int_tensor(start, "start")
+        if start.shape != seq_lens.shape:
+            raise ValueError(f"start must have one entry per request, like seq_lens {tuple(seq_lens.shape)}, got "
+                             f"{tuple(start.shape)}")
     device = req_to_token.device
     seq_lens = seq_lens.to(device=device, dtype=INDEX_DTYPE)
     rows = req_pool_indices.to(device=device, dtype=INDEX_DTYPE)
     start = torch.zeros_like(seq_lens) if start is None else start.to(device=device, dtype=INDEX_DTYPE)
     lens = seq_lens - start
-    if lens.numel() and int(lens.min()) < 0:
-        raise ValueError("rail start must not exceed seq_len")
+    if lens.numel():
+        min_len, min_start = torch.stack((lens.min(), start.min())).tolist()  # one read, as before
+        if min_start < 0:
+            raise ValueError(f"start must be >= 0 (a rail's first position), got {min_start}")
+        if min_len < 0:
+            raise ValueError("rail start must not exceed seq_len")
     bs = seq_lens.numel()
     indptr = torch.zeros(bs + 1, dtype=INDEX_DTYPE, device=device)
     torch.cumsum(lens, dim=0, out=indptr[1:])

@@ -126,6 +126,8 @@ class InklingMHATokenToKVPool(MHATokenToKVPool):
         self._check_physical_write_loc(loc_info, "set_kv_buffer (inkling)")
         if layer_id_override is None and not hasattr(layer, "layer_id"):
             raise TypeError(f"layer must be SGLang's attention layer (with a layer_id), got {type(layer).__name__}")
+        if layer_id_override is not None:
+            checks.require_int(layer_id_override, "layer_id_override")
         layer_id = layer_id_override if layer_id_override is not None else layer.layer_id
         local = self._local(layer_id)
         if _is_block_scales(k_scale) or _is_block_scales(v_scale):
@@ -198,6 +200,9 @@ class InklingMHATokenToKVPool(MHATokenToKVPool):
                     if not isinstance(t, torch.Tensor) or tuple(t.shape) != want or t.dtype != torch.uint8:
                         raise ValueError(f"kv_cache_cpu[{local}]'s {name} must be uint8 scale bytes of shape {want}, "
                                          f"got {f'{t.dtype} {tuple(t.shape)}' if isinstance(t, torch.Tensor) else t!r}")
+            elif entry[2] is not None or entry[3] is not None:  # get_cpu_copy gives None here
+                raise ValueError(f"kv_cache_cpu[{local}]'s k_scales and v_scales must be None for a "
+                                 f"{self.KV_FORMAT} pool (it has no scale bytes)")
         indices = indices.to(self.k_buffer[0].device)
         for local in range(self.layer_num):
             k, v, sk, sv = kv_cache_cpu[local]
