@@ -20,9 +20,10 @@ from typing import Callable, Optional, Protocol, Union
 import torch
 
 from sglang_inkling_backend import kv_views
-from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV
+from sglang_inkling_backend.attention_inputs import FLOAT_KV_DTYPES, AttentionParams, PagedKV
 from sglang_inkling_backend.layer_plan import LayerSpec
 from sglang_inkling_backend.rails import KVPages, KVRails
+from sglang_inkling_backend.step_plans import check_extend_keys
 
 
 class StepKeys(Protocol):
@@ -40,6 +41,21 @@ class StepKeys(Protocol):
         """The extend requests' rails and their query offsets (``qo_indptr`` from 0 over the extend rows)."""
 
 
+EXTEND_NEW_KEYS_ENV = "INKLING_EXTEND_NEW_KEYS"
+EXTEND_NEW_KEYS_CHOICES = ("forward", "cache")
+
+
+def extend_new_keys_setting() -> str:
+    """Where an extend over a quantized cache reads its own new tokens' keys: ``forward`` (default; the forward's
+    K/V, as SGLang's triton and flashinfer backends do, the prefix from the cache) or ``cache`` (every key as
+    stored, as SGLang's FA4 MXFP8 path does). ``INKLING_EXTEND_NEW_KEYS`` overrides."""
+    import os
+    value = os.environ.get(EXTEND_NEW_KEYS_ENV, "forward")
+    if value not in EXTEND_NEW_KEYS_CHOICES:
+        raise ValueError(f"{EXTEND_NEW_KEYS_ENV} must be one of {EXTEND_NEW_KEYS_CHOICES}, got {value!r}")
+    return value
+
+
 def prepare_query(q: torch.Tensor, spec: LayerSpec, route, model_dtype: torch.dtype,
                   q_descale: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``[rows, Hq, D]``: the host's query (flat or per head; fp8 with ``q_descale``, dequantized to float32), in
@@ -50,14 +66,50 @@ def prepare_query(q: torch.Tensor, spec: LayerSpec, route, model_dtype: torch.dt
     return q3
 
 
+def forward_rows_keys(route, kv: PagedKV, rails: KVRails, qo_indptr: torch.Tensor, new_k: torch.Tensor,
+                      new_v: torch.Tensor, plans, window: Optional[int]) -> tuple[PagedKV, KVRails]:
+    """An extend's keys with its own new rows (the last ``qlen`` keys of each request) taken from the forward's
+    K/V ``new_k``/``new_v [rows, Hkv, D]`` (float), the cached prefix from the pool: SGLang's triton and flashinfer
+    backends attend a quantized cache so (the chunk's keys in the forward's precision, only older keys rounded).
+    Without a prefix the forward's K/V are the keys, nothing is gathered; else the rails' rows are gathered
+    (``route.gather_keys``) and the new rows written over theirs. Where the rows go is worked out once per step and
+    window (one sync) and shared by the layers."""
+
+    def layout():
+        if rails.indptr.shape == qo_indptr.shape and bool(torch.equal(rails.indptr, qo_indptr)):
+            return None, torch.arange(new_k.shape[0], device=new_k.device)  # every key is new
+        r = torch.arange(new_k.shape[0], device=new_k.device)
+        b = torch.searchsorted(qo_indptr[1:].contiguous(), r, right=True)
+        nnz = int(rails.indptr[-1])
+        return rails.indptr[b + 1] - qo_indptr[b + 1] + r, torch.arange(nnz, device=new_k.device)
+
+    positions, dense = plans.get(("extend rows from the forward", window, new_k.shape[0]), layout)
+    if positions is None:  # contiguous rows (a split of a fused qkv is a strided view): what every kernel reads
+        return PagedKV(new_k.contiguous(), new_v.contiguous()), KVRails(qo_indptr, dense, dense=True)
+    k, v = route.gather_keys(kv, rails.indices[:dense.numel()])
+    k[positions] = new_k.to(k.dtype)
+    v[positions] = new_v.to(v.dtype)
+    return PagedKV(k, v), KVRails(rails.indptr, dense, dense=True)
+
+
 def attend(route, spec: LayerSpec, q3: torch.Tensor, kv: PagedKV, keys: StepKeys,
            params_of: Callable[[int, int], AttentionParams], workspace,
-           out: Optional[torch.Tensor] = None) -> torch.Tensor:
+           out: Optional[torch.Tensor] = None, forward_kv: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+           ) -> torch.Tensor:
     """The layer's attention over the step's keys. ``params_of(first, last)`` gives the parameters of rows
     ``[first, last)``. With ``out`` (``[rows, Hq, D]``, any float dtype) the route's results are cast into it and it
     is returned; without, a batch of one kind returns the route's result as it is (float32 or the query's dtype) and
-    a mixed batch a new tensor in the query's dtype."""
+    a mixed batch a new tensor in the query's dtype. ``forward_kv``: the step's K/V rows ``[rows, Hkv, D]`` (float,
+    one per query row) for the extend rows to read their own keys from, not from the pool (``forward_rows_keys``);
+    decode rows always read the pool."""
     rows, nd = q3.shape[0], keys.num_decode_rows
+    if forward_kv is not None:
+        want = (rows, spec.num_kv_heads, spec.head_dim)
+        for name, t in zip(("forward_kv[0] (k)", "forward_kv[1] (v)"), forward_kv):
+            if not isinstance(t, torch.Tensor) or t.dtype not in FLOAT_KV_DTYPES or tuple(t.shape) != want:
+                desc = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+                raise ValueError(f"{name} must be a bf16/fp16/fp32 tensor of shape {want} (one row per query row), "
+                                 f"got {desc}")
     if not 0 <= nd <= rows:
         raise ValueError(f"num_decode_rows must lie in [0, {rows}] (the query's rows), got {nd}")
     if out is not None and tuple(out.shape) != tuple(q3.shape):
@@ -70,7 +122,14 @@ def attend(route, spec: LayerSpec, q3: torch.Tensor, kv: PagedKV, keys: StepKeys
                                params_of(0, nd), max_seq_len=keys.max_seq_len, plans=keys.plans, workspace=workspace)
     if rows > nd:
         rails, qo_indptr = keys.extend_keys(spec.window)
-        extended = route.extend(q3[nd:], kv, rails, qo_indptr, params_of(nd, rows), plans=keys.plans)
+        extend_kv = kv
+        if forward_kv is not None:
+            # the pool's rails are read here, before the route sees them: checked as the route would (same key)
+            keys.plans.once(("extend keys", spec.window, kv.num_slots),
+                            lambda: check_extend_keys(kv, rails, qo_indptr, rows - nd))
+            extend_kv, rails = forward_rows_keys(route, kv, rails, qo_indptr, forward_kv[0][nd:], forward_kv[1][nd:],
+                                                 keys.plans, spec.window)
+        extended = route.extend(q3[nd:], extend_kv, rails, qo_indptr, params_of(nd, rows), plans=keys.plans)
     if out is None:
         if decoded is None and extended is None:
             return torch.empty_like(q3)  # no rows

@@ -34,6 +34,7 @@ class KVRails:
 
     indptr: torch.Tensor  # int64 [B + 1]
     indices: torch.Tensor  # int64 [>= nnz]
+    dense: bool = False  # indices are 0..nnz-1: a reader may take the buffers' first nnz rows as they are
 
 
 @dataclass

@@ -63,9 +63,14 @@ class TorchRoute:
         kv, rails = gather_rails_kv(kv, rails)
         return reference.paged_decode_attention(q, kv, rails.indptr, rails.indices, params)
 
+    def gather_keys(self, kv: PagedKV, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K/V rows at ``slots`` (checked by the caller), dequantized and scaled, as float32."""
+        return kv.read(slots, check=False)
+
     def extend(self, q: torch.Tensor, kv: PagedKV, rails: KVRails, qo_indptr: torch.Tensor,
                params: AttentionParams, *, plans: Optional[DecodePlanCache] = None) -> torch.Tensor:
-        kv, rails = gather_rails_kv(kv, rails)
+        if not rails.dense:
+            kv, rails = gather_rails_kv(kv, rails)
         return reference.paged_extend_attention(q, kv, rails.indptr, rails.indices, qo_indptr, params)
 
 

@@ -98,3 +98,58 @@ def test_bad_split_or_out_is_refused_before_any_write():
     with pytest.raises(ValueError, match="out must have the query's shape"):
         layer_step.attend(TorchRoute(), SPEC, q, kv, Keys(), params_of, None, torch.zeros(5, HQ, D))
     assert not out.any()
+
+
+def _mxfp8_pool(k, v):
+    """One MXFP8 layer of 128 slots (one page) holding ``k``/``v`` at slots 0.."""
+    from sglang_inkling_backend.kv_pool import InklingKVPool
+    from sglang_inkling_backend.layer_plan import LayerPlan
+    plan = LayerPlan.from_windows({0: None}, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D)
+    pool = InklingKVPool(plan, 128, 128, kv_format="mxfp8")
+    pool.set_kv_buffer(0, torch.arange(k.shape[0]), k, v)
+    return pool.paged_kv(0)
+
+
+def test_extend_rows_read_their_own_keys_from_the_forward_and_the_prefix_from_the_pool():
+    """forward_kv: the extend's 4 new keys (slots 14-17) in the forward's bf16, its 6-key prefix as the MXFP8 pool
+    holds it; decode rows read the pool. Without forward_kv the new keys are read back rounded, and the extend rows
+    move by far more than float32 rounding."""
+    g = torch.Generator().manual_seed(4)
+    k_fwd, v_fwd = (torch.randn(18, HKV, D, generator=g) * 3).bfloat16(), (torch.randn(18, HKV, D, generator=g)
+                                                                             * 3).bfloat16()
+    kv = _mxfp8_pool(k_fwd, v_fwd)
+    q = torch.randn(6, HQ, D, generator=g)
+    rows_kv = (torch.cat([k_fwd[[4, 7]], k_fwd[14:18]]), torch.cat([v_fwd[[4, 7]], v_fwd[14:18]]))
+    keys = Keys()
+    out = layer_step.attend(TorchRoute(), SPEC, q, kv, keys, params_of, None, forward_kv=rows_kv)
+    k_all, v_all = kv.read(torch.arange(18))
+    k_all[14:18], v_all[14:18] = k_fwd[14:18].float(), v_fwd[14:18].float()
+    params = AttentionParams(softmax_scale=D ** -0.5)
+    rails, qo = keys.extend_keys(None)
+    want = paged_extend_attention(q[2:], PagedKV(k_all, v_all), rails.indptr, rails.indices, qo, params)
+    torch.testing.assert_close(out[2:], want, rtol=0, atol=1e-6)
+    from_pool = layer_step.attend(TorchRoute(), SPEC, q, kv, Keys(), params_of, None)
+    torch.testing.assert_close(out[:2], from_pool[:2], rtol=0, atol=0)  # decodes read the pool either way
+    assert (from_pool[2:] - out[2:]).abs().max() > 1e-3
+
+
+def test_an_extend_without_a_prefix_attends_the_forward_keys_alone():
+    """Every key new (rails == qo_indptr): nothing is gathered, the result is attention over the forward's K/V."""
+    g = torch.Generator().manual_seed(5)
+    k_fwd, v_fwd = torch.randn(4, HKV, D, generator=g).bfloat16(), torch.randn(4, HKV, D, generator=g).bfloat16()
+    kv = _mxfp8_pool(torch.cat([k_fwd, k_fwd]), torch.cat([v_fwd, v_fwd]))
+
+    @dataclass
+    class NoPrefix(Keys):
+        num_decode_rows: int = 0
+
+        def extend_keys(self, window):
+            return KVRails(torch.tensor([0, 4]), torch.arange(4, 8)), torch.tensor([0, 4])
+
+    q = torch.randn(4, HQ, D, generator=g)
+    out = layer_step.attend(TorchRoute(), SPEC, q, kv, NoPrefix(), params_of, None, forward_kv=(k_fwd, v_fwd))
+    want = paged_extend_attention(q, PagedKV(k_fwd.float(), v_fwd.float()), torch.tensor([0, 4]), torch.arange(4),
+                                  torch.tensor([0, 4]), AttentionParams(softmax_scale=D ** -0.5))
+    torch.testing.assert_close(out, want, rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match=r"forward_kv\[0\] \(k\) must be a bf16/fp16/fp32 tensor of shape "):
+        layer_step.attend(TorchRoute(), SPEC, q, kv, NoPrefix(), params_of, None, forward_kv=(k_fwd[:3], v_fwd))

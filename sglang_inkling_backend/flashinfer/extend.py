@@ -140,7 +140,10 @@ class FlashInferExtend:
         key = ("flashinfer_extend", hq, kv.num_kv_heads, d, dtype, params.window, params.logit_cap, sm_scale)
         wrapper, nnz = plans.get(key, lambda: self._plan(key, qo_indptr, rails.indptr, hq, kv.num_kv_heads, d,
                                                          dtype, params.window, params.logit_cap, sm_scale))
-        k, v = self._gather_kv(kv, rails.indices[:nnz], validate=False)
+        if rails.dense and kv.k_buffer.dtype == dtype:  # already contiguous in order (layer_step's forward rows)
+            k, v = kv.k_buffer[:nnz], kv.v_buffer[:nnz]
+        else:
+            k, v = self._gather_kv(kv, rails.indices[:nnz], validate=False)
         out = wrapper.run(q.to(dtype), k, v)
         if per_tensor and kv.v_scale != 1.0:
             out.mul_(kv.v_scale)

@@ -89,6 +89,15 @@ class TritonRoute:
         else:
             self.kernels.validate_slots(kv, keys.indptr, keys.indices, max_seq_len=max_seq_len)
 
+    def gather_keys(self, kv: PagedKV, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K/V rows at ``slots`` (checked by the caller), dequantized (MXFP8: exact in bf16) and, for a per-tensor
+        fp8 pool, times its scales, in ``gather_dtype(kv)``."""
+        from .gather_kv import gather_kv
+        k, v = gather_kv(kv, slots, validate=False)
+        if kv.kv_format == "fp8_e4m3":  # gather_kv returns the raw e4m3 values
+            k, v = (k.float() * kv.k_scale).to(k.dtype), (v.float() * kv.v_scale).to(v.dtype)
+        return k, v
+
     def extend(self, q: torch.Tensor, kv: PagedKV, rails: KVRails, qo_indptr: torch.Tensor,
                params: AttentionParams, *, plans: Optional[DecodePlanCache] = None) -> torch.Tensor:
         """One layer's extend: the extend family (FlashInfer) where it serves the layer and the step gives

@@ -194,3 +194,41 @@ def test_extend_family_setting(monkeypatch):
     monkeypatch.setenv(fi_extend.EXTEND_KERNEL_ENV, "flashinfer")
     with pytest.raises(ValueError, match="INKLING_EXTEND_KERNEL=flashinfer, but FlashInfer runs on NVIDIA GPUs only"):
         fi_extend.extend_family(cpu)
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8", "fp8"])
+@pytest.mark.parametrize("family", [False, True])
+@pytest.mark.parametrize("prefixes", [(0, 30, 9), (0, 0, 0)])
+def test_extend_rows_from_the_forward_match_the_torch_route(fmt, family, prefixes):
+    """layer_step.attend with forward_kv on the Triton route (its kernel, or the family over the gathered or the
+    forward's own K/V) against the torch route: the new rows' keys in bf16 from the forward, the prefix from the
+    quantized pool. The same call reading the new keys from the pool differs by more than the tolerance."""
+    from sglang_inkling_backend import layer_step
+    from sglang_inkling_backend.layer_plan import LayerSpec, attention_params
+    from sglang_inkling_backend.routes import TorchRoute
+    gen = torch.Generator().manual_seed(9)
+    kv = make_pool(fmt, gen)
+    q, rails, qo = make_batch(gen, prefixes=prefixes)
+    rows = q.shape[0]
+    new_k = (torch.randn(rows, HKV, D, generator=gen) * 2).bfloat16().to(DEV)
+    new_v = (torch.randn(rows, HKV, D, generator=gen) * 2).bfloat16().to(DEV)
+    spec = LayerSpec(window=None, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D, softmax_scale=D ** -0.5)
+
+    class Keys:
+        num_decode_rows, max_seq_len = 0, None
+
+        def __init__(self):
+            self.plans = DecodePlanCache()
+
+        def extend_keys(self, window):
+            return rails, qo
+
+    route = TritonRoute(kernels, fi_extend.FlashInferExtend(fake_flashinfer(), torch.device(DEV)) if family else None)
+    params_of = lambda first, last: attention_params(spec, rows=last - first)  # noqa: E731
+    got = layer_step.attend(route, spec, q, kv, Keys(), params_of, None, forward_kv=(new_k, new_v))
+    want = layer_step.attend(TorchRoute(), spec, q.float(), kv, Keys(), params_of, None, forward_kv=(new_k, new_v))
+    assert rel_err(got, want) < TOL
+    from_pool = layer_step.attend(TorchRoute(), spec, q.float(), kv, Keys(), params_of, None)
+    assert rel_err(from_pool, want) > 3 * TOL
+    if family:
+        assert RaggedPrefill.plans == 1

@@ -104,8 +104,13 @@ class InklingAttnBackend(AttentionBackend):
         self.use_route(choose_route(self.device, head_dims))
         self.forward_metadata: Optional[InklingForwardMetadata] = None
         self._graph_buffers: Optional[DecodeGraphBuffers] = None
-        logger.info("inkling: backend ready: %s KV, route %s, windows %s, %s pool", self.kv_format, self.route.name,
-                    sorted(self.windows) or "none", type(self.token_to_kv_pool).__name__)
+        # an extend's own keys from the forward (bf16) over a quantized cache; a bf16 cache holds them exactly
+        self._notes: set = set()  # the log lines said once
+        self.extend_new_keys = (layer_step.extend_new_keys_setting() if self.kv_format in mxfp8.QUANTIZED_KV_FORMATS
+                                else "cache")
+        logger.info("inkling: backend ready: %s KV, route %s, windows %s, %s pool, extend reads its new keys from the "
+                    "%s", self.kv_format, self.route.name, sorted(self.windows) or "none",
+                    type(self.token_to_kv_pool).__name__, self.extend_new_keys)
         from sglang_inkling_backend.hosts.sglang import inkling_model
 
         inkling_model.install_seam_if_loaded()
@@ -275,9 +280,25 @@ class InklingAttnBackend(AttentionBackend):
             raise ValueError("k and v must be given together (save_kv_cache=True stores both)")
         if save_kv_cache and k is not None:
             self._store(layer, spec, forward_batch, k, v, kwargs)
+        forward_kv = None
+        if not decode and self.extend_new_keys == "forward":
+            forward_kv = self._forward_kv(k, v, rows, spec)
         out = layer_step.attend(self.route, spec, q3, self._paged_kv(layer.layer_id, spec), md,
-                                lambda first, last: params, self.workspace)
+                                lambda first, last: params, self.workspace, forward_kv=forward_kv)
         return out.to(self.model_dtype).reshape(rows, spec.num_q_heads * spec.head_dim)
+
+    def _forward_kv(self, k, v, rows: int, spec: LayerSpec):
+        """The call's K/V as ``[rows, Hkv, D]`` when they are the forward's float values (the model passes K/V
+        already quantized, or none, when it stored them itself in e4m3: the extend then reads the cache)."""
+        if not (isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor) and k.is_floating_point()
+                and v.is_floating_point() and k.dtype != mxfp8.DATA_DTYPE and v.dtype != mxfp8.DATA_DTYPE):
+            if "no float K/V" not in self._notes:
+                self._notes.add("no float K/V")
+                logger.info("inkling: an extend call without the forward's float K/V reads its new keys from the "
+                            "cache (k: %s)", None if k is None else k.dtype)
+            return None
+        shape = (rows, spec.num_kv_heads, spec.head_dim)
+        return k.reshape(shape), v.reshape(shape)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
         return self._attend(True, q, k, v, layer, forward_batch, save_kv_cache, kwargs)

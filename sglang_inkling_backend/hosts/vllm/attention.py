@@ -62,6 +62,9 @@ class LayerAttention:
         self.kv_format = kv_format
         self.model_dtype = model_dtype
         self.sinks = sinks
+        # an extend's own keys from the forward over a quantized cache (a float cache holds them exactly)
+        self.extend_new_keys = (layer_step.extend_new_keys_setting() if kv_format in mxfp8.QUANTIZED_KV_FORMATS
+                                else "cache")
         self._layouts: dict[int, BlockCacheLayout] = {}
 
     def bind_fp8_scales(self, k_scale: float, v_scale: float) -> None:
@@ -114,8 +117,12 @@ class LayerAttention:
         kv_views.store_kv_unchecked(kv, padded_slots(slot_mapping), key[:n], value[:n], mxfp8_store=mxfp8_store)
 
     def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, batch: VllmBatch,
-                output: torch.Tensor) -> torch.Tensor:
-        """Attention of the batch's ``num_actual_tokens`` query rows into ``output`` (rows past them untouched)."""
+                output: torch.Tensor, key: Optional[torch.Tensor] = None,
+                value: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Attention of the batch's ``num_actual_tokens`` query rows into ``output`` (rows past them untouched).
+        ``key``/``value``: the step's K/V as the model computed them; over a quantized cache the prefill rows read
+        their own new keys from them (``layer_step.forward_rows_keys``; ``INKLING_EXTEND_NEW_KEYS=cache`` reads the
+        cache instead)."""
         spec, route = self.spec, batch.route
         n = batch.num_actual_tokens
         kv = self.paged_kv(kv_cache)
@@ -128,9 +135,15 @@ class LayerAttention:
             batch.plans.once(("vLLM batch values", kv.num_slots, spec.window),
                              lambda: batch.check_values(kv_cache.shape[0], spec.window))
         q = layer_step.prepare_query(query[:n], spec, route, self.model_dtype)
+        forward_kv = None
+        if self.extend_new_keys == "forward" and batch.num_decode_tokens < n and key is not None and value is not None:
+            for name, t in (("key", key), ("value", value)):
+                _require_token_rows(t, name, n, "num_actual_tokens", spec.num_kv_heads, spec.head_dim)
+            shape = (n, spec.num_kv_heads, spec.head_dim)
+            forward_kv = (key[:n].reshape(shape), value[:n].reshape(shape))
         # the weights themselves (every kernel reads sinks as float32): AttentionParams checks them finite once per
         # tensor and version; not here at construction, where vLLM has not loaded them yet
         layer_step.attend(route, spec, q, kv, batch,
                           lambda first, last: attention_params(spec, rows=last - first, sinks=self.sinks),
-                          batch.workspace, output[:n].view(n, spec.num_q_heads, spec.head_dim))
+                          batch.workspace, output[:n].view(n, spec.num_q_heads, spec.head_dim), forward_kv=forward_kv)
         return output

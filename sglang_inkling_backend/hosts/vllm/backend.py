@@ -233,4 +233,4 @@ class InklingVllmImpl(AttentionImpl[VllmBatch]):
         if attn_metadata is None:
             return output  # vLLM's profiling run
         self._bind(layer)
-        return self.attention.forward(query, kv_cache, attn_metadata, output)
+        return self.attention.forward(query, kv_cache, attn_metadata, output, key, value)

@@ -97,6 +97,9 @@ def run_layer(kv_format, window=None, cap=None, with_sinks=False, seed=0):
     expected = []
     for r, n in enumerate(seq_lens):
         k, v = kv.read(torch.tensor([slot_of(r, p) for p in range(n)]))  # the stored (quantized) K/V
+        if query_lens[r] > 1:  # a prefill reads its own new keys from the forward (layer_step.forward_rows_keys)
+            k[n - query_lens[r]:] = keys[r][n - query_lens[r]:].float()
+            v[n - query_lens[r]:] = vals[r][n - query_lens[r]:].float()
         rows = q[int(qsl[r]): int(qsl[r + 1])]
         positions = torch.arange(n - query_lens[r], n)
         expected.append(oracle(rows, k, v, positions, window, impl.spec.scale, cap, sinks))
