@@ -46,9 +46,10 @@ EXTEND_NEW_KEYS_CHOICES = ("forward", "cache")
 
 
 def extend_new_keys_setting() -> str:
-    """Where an extend over a quantized cache reads its own new tokens' keys: ``forward`` (default; the forward's
-    K/V, as SGLang's triton and flashinfer backends do, the prefix from the cache) or ``cache`` (every key as
-    stored, as SGLang's FA4 MXFP8 path does). ``INKLING_EXTEND_NEW_KEYS`` overrides."""
+    """Where an extend reads its own new tokens' keys: ``forward`` (default; the forward's K/V, as SGLang's triton
+    and flashinfer backends do, the prefix from the cache: over a quantized cache they are unrounded, over a float
+    one the same values, not gathered back) or ``cache`` (every key as stored, as SGLang's FA4 MXFP8 path does).
+    ``INKLING_EXTEND_NEW_KEYS`` overrides."""
     import os
     value = os.environ.get(EXTEND_NEW_KEYS_ENV, "forward")
     if value not in EXTEND_NEW_KEYS_CHOICES:
@@ -83,7 +84,7 @@ def forward_rows_keys(route, kv: PagedKV, rails: KVRails, qo_indptr: torch.Tenso
         nnz = int(rails.indptr[-1])
         return rails.indptr[b + 1] - qo_indptr[b + 1] + r, torch.arange(nnz, device=new_k.device)
 
-    positions, dense = plans.get(("extend rows from the forward", window, new_k.shape[0]), layout)
+    positions, dense = plans.value(("extend rows from the forward", window, new_k.shape[0]), layout)
     if positions is None:  # contiguous rows (a split of a fused qkv is a strided view): what every kernel reads
         return PagedKV(new_k.contiguous(), new_v.contiguous()), KVRails(qo_indptr, dense, dense=True)
     k, v = route.gather_keys(kv, rails.indices[:dense.numel()])

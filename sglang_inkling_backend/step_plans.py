@@ -21,6 +21,13 @@ class DecodePlanCache:
     def __init__(self) -> None:
         self._plans: dict = {}
         self._checked: set = set()
+        self._values: dict = {}
+
+    def value(self, key: Hashable, make: Callable[[], object]):
+        """A value of this step shared by its layers (not a decode plan), made with ``make()`` on first use."""
+        if key not in self._values:
+            self._values[key] = make()
+        return self._values[key]
 
     def get(self, key: Hashable, make: Callable[[], object]):
         """The plan for ``key``, made with ``make()`` on first use."""

@@ -104,10 +104,10 @@ class InklingAttnBackend(AttentionBackend):
         self.use_route(choose_route(self.device, head_dims))
         self.forward_metadata: Optional[InklingForwardMetadata] = None
         self._graph_buffers: Optional[DecodeGraphBuffers] = None
-        # an extend's own keys from the forward (bf16) over a quantized cache; a bf16 cache holds them exactly
         self._notes: set = set()  # the log lines said once
-        self.extend_new_keys = (layer_step.extend_new_keys_setting() if self.kv_format in mxfp8.QUANTIZED_KV_FORMATS
-                                else "cache")
+        # an extend's own keys from the forward's K/V: unrounded over a quantized cache, and over a bf16 one (which
+        # holds the same values) without gathering them back
+        self.extend_new_keys = layer_step.extend_new_keys_setting()
         logger.info("inkling: backend ready: %s KV, route %s, windows %s, %s pool, extend reads its new keys from the "
                     "%s", self.kv_format, self.route.name, sorted(self.windows) or "none",
                     type(self.token_to_kv_pool).__name__, self.extend_new_keys)

@@ -62,9 +62,7 @@ class LayerAttention:
         self.kv_format = kv_format
         self.model_dtype = model_dtype
         self.sinks = sinks
-        # an extend's own keys from the forward over a quantized cache (a float cache holds them exactly)
-        self.extend_new_keys = (layer_step.extend_new_keys_setting() if kv_format in mxfp8.QUANTIZED_KV_FORMATS
-                                else "cache")
+        self.extend_new_keys = layer_step.extend_new_keys_setting()  # a prefill's own keys from the forward
         self._layouts: dict[int, BlockCacheLayout] = {}
 
     def bind_fp8_scales(self, k_scale: float, v_scale: float) -> None:
