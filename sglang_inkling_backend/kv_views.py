@@ -32,6 +32,8 @@ def dequantize_query(q: torch.Tensor, num_heads: int, head_dim: int,
     rows = q.shape[0]
     q3 = q.reshape(rows, num_heads, head_dim)
     if q.dtype != mxfp8.DATA_DTYPE:
+        if q_descale is not None:
+            raise ValueError(f"q_descale (MXFP8 block scales) goes with a float8_e4m3fn q, got it with a {q.dtype} q")
         return q3
     if q_descale is None:
         raise ValueError("q arrived as float8_e4m3fn without q_descale (its MXFP8 block scales)")

@@ -389,3 +389,12 @@ def test_sglang_bf16_pool_refuses_scale_bytes_in_a_cpu_copy():
     saved[0][2] = torch.zeros(2, 2, 1, dtype=torch.uint8)
     with pytest.raises(ValueError, match=r"kv_cache_cpu\[0\]'s k_scales and v_scales must be None for a bf16 pool"):
         pool.load_cpu_copy(saved, src)  # was: ignored
+
+
+def test_q_descale_with_an_unquantized_query_is_refused():
+    from sglang_inkling_backend import kv_views
+    q = torch.zeros(2, 4 * 32, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"q_descale \(MXFP8 block scales\) goes with a float8_e4m3fn q, got it with "
+                                         r"a torch.bfloat16 q"):
+        kv_views.dequantize_query(q, 4, 32, torch.zeros(2, 4, 1, dtype=torch.uint8))
+    assert kv_views.dequantize_query(q, 4, 32, None).shape == (2, 4, 32)
