@@ -19,6 +19,17 @@ from sglang_inkling_backend.attention_inputs import PagedKV
 from sglang_inkling_backend.scale_layout import ScaleLayout
 
 
+class _UnroundedQuery:
+    """The ``q_descale`` a prologue of ours returns with a bf16 q in MXFP8 mode (its host would otherwise round q
+    itself): "this q was kept unrounded"."""
+
+    def __repr__(self) -> str:
+        return "UNROUNDED_QUERY"
+
+
+UNROUNDED_QUERY = _UnroundedQuery()
+
+
 def dequantize_query(q: torch.Tensor, num_heads: int, head_dim: int,
                      q_descale: Optional[torch.Tensor]) -> torch.Tensor:
     """``q [T, Hq * D]`` (or ``[T, Hq, D]``) as ``[T, Hq, D]``; an e4m3 q (the Inkling model's MXFP8 q) is
@@ -31,6 +42,10 @@ def dequantize_query(q: torch.Tensor, num_heads: int, head_dim: int,
         raise TypeError(f"q must be a floating-point tensor (or float8_e4m3fn with q_descale), got {q.dtype}")
     rows = q.shape[0]
     q3 = q.reshape(rows, num_heads, head_dim)
+    if q_descale is UNROUNDED_QUERY:
+        q_descale = None
+        if q.dtype == mxfp8.DATA_DTYPE:
+            raise ValueError("q_descale says the query was kept unrounded (UNROUNDED_QUERY), but q is float8_e4m3fn")
     if q.dtype != mxfp8.DATA_DTYPE:
         if q_descale is not None:
             raise ValueError(f"q_descale (MXFP8 block scales) goes with a float8_e4m3fn q, got it with a {q.dtype} q")

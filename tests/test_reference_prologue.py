@@ -458,3 +458,23 @@ def test_rel_logits_prescale_and_postscale():
     post = inkling_rel_logits(r, proj, tau, prescale_tau=False)
     assert torch.equal(post, (plain.float() * tau.view(3, 1, 1)).bfloat16())
     assert torch.equal(pre[0], plain[0])  # tau = 1 changes nothing
+
+
+def test_mxfp8_kv_with_q_kept_bf16():
+    """quantize_q=False (ours): K/V stored exactly as in MXFP8 mode, q the bf16 mode's q, no q scale."""
+    args, _ = make_case(T=3, hq=2, hkv=2, mxfp8_mode=True, seed=7)
+    bf16_args = clone_args(args)
+    bf16_args.update(mxfp8_quant=False, sfk=None, sfv=None, k_buf=torch.zeros(256, 2, D).bfloat16(),
+                     v_buf=torch.zeros(256, 2, D).bfloat16())
+    q_ref, _, _, _ = inkling_attn_prologue_decode(**bf16_args)
+    mx_args = clone_args(args)
+    _, k_mx, v_mx, q_scale_mx = inkling_attn_prologue_decode(**mx_args)
+    q, k, v, q_scale = inkling_attn_prologue_decode(**args, quantize_q=False)
+    assert q.dtype == torch.bfloat16 and torch.equal(q, q_ref) and q_scale is None and q_scale_mx is not None
+    assert torch.equal(k, k_mx) and torch.equal(v, v_mx)
+    for key in ("k_buf", "v_buf", "sfk", "sfv", "k_cache", "v_cache"):
+        assert torch.equal(args[key].view(torch.uint8), mx_args[key].view(torch.uint8)), key
+    with pytest.raises(ValueError, match=r"quantize_q=True needs mxfp8_quant=True"):
+        inkling_attn_prologue_decode(**clone_args(bf16_args), quantize_q=True)
+    with pytest.raises(TypeError, match="quantize_q must be None or a bool"):
+        inkling_attn_prologue_decode(**clone_args(args), quantize_q=1)

@@ -193,6 +193,18 @@ def _check_values(k_cache, cache_indices, loc, k_buf, track_mask, track_indices,
                              "slot 0")
 
 
+def check_quantize_q(quantize_q: Optional[bool], mxfp8_quant: bool) -> bool:
+    """Whether the prologue rounds q to MXFP8: ``mxfp8_quant`` unless ``quantize_q`` says otherwise; q is rounded
+    only in MXFP8 mode."""
+    if quantize_q is None:
+        return bool(mxfp8_quant)
+    if not isinstance(quantize_q, bool):
+        raise TypeError(f"quantize_q must be None or a bool, got {quantize_q!r}")
+    if quantize_q and not mxfp8_quant:
+        raise ValueError("quantize_q=True needs mxfp8_quant=True (q is rounded to MXFP8 only in MXFP8 mode)")
+    return quantize_q
+
+
 def validate_prologue_args(
     qkvr, k_cache, v_cache, cache_indices, cache_mask, k_weight, v_weight, q_gamma, k_gamma, eps, loc,
     k_buf, v_buf, q_off, k_off, v_off, dq, dkv, activation=None, use_residual=True, track_mask=None,
@@ -413,10 +425,15 @@ def inkling_attn_prologue_decode(
     sfv: Optional[torch.Tensor] = None,
     page_size: int = INTERLEAVED_PAGE_SIZE,
     log_scaling_tau: Optional[torch.Tensor] = None,
+    *,
+    quantize_q: Optional[bool] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """Decode prologue (see the module docstring): conv + conv-cache shift (+ track) + q/k RMSNorm + tau
     (+ MXFP8 q quantization and K/V quantize-and-store, or the bf16 store). Updates ``k_cache``, ``v_cache``,
-    ``k_buf``, ``v_buf`` (and ``sfk``, ``sfv``) in place; returns ``(q_out, k_out, v_out, q_scale)``."""
+    ``k_buf``, ``v_buf`` (and ``sfk``, ``sfv``) in place; returns ``(q_out, k_out, v_out, q_scale)``.
+    ``quantize_q`` (ours, not SGLang's): with ``mxfp8_quant``, False keeps q in bf16 (``q_scale`` None) while K/V
+    are stored as MXFP8; default: ``mxfp8_quant``."""
+    q_mx = check_quantize_q(quantize_q, mxfp8_quant)
     geo = validate_prologue_args(
         qkvr, k_cache, v_cache, cache_indices, cache_mask, k_weight, v_weight, q_gamma, k_gamma, eps, loc,
         k_buf, v_buf, q_off, k_off, v_off, dq, dkv, activation, use_residual, track_mask, track_indices,
@@ -462,10 +479,12 @@ def inkling_attn_prologue_decode(
 
     stored = real & (loc.long() >= 0) if do_store else torch.zeros_like(real)
     dst_slots = loc.long()[stored]
-    if mxfp8_quant:
+    q_out, q_scale = q_n.reshape(T, dq), None
+    if q_mx:
         q_data, q_scales = mxfp8.quantize(q_n)  # [T, Hq, 128] e4m3, [T, Hq, 4] uint8
         q_out = q_data.reshape(T, dq)
         q_scale = q_scales.view(_E8M0) if _E8M0 is not None else q_scales
+    if mxfp8_quant:
         k_data, k_scales = mxfp8.quantize(k_n[stored])
         v_data, v_scales = mxfp8.quantize(v_n[stored])
         k_buf.view(k_buf.shape[0], hkv, HEAD_DIM)[dst_slots] = k_data
@@ -473,8 +492,6 @@ def inkling_attn_prologue_decode(
         geo.layout.scatter(sfk, dst_slots, k_scales)
         geo.layout.scatter(sfv, dst_slots, v_scales)
     else:
-        q_out = q_n.reshape(T, dq)
-        q_scale = None
         if do_store:
             k_buf.view(k_buf.shape[0], hkv, HEAD_DIM)[dst_slots] = k_n[stored]
             v_buf.view(v_buf.shape[0], hkv, HEAD_DIM)[dst_slots] = v_n[stored]

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from ..checks import stream_capturing
-from ..reference.prologue import HEAD_DIM, validate_prologue_args
+from ..reference.prologue import HEAD_DIM, check_quantize_q, validate_prologue_args
 from ..scale_layout import INTERLEAVED_PAGE_SIZE
 from .device import scale_offsets
 from .encode import mxfp8_encode_blocks
@@ -146,7 +146,7 @@ def _inkling_prologue_decode_kernel(
     HQ: tl.constexpr, HKV: tl.constexpr, Q_HEADS: tl.constexpr, NUM_Q_PROGRAMS: tl.constexpr,
     W: tl.constexpr, PAGE: tl.constexpr,
     USE_SILU: tl.constexpr, USE_RESIDUAL: tl.constexpr, HAS_TAU: tl.constexpr, DO_TRACK: tl.constexpr,
-    DO_STORE: tl.constexpr, MXFP8: tl.constexpr,
+    DO_STORE: tl.constexpr, MXFP8: tl.constexpr, Q_MXFP8: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     role = tl.program_id(1)
@@ -163,7 +163,7 @@ def _inkling_prologue_decode_kernel(
         q = _head_rmsnorm(x, gamma, eps)
         if HAS_TAU:
             q = _round_to_bf16(q * tl.load(tau_ptr + t))
-        if MXFP8:
+        if Q_MXFP8:
             codes, scales = _mxfp8_quantize(q, Q_HEADS)
             tl.store(q_out_ptr + t * (HQ * 128) + offs, codes, mask=head_ok[:, None])
             blocks = role * Q_HEADS * 4 + tl.arange(0, Q_HEADS * 4)
@@ -249,10 +249,13 @@ def inkling_attn_prologue_decode(
     log_scaling_tau: Optional[torch.Tensor] = None,
     *,
     check_values: Optional[bool] = None,
+    quantize_q: Optional[bool] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """SGLang's ``inkling_attn_prologue_decode`` in one Triton launch (see the module docstring).
     ``check_values`` (ours, keyword-only): check slot values before launching; default: yes, except during
-    CUDA-graph capture."""
+    CUDA-graph capture. ``quantize_q`` (ours): with ``mxfp8_quant``, False keeps q in bf16 (no q scale) while K/V
+    are stored as MXFP8; default: ``mxfp8_quant`` (SGLang's contract)."""
+    q_mx = check_quantize_q(quantize_q, mxfp8_quant)
     if check_values is None:
         check_values = not stream_capturing(qkvr.device if isinstance(qkvr, torch.Tensor) else torch.device("cpu"))
     geo = validate_prologue_args(
@@ -263,15 +266,19 @@ def inkling_attn_prologue_decode(
     device = qkvr.device
     k_out = torch.empty(T, dkv, dtype=torch.bfloat16, device=device)
     v_out = torch.empty(T, dkv, dtype=torch.bfloat16, device=device)
-    if mxfp8_quant:
+    if q_mx:
         q_out = torch.empty(T, dq, dtype=torch.float8_e4m3fn, device=device)
         sfq = torch.empty(T, hq, HEAD_DIM // 32, dtype=torch.uint8, device=device)
-        q_out_arg, k_buf_arg, v_buf_arg = q_out.view(torch.uint8), k_buf.view(torch.uint8), v_buf.view(torch.uint8)
-        sfk_arg, sfv_arg = sfk.view(torch.uint8), sfv.view(torch.uint8)
+        q_out_arg = q_out.view(torch.uint8)
     else:
         q_out = torch.empty(T, dq, dtype=torch.bfloat16, device=device)
         sfq = None
-        q_out_arg, k_buf_arg, v_buf_arg = q_out, k_buf, v_buf
+        q_out_arg = q_out
+    if mxfp8_quant:
+        k_buf_arg, v_buf_arg = k_buf.view(torch.uint8), v_buf.view(torch.uint8)
+        sfk_arg, sfv_arg = sfk.view(torch.uint8), sfv.view(torch.uint8)
+    else:
+        k_buf_arg, v_buf_arg = k_buf, v_buf
         sfk_arg = sfv_arg = q_out  # unused (MXFP8=False)
     q_scale = sfq.view(_E8M0) if sfq is not None and _E8M0 is not None else sfq  # SGLang returns e8m0
     if T == 0:
@@ -300,7 +307,7 @@ def inkling_attn_prologue_decode(
         geo.layout.num_slots if geo.layout is not None else k_buf.shape[0],
         HQ=hq, HKV=hkv, Q_HEADS=q_heads, NUM_Q_PROGRAMS=num_q_programs, W=geo.conv_width, PAGE=page_size,
         USE_SILU=geo.use_silu, USE_RESIDUAL=bool(use_residual), HAS_TAU=log_scaling_tau is not None,
-        DO_TRACK=geo.do_track, DO_STORE=bool(do_store), MXFP8=bool(mxfp8_quant),
+        DO_TRACK=geo.do_track, DO_STORE=bool(do_store), MXFP8=bool(mxfp8_quant), Q_MXFP8=q_mx,
         num_warps=4,
     )
     return q_out, k_out, v_out, q_scale

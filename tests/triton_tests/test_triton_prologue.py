@@ -154,6 +154,17 @@ def test_fused_equals_reference(name, hq, hkv, W, mx, tau, track):
     assert_same_call(args)
 
 
+@pytest.mark.parametrize("tau", [False, True])
+def test_fused_equals_reference_with_q_kept_bf16(tau):
+    """quantize_q=False: MXFP8 K/V store, bf16 q; kernel and reference byte for byte."""
+    T = 6
+    args, _ = make_case(T=T, hq=5, hkv=2, W=4, cache_slots=12, kv_slots=384, mxfp8_mode=True, seed=11)
+    if tau:
+        args["log_scaling_tau"] = 1.0 + torch.rand(T)
+    q, _, _, q_scale = assert_same_call(args, quantize_q=False)
+    assert q.dtype == torch.bfloat16 and q_scale is None
+
+
 def test_fused_equals_reference_with_sglangs_decode_mask_shape():
     """SGLang's Inkling decode passes cache_mask as [B, 1, 1] (its conv metadata's broadcast shape)."""
     T = 6

@@ -21,9 +21,12 @@ the CUDA-only ``cutlass`` package), which is why the seam is tested at the level
 """
 from __future__ import annotations
 
+import inspect
 import logging
+import os
 import sys
 
+from sglang_inkling_backend import kv_views
 from sglang_inkling_backend.hosts.sglang import BACKEND_NAME
 from sglang_inkling_backend.routes import triton_unavailable
 
@@ -33,6 +36,10 @@ ATTN_MODULE = "sglang.srt.models.inkling_common.attn"
 PROLOGUE_MODULE = "sglang.kernels.ops.attention.inkling_attn_prologue"
 SERVING_TARGET = f"{ATTN_MODULE}.serving_attention_backend"
 PROLOGUE_TARGET = f"{PROLOGUE_MODULE}.inkling_attn_prologue_decode"
+EXTEND_PROLOGUE_TARGET = f"{PROLOGUE_MODULE}.inkling_attn_prologue_extend"
+QUERY_FORMAT_ENV = "INKLING_MXFP8_QUERY"
+QUERY_FORMATS = ("bf16", "mxfp8")
+DEFAULT_QUERY_FORMAT = "mxfp8"
 # The backend whose kwarg contract (rel_bias / q_descale / fused prologue) this backend implements.
 CONTRACT_BACKEND = "fa4"
 
@@ -40,6 +47,15 @@ CONTRACT_BACKEND = "fa4"
 def serving_backend_after(result, *args, **kwargs):
     """AFTER hook on ``serving_attention_backend``: ``inkling`` is answered as the contract it implements."""
     return CONTRACT_BACKEND if result == BACKEND_NAME else result
+
+
+def extend_backend_is_inkling() -> bool:
+    """Whether the forward in progress extends with this backend (False outside a forward)."""
+    from sglang.srt.model_executor.forward_context import get_attn_backend, has_forward_context
+
+    if not has_forward_context():
+        return False
+    return getattr(get_attn_backend(), "prefill_attention_backend_str", None) == BACKEND_NAME
 
 
 def decode_backend_is_inkling() -> bool:
@@ -71,12 +87,50 @@ def our_prologue_decode(qkvr):
     return inkling_attn_prologue_decode
 
 
+def query_format() -> str:
+    """How the Inkling model's query reaches this backend in MXFP8 mode: ``bf16`` (unrounded: the prologues store
+    K/V as MXFP8 and keep q) or ``mxfp8`` (rounded, FA4's contract). ``INKLING_MXFP8_QUERY`` overrides the default
+    (``DEFAULT_QUERY_FORMAT``). Only the fused prologues' q (head_dim 128 on an accelerator) can stay bf16; the
+    model's unfused path rounds q itself."""
+    value = os.environ.get(QUERY_FORMAT_ENV, DEFAULT_QUERY_FORMAT)
+    if value not in QUERY_FORMATS:
+        raise ValueError(f"{QUERY_FORMAT_ENV} must be one of {QUERY_FORMATS}, got {value!r}")
+    return value
+
+
 def prologue_decode_around(original, *args, **kwargs):
-    """AROUND hook on SGLang's ``inkling_attn_prologue_decode``: ours when inkling serves decode."""
+    """AROUND hook on SGLang's ``inkling_attn_prologue_decode``: ours when inkling serves decode, keeping q in bf16
+    in MXFP8 mode unless ``query_format()`` is ``mxfp8``."""
     if not decode_backend_is_inkling():
         return original(*args, **kwargs)
     qkvr = args[0] if args else kwargs["qkvr"]
+    # the model passes mxfp8_quant by keyword (attn.py); bind the signature only if it did not
+    mxfp8_quant = kwargs["mxfp8_quant"] if "mxfp8_quant" in kwargs else \
+        inspect.signature(original).bind(*args, **kwargs).arguments.get("mxfp8_quant", False)
+    if mxfp8_quant and query_format() == "bf16":
+        q, k, v, _ = our_prologue_decode(qkvr)(*args, **kwargs, quantize_q=False)
+        return q, k, v, kv_views.UNROUNDED_QUERY
     return our_prologue_decode(qkvr)(*args, **kwargs)
+
+
+def prologue_extend_around(original, *args, **kwargs):
+    """AROUND hook on SGLang's ``inkling_attn_prologue_extend`` (SGLang's kernel, whose one ``mxfp8_quant`` flag
+    rounds q and stores MXFP8 K/V): when inkling serves and q stays bf16, SGLang's kernel runs in bf16 mode without
+    its store, then K/V are stored as MXFP8 here (the bytes of the MXFP8 mode's store: one encoder rule)."""
+    bound = inspect.signature(original).bind(*args, **kwargs)
+    bound.apply_defaults()
+    a = bound.arguments
+    if not (a["mxfp8_quant"] and extend_backend_is_inkling() and query_format() == "bf16"):
+        return original(*args, **kwargs)
+    q, k, v, _ = original(**{**a, "mxfp8_quant": False, "do_store": False, "sfk": None, "sfv": None})
+    if a["do_store"]:
+        kv = kv_views.paged_kv("mxfp8", a["k_buf"], a["v_buf"], page_size=a["page_size"], k_scales=a["sfk"],
+                               v_scales=a["sfv"])
+        store = None
+        if k.is_cuda:
+            from sglang_inkling_backend.triton.kv_store import store_kv_mxfp8 as store
+        kv_views.store_kv_unchecked(kv, a["loc"], k, v, mxfp8_store=store)
+    return q, k, v, kv_views.UNROUNDED_QUERY
 
 
 def install_seam_if_loaded() -> bool:
@@ -86,7 +140,8 @@ def install_seam_if_loaded() -> bool:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     for target, fn, kind in ((SERVING_TARGET, serving_backend_after, HookType.AFTER),
-                             (PROLOGUE_TARGET, prologue_decode_around, HookType.AROUND)):
+                             (PROLOGUE_TARGET, prologue_decode_around, HookType.AROUND),
+                             (EXTEND_PROLOGUE_TARGET, prologue_extend_around, HookType.AROUND)):
         if not any(hook is fn for _, hook, _ in HookRegistry._hooks.get(target, ())):
             HookRegistry.register(target, fn, kind, source=None)
     HookRegistry.apply_hooks()  # applies only targets not patched yet
@@ -106,4 +161,5 @@ def seam_installed() -> bool:
     if attn is None or prologue is None:
         return False
     return (getattr(attn.serving_attention_backend, "__wrapped__", None) is not None
-            and getattr(prologue.inkling_attn_prologue_decode, "__wrapped__", None) is not None)
+            and getattr(prologue.inkling_attn_prologue_decode, "__wrapped__", None) is not None
+            and getattr(prologue.inkling_attn_prologue_extend, "__wrapped__", None) is not None)

@@ -35,7 +35,7 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E4
 from sglang.srt.model_executor.forward_context import ForwardContext, forward_context  # noqa: E402
 from sglang.srt.plugins.hook_registry import HookRegistry  # noqa: E402
 
-from sglang_inkling_backend import mxfp8  # noqa: E402
+from sglang_inkling_backend import kv_views, mxfp8  # noqa: E402
 from sglang_inkling_backend.reference import prologue as reference_prologue  # noqa: E402
 from sglang_inkling_backend.hosts.sglang import inkling_model  # noqa: E402
 from sglang_inkling_backend.hosts.sglang.backend import InklingAttnBackend  # noqa: E402
@@ -50,6 +50,7 @@ def isolated_hooks(monkeypatch):
     monkeypatch.setattr(HookRegistry, "_hooks", defaultdict(list, {k: list(v) for k, v in HookRegistry._hooks.items()}))
     monkeypatch.setattr(HookRegistry, "_patched", set(HookRegistry._patched))
     monkeypatch.setattr(sglang_prologue, "inkling_attn_prologue_decode", sglang_prologue.inkling_attn_prologue_decode)
+    monkeypatch.setattr(sglang_prologue, "inkling_attn_prologue_extend", sglang_prologue.inkling_attn_prologue_extend)
     stand_in = types.ModuleType(inkling_model.ATTN_MODULE)
 
     def serving_attention_backend(forward_batch):  # what the runner stamped: the configured name
@@ -226,3 +227,87 @@ def test_backend_reads_triton_style_and_prequantized_kv_kwargs():
         ref = _dense_inkling(rt(q[b]), torch.cat([rt(hk), rt(k[b:b + 1])]), torch.cat([rt(hv), rt(v[b:b + 1])]),
                              rel[b], None)
         assert float((out[b].view(HQ, D).float() - ref).abs().max()) <= 2 ** -7
+
+
+@pytest.mark.parametrize("window", [None, 64])
+def test_decode_step_with_the_query_kept_bf16(isolated_hooks, monkeypatch, window):
+    """INKLING_MXFP8_QUERY=bf16: the hooked decode prologue stores MXFP8 K/V as before and returns q unrounded with
+    UNROUNDED_QUERY for q_descale (the model passes it on); the backend attends with that q. Against the oracle
+    with q rounded the output is further off than with q as it is."""
+    monkeypatch.setenv(inkling_model.QUERY_FORMAT_ENV, "bf16")
+    layer, pool, backend, fb, history, qkvr, conv, proj = _inkling_step_setup(window=window)
+    assert inkling_model.install_seam_if_loaded()
+    dq, dkv = HQ * D, HKV * D
+    q, k, v, r = qkvr.split([dq, dkv, dkv, HQ * D_REL], dim=-1)
+    k_buf, v_buf = pool.get_key_buffer(0), pool.get_value_buffer(0)
+    sfk, sfv = pool.get_kv_scale_buffer(0)
+    backend.init_forward_metadata(fb)
+    with forward_context(ForwardContext(attn_backend=backend)):
+        q_out, k_out, v_out, q_scale = sglang_prologue.inkling_attn_prologue_decode(
+            q, conv["k_cache"], conv["v_cache"], conv["cache_indices"], conv["cache_mask"], conv["k_weight"],
+            conv["v_weight"], conv["q_gamma"], conv["k_gamma"], 1e-6, fb.out_cache_loc, k_buf, v_buf, 0, dq,
+            dq + dkv, dq, dkv, do_store=True, mxfp8_quant=True, sfk=sfk, sfv=sfv, page_size=128)
+        rel = (r.reshape(2, HQ, D_REL).float() @ proj.float()).to(torch.bfloat16)
+        out = backend.forward(q_out, k_out, v_out, layer, fb, save_kv_cache=False, rel_bias=rel,
+                              rel_bias_event=None, q_descale=q_scale)
+    assert q_out.dtype == torch.bfloat16 and q_scale is kv_views.UNROUNDED_QUERY
+    kd, ks = mxfp8.quantize(k_out.view(2, HKV, D))
+    assert torch.equal(k_buf[fb.out_cache_loc].view(torch.uint8), kd.view(torch.uint8))
+    assert torch.equal(pool.scale_layout(0).gather(sfk, fb.out_cache_loc), ks)
+    rt = lambda x: mxfp8.dequantize(*mxfp8.quantize(x), torch.float32)  # noqa: E731
+    worst = rounded = 0.0
+    for b, row in enumerate((1, 2)):
+        hk, hv = history[row]
+        ks_all = torch.cat([rt(hk), rt(k_out[b].view(1, HKV, D))])
+        vs_all = torch.cat([rt(hv), rt(v_out[b].view(1, HKV, D))])
+        got = out[b].view(HQ, D).float()
+        worst = max(worst, float((got - _dense_inkling(q_out[b].view(HQ, D), ks_all, vs_all, rel[b], window))
+                                 .abs().max()))
+        rounded = max(rounded, float((got - _dense_inkling(rt(q_out[b].view(HQ, D)), ks_all, vs_all, rel[b], window))
+                                     .abs().max()))
+    assert worst <= 2 ** -7 and rounded > worst, (worst, rounded)
+
+
+def test_extend_prologue_hook_keeps_the_query_and_stores_mxfp8(isolated_hooks, monkeypatch):
+    """The hooked extend prologue (SGLang's kernel, stood in for here) runs in bf16 mode without its store, then
+    K/V go to the MXFP8 pool as the MXFP8 mode would store them; SGLang's kernel runs as called when inkling does
+    not serve or the query format is mxfp8."""
+    layer, pool, backend, fb, history, qkvr, conv, proj = _inkling_step_setup()
+    calls = []
+    g = torch.Generator().manual_seed(3)
+    k_new, v_new = (torch.randn(3, HKV * D, generator=g).bfloat16() for _ in range(2))
+
+    def sglang_kernel(**kw):
+        calls.append({name: kw[name] for name in ("mxfp8_quant", "do_store", "sfk")})
+        return kw["qkvr"][:, :HQ * D], k_new, v_new, ("q scale" if kw["mxfp8_quant"] else None)
+
+    sglang_kernel.__wrapped__ = sglang_prologue.inkling_attn_prologue_extend  # its signature, for the hook's bind
+    k_buf, v_buf = pool.get_key_buffer(0), pool.get_value_buffer(0)
+    sfk, sfv = pool.get_kv_scale_buffer(0)
+    loc = torch.tensor([300, 301, 302])
+    x = torch.randn(3, HQ * D, generator=g).bfloat16()
+    args = dict(qkvr=x, k_cache=None, v_cache=None, cache_indices=None, cache_mask=None, has_initial_state=None,
+                cu=None, si=None, k_weight=None, v_weight=None, track_rows=None, track_mask=None, track_dst=None,
+                q_gamma=None, k_gamma=None, eps=1e-6, loc=loc, k_buf=k_buf, v_buf=v_buf, q_off=0, k_off=0, v_off=0,
+                dq=HQ * D, dkv=HKV * D, do_store=True, mxfp8_quant=True, sfk=sfk, sfv=sfv, page_size=128)
+    backend.prefill_attention_backend_str = "inkling"
+    monkeypatch.setenv(inkling_model.QUERY_FORMAT_ENV, "bf16")
+    with forward_context(ForwardContext(attn_backend=backend)):
+        q, k, v, q_scale = inkling_model.prologue_extend_around(sglang_kernel, **args)
+    assert calls == [{"mxfp8_quant": False, "do_store": False, "sfk": None}]
+    assert torch.equal(q, x) and q_scale is kv_views.UNROUNDED_QUERY
+    kd, ks = mxfp8.quantize(k_new.view(3, HKV, D))
+    assert torch.equal(k_buf[loc].view(torch.uint8), kd.view(torch.uint8))
+    assert torch.equal(pool.scale_layout(0).gather(sfk, loc), ks)
+    vd, vs = mxfp8.quantize(v_new.view(3, HKV, D))
+    assert torch.equal(v_buf[loc].view(torch.uint8), vd.view(torch.uint8))
+    for query_format, serving in (("mxfp8", "inkling"), ("bf16", "fa4")):
+        monkeypatch.setenv(inkling_model.QUERY_FORMAT_ENV, query_format)
+        backend.prefill_attention_backend_str = serving
+        calls.clear()
+        with forward_context(ForwardContext(attn_backend=backend)):
+            assert inkling_model.prologue_extend_around(sglang_kernel, **args)[3] == "q scale"
+        assert calls == [{"mxfp8_quant": True, "do_store": True, "sfk": sfk}]
+    monkeypatch.setenv(inkling_model.QUERY_FORMAT_ENV, "fp4")
+    with pytest.raises(ValueError, match="INKLING_MXFP8_QUERY must be one of"):
+        inkling_model.query_format()
