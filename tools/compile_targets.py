@@ -224,7 +224,7 @@ def _prologue(target, as_bytes, pool):
                 sfk_ptr="*u8" if mx else "*bf16", sfv_ptr="*u8" if mx else "*bf16", track_mask_ptr="*u8",
                 track_indices_ptr="*i64", track_stride=0, num_cache_slots=257, num_kv_slots=1024 * 128,
                 HQ=HQ, HKV=HKV, Q_HEADS=4, NUM_Q_PROGRAMS=HQ // 4, W=4, PAGE=128, USE_SILU=False,
-                USE_RESIDUAL=True, HAS_TAU=False, DO_TRACK=False, DO_STORE=True, MXFP8=mx)
+                USE_RESIDUAL=True, HAS_TAU=False, DO_TRACK=False, DO_STORE=True, MXFP8=mx, Q_MXFP8=mx)
     return compile_launch(_inkling_prologue_decode_kernel, args, target, {"num_warps": 4})
 
 
