@@ -10,7 +10,7 @@ move, the host tier) its scale bytes go with it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 
@@ -72,6 +72,10 @@ class InklingKVPool:
                 from err
         self.k_scale, self.v_scale = float(k_scale), float(v_scale)
         self.store_dtype = mxfp8.STORAGE_DTYPE[kv_format]
+        # A route's fused quantize-and-store (``mxfp8_store(kv, loc, k, v, validate=False)``, e.g. the Triton
+        # ``store_kv_mxfp8``), given by the host that serves this pool: MXFP8 writes on its device go through it, the
+        # same bytes as the torch quantizer in one kernel instead of several passes. None: the torch quantizer.
+        self.mxfp8_store: Optional[Callable[..., None]] = None
         self.layers: dict[int, LayerKV] = {}
         for layer_id in plan.attention_layer_ids:
             spec = plan.spec(layer_id)
@@ -162,7 +166,9 @@ class InklingKVPool:
                              f"{self.kv_format!r} (None or 1.0 expected)")
         shape = (loc.numel(), *buf.k.shape[1:])
         k, v = cache_k.reshape(shape).to(self.device), cache_v.reshape(shape).to(self.device)
-        if self.kv_format == "mxfp8":
+        if self.kv_format == "mxfp8" and self.mxfp8_store is not None:
+            self.mxfp8_store(PagedKV(buf.k, buf.v, buf.sfk, buf.sfv, buf.layout), loc, k, v, validate=False)
+        elif self.kv_format == "mxfp8":
             kd, ks = mxfp8.quantize(k)
             vd, vs = mxfp8.quantize(v)
             buf.k[loc], buf.v[loc] = kd, vd

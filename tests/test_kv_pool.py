@@ -156,3 +156,24 @@ def test_bytes_and_capacity_bf16_vs_mxfp8():
     data = 3 * 2 * 384 * 2 * 128
     scales = 3 * 2 * 384 * 2 * 4
     assert pool.num_bytes() == data + scales
+
+
+def test_mxfp8_writes_go_through_a_routes_fused_store_after_the_checks():
+    """``mxfp8_store`` (the host sets its route's kernel): called with the layer's PagedKV and the checked slots,
+    never for a write the checks refuse."""
+    pool = _pool()
+    calls = []
+
+    def fused(kv, loc, k, v, validate=True):
+        calls.append((kv.k_buffer.data_ptr(), kv.k_scales.data_ptr(), loc.tolist(), validate))
+        kd, ks = mxfp8.quantize(k)
+        kv.k_buffer[loc] = kd
+
+    pool.mxfp8_store = fused
+    k = torch.randn(2, 2, 128).bfloat16()
+    pool.set_kv_buffer(SimpleLayer(1), torch.tensor([5, 9]), k, k)
+    assert calls == [(pool.get_key_buffer(1).data_ptr(), pool.get_kv_scale_buffer(1)[0].data_ptr(), [5, 9], False)]
+    assert torch.equal(pool.get_key_buffer(1)[5].view(torch.uint8), mxfp8.quantize(k)[0][0].view(torch.uint8))
+    with pytest.raises(ValueError, match="loc must be slots"):
+        pool.set_kv_buffer(SimpleLayer(1), torch.tensor([5, 9999]), k, k)
+    assert len(calls) == 1

@@ -280,3 +280,21 @@ def test_store_rejects_bad_input_before_writing():
     with pytest.raises(ValueError, match="needs an MXFP8 PagedKV"):
         store_kv_mxfp8(PagedKV(k, k), loc, k, k)
     assert torch.equal(before[0], pool.k_buffer.view(torch.uint8)) and torch.equal(before[1], pool.k_scales)
+
+
+def test_a_pool_with_the_triton_store_writes_the_torch_quantizers_bytes():
+    """InklingKVPool.mxfp8_store = store_kv_mxfp8 (what the SGLang host sets for the Triton route): the same bytes
+    and scales as the pool's torch quantizer, strided K (a split of a fused qkv) included."""
+    from sglang_inkling_backend import InklingKVPool, LayerPlan
+    plan = LayerPlan.from_windows({0: None}, num_q_heads=4, num_kv_heads=2, head_dim=64)
+    fused, plain = (InklingKVPool(plan, size=256, page_size=128, kv_format="mxfp8", device=DEV) for _ in range(2))
+    fused.mxfp8_store = store_kv_mxfp8
+    g = torch.Generator().manual_seed(3)
+    qkv = (torch.randn(40, 3 * 128, generator=g) * 5).bfloat16().to(DEV)
+    k, v = qkv[:, 128:256], qkv[:, 256:]
+    loc = (torch.randperm(255, generator=g)[:40] + 1).to(DEV)
+    for pool in (fused, plain):
+        pool.set_kv_buffer(0, loc, k, v)
+    for a, b in zip(fused.layers[0].tensors(), plain.layers[0].tensors()):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    assert int((fused.get_kv_scale_buffer(0)[0] != 0).sum()) == 40 * 2 * 2

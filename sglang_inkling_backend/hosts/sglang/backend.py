@@ -119,6 +119,9 @@ class InklingAttnBackend(AttentionBackend):
         """Serve through ``route`` (chosen by ``routes.choose_route`` at construction; tests pass the Triton route
         on the CPU), with the decode key map and the workspace that route reads."""
         self.route = route
+        for pool in leaf_pools(self.token_to_kv_pool):  # eager MXFP8 writes through the route's fused store
+            if isinstance(pool, InklingMHATokenToKVPool) and pool.core is not None:
+                pool.core.mxfp8_store = route.mxfp8_store
         # Decode reads a page table where the route takes one and the pool hands out whole pages: SGLang's paged
         # allocator gives every request whole pages (the contract SGLang's own MXFP8 decode, FA4, relies on too),
         # and an MXFP8 pool is always paged (page 128, forced by hooks.py).
