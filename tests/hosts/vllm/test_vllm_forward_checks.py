@@ -168,3 +168,88 @@ def test_a_slot_mapping_refilled_in_place_is_checked_again():
     assert LayerAttention._slots_checked
     LayerAttention.new_step()
     assert not LayerAttention._slots_checked
+
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, event, given, settings, strategies as st  # noqa: E402
+
+FORWARD_DEFECTS = (None, "block_past_cache", "block_negative", "seq_negative", "prefill_seq_below_query",
+                   "seq_past_table", "qsl_decode_gap", "qsl_not_from_0", "qsl_end")
+
+
+def _dense(q, k, v, n_keys, qlen):
+    """float64 attention of q [qlen, HQ, D] (the last qlen positions) over k, v [n_keys, HKV, D]."""
+    k, v = k.double().repeat_interleave(HQ // HKV, 1), v.double().repeat_interleave(HQ // HKV, 1)
+    s = torch.einsum("qhd,khd->qhk", q.double(), k) * D ** -0.5
+    dist = torch.arange(n_keys - qlen, n_keys)[:, None] - torch.arange(n_keys)[None, :]
+    s = s.masked_fill((dist < 0)[:, None, :], float("-inf"))
+    return torch.einsum("qhk,khd->qhd", torch.softmax(s, -1), v)
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=60,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_forward_property_refuses_before_writing_or_matches_float64(data):
+    """Each example: decodes then prefills over blocks of a bf16 cache, and at most one defect in the batch's values.
+    A defective batch raises ValueError naming a vLLM argument with the output untouched; a valid one matches the
+    float64 attention of each request's keys (the prefills' own keys from the forward, as stored)."""
+    layer, cache = layer_cache()
+    num_decodes = data.draw(st.integers(0, 2))
+    qlens = [1] * num_decodes + data.draw(st.lists(st.integers(2, 5), min_size=0 if num_decodes else 1, max_size=2))
+    seq_lens = [data.draw(st.integers(q, 2 * BLOCK)) for q in qlens]
+    free = list(range(1, BLOCKS))  # block 0 is vLLM's null block
+    table = torch.zeros(len(qlens), 2, dtype=torch.int32)
+    for r, n in enumerate(seq_lens):
+        for b in range(-(-n // BLOCK)):
+            table[r, b] = free.pop(data.draw(st.integers(0, len(free) - 1)))
+    n_tokens = sum(qlens)
+    qsl = torch.tensor([0] + qlens, dtype=torch.int32).cumsum(0).to(torch.int32)
+    seqs = torch.tensor(seq_lens, dtype=torch.int32)
+    defect = data.draw(st.sampled_from(FORWARD_DEFECTS))
+    prefills = [r for r in range(len(qlens)) if r >= num_decodes]
+    if defect == "block_past_cache":
+        table[0, 0] = data.draw(st.integers(BLOCKS, 10 ** 4))
+    elif defect == "block_negative":
+        table[0, 0] = -1
+    elif defect == "seq_negative":
+        seqs[0] = -1
+    elif defect == "prefill_seq_below_query" and prefills:
+        seqs[prefills[0]] = qlens[prefills[0]] - 1
+    elif defect == "seq_past_table":
+        seqs[0] = 2 * BLOCK + 1
+    elif defect == "qsl_decode_gap" and num_decodes and len(qlens) >= 2:
+        qsl[1] += 1  # decode 0 given two query rows, the next request one fewer
+    elif defect == "qsl_not_from_0":
+        qsl += 1
+    elif defect == "qsl_end":
+        qsl[-1] -= 1
+    else:
+        defect = None
+    event(f"defect: {defect}")
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 1000)))
+    query = torch.randn(n_tokens, HQ * D, generator=g).bfloat16()
+    out = torch.full((n_tokens, HQ * D), 7.0, dtype=torch.bfloat16)
+    b = batch(num_reqs=len(qlens), num_actual_tokens=n_tokens, num_decodes=num_decodes,
+              num_decode_tokens=num_decodes, query_start_loc=qsl, seq_lens=seqs, block_table=table,
+              slot_mapping=torch.zeros(n_tokens, dtype=torch.int64), max_seq_len=2 * BLOCK + 2)
+    if defect is not None:
+        with pytest.raises(ValueError, match=r"block_table|seq_lens|query_start_loc|num_actual_tokens"):
+            layer.forward(query, cache, b, out)
+        assert torch.equal(out, torch.full_like(out, 7.0))
+        return
+    # the prefills' own keys: what the model computed, stored in the cache at their slots
+    key = torch.zeros(n_tokens, HKV, D).bfloat16()
+    value = torch.zeros(n_tokens, HKV, D).bfloat16()
+    kv = layer.paged_kv(cache)
+    for r in range(len(qlens)):
+        slots = [int(table[r, p // BLOCK]) * BLOCK + p % BLOCK for p in range(seq_lens[r])]
+        rows = range(int(qsl[r]), int(qsl[r + 1]))
+        for row, slot in zip(rows, slots[-qlens[r]:]):
+            key[row], value[row] = kv.k_buffer[slot], kv.v_buffer[slot]
+    layer.forward(query, cache, b, out, key, value)
+    for r in range(len(qlens)):
+        slots = torch.tensor([int(table[r, p // BLOCK]) * BLOCK + p % BLOCK for p in range(seq_lens[r])])
+        rows = slice(int(qsl[r]), int(qsl[r + 1]))
+        want = _dense(query[rows].view(-1, HQ, D), kv.k_buffer[slots], kv.v_buffer[slots], seq_lens[r], qlens[r])
+        got = out[rows].view(-1, HQ, D).double()
+        assert (got - want).abs().max() < 2e-2  # bf16 output of values of size ~1
