@@ -729,3 +729,77 @@ def test_triton_route_reads_a_page_table_for_every_layer_of_an_mxfp8_pool():
             decode_layers += decode
     assert decode_layers == 3 * len(MIXED)
     assert worst_dense <= 2e-2 and worst_route <= 2e-2, (worst_dense, worst_route)
+
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, event, given, settings, strategies as st  # noqa: E402
+
+STEP_DEFECTS = (None, "loc_past_pool", "loc_twice", "loc_float", "row_past_table", "seq_past_context",
+                "r2t_slot_past_pool", "q_rows", "k_rows", "q_width")
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=60,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_step_property_refuses_before_writing_or_matches_the_dense_reference(data):
+    """Each example: a prefill of two requests, then a decode or an extend step of them with at most one defect in
+    what SGLang hands the backend. A defective step raises ValueError/TypeError with every pool buffer and
+    req_to_token byte-identical; a valid one matches the dense reference on both layers (full and windowed)."""
+    layers = make_layers()
+    h = Harness(layers, bf16_pool(), seed=data.draw(st.integers(0, 100)))
+    ours = InklingAttnBackend(h.runner)
+    run_script(h, [ours], steps=1)  # the prefill of requests 0 and 1
+    decode = data.draw(st.booleans())
+    new = [1, 1] if decode else [data.draw(st.integers(1, 4)), data.draw(st.integers(1, 4))]
+    fb = h.batch([0, 1], new, decode)
+    defect = data.draw(st.sampled_from(STEP_DEFECTS))
+    if defect == "loc_past_pool":
+        fb.out_cache_loc = fb.out_cache_loc.clone()
+        fb.out_cache_loc[-1] = 10 ** 4
+    elif defect == "loc_twice" and fb.out_cache_loc.numel() >= 2:
+        fb.out_cache_loc = fb.out_cache_loc.clone()
+        fb.out_cache_loc[1] = fb.out_cache_loc[0]
+    elif defect == "loc_float":
+        fb.out_cache_loc = fb.out_cache_loc.float()
+    elif defect == "row_past_table":
+        fb.req_pool_indices = torch.tensor([0, 99])
+    elif defect == "seq_past_context":
+        fb.seq_lens = fb.seq_lens.clone()
+        fb.seq_lens[0] = 10 ** 3
+        fb.seq_lens_cpu = fb.seq_lens.clone()
+    elif defect == "r2t_slot_past_pool":
+        h.r2t_pool.req_to_token[1, 0] = 10 ** 4
+    elif defect not in ("q_rows", "k_rows", "q_width"):
+        defect = None
+    event(f"{'decode' if decode else 'extend'}, defect: {defect}")
+    pool = ours.token_to_kv_pool
+    snapshot = [t.clone() for t in pool.k_buffer + pool.v_buffer] + [h.r2t_pool.req_to_token.clone()]
+
+    def unchanged():
+        now = pool.k_buffer + pool.v_buffer + [h.r2t_pool.req_to_token]
+        return all(torch.equal(a, b) for a, b in zip(snapshot, now))
+
+    def step():
+        ours.init_forward_metadata(fb)
+        for layer in layers:
+            q, k, v = h.qkv(fb, layer)
+            if defect == "q_rows":
+                q = q[1:]
+            elif defect == "k_rows":
+                k = k[1:]
+            elif defect == "q_width":
+                q = q[:, 1:]
+            if defect is None:
+                h.record(fb, layer, k, v)
+            out = ours.forward(q, k, v, layer, fb)
+            if defect is None:
+                dense = dense_reference(h, fb, layer, q, lambda x: x.float())
+                assert float((out.float() - dense).abs().max()) <= 2 ** -7
+
+    if defect is None:
+        step()
+        return
+    with pytest.raises((ValueError, TypeError)):
+        step()
+    # the first layer's call is refused before its store; nothing of the step reached the pool
+    assert unchanged(), defect
