@@ -9,13 +9,17 @@ implements the FA4 contract, so for Inkling the name ``inkling`` is answered as 
   eligibility checks), and ``inkling_attn_prologue_decode`` is routed to ours: the Triton kernel on CUDA/ROCm
   (``sglang_inkling_backend.triton.prologue``), the torch reference elsewhere
   (``sglang_inkling_backend.reference.prologue``), both with SGLang's signature;
+- with ``INKLING_MXFP8_QUERY=bf16`` (``query_format``; default ``mxfp8``, FA4's contract) the MXFP8 mode keeps q
+  unrounded: our decode prologue stores MXFP8 K/V and returns a bf16 q, SGLang's extend prologue
+  (``inkling_attn_prologue_extend``, hooked too) runs in bf16 mode and K/V are stored as MXFP8 here, and both return
+  ``kv_views.UNROUNDED_QUERY`` as the q scale (otherwise the model rounds q itself);
 - the attention call then carries ``rel_bias`` (+ ``rel_bias_event``) or ``score_mod`` + ``aux_tensors``,
   ``q_descale`` (MXFP8 q), ``save_kv_cache=False`` after a prologue store; ``InklingAttnBackend`` reads them all, and
   ``forward_metadata.swa_out_cache_loc`` is where the model expects it.
 
-Both hooks go through SGLang's ``HookRegistry`` and act only when the serving backend is inkling: the name map
-touches only the answer ``inkling``, and the prologue hook defers to SGLang's kernel unless the decode backend is
-inkling. They are installed by ``InklingAttnBackend`` at construction (the scheduler process, after the model was
+The hooks go through SGLang's ``HookRegistry`` and act only when the serving backend is inkling: the name map
+touches only the answer ``inkling``, and the prologue hooks defer to SGLang's kernels unless inkling serves the
+forward (the decode backend for the decode prologue; the prefill backend, with q kept bf16, for the extend one). They are installed by ``InklingAttnBackend`` at construction (the scheduler process, after the model was
 loaded) and only if the Inkling model's module is loaded: on a CPU host that module cannot even be imported (it needs
 the CUDA-only ``cutlass`` package), which is why the seam is tested at the level of these functions.
 """
