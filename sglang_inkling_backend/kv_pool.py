@@ -167,7 +167,7 @@ class InklingKVPool:
         shape = (loc.numel(), *buf.k.shape[1:])
         k, v = cache_k.reshape(shape).to(self.device), cache_v.reshape(shape).to(self.device)
         if self.kv_format == "mxfp8" and self.mxfp8_store is not None:
-            self.mxfp8_store(PagedKV(buf.k, buf.v, buf.sfk, buf.sfv, buf.layout), loc, k, v, validate=False)
+            self.mxfp8_store(self.paged_kv(layer_id), loc, k, v, validate=False)
         elif self.kv_format == "mxfp8":
             kd, ks = mxfp8.quantize(k)
             vd, vs = mxfp8.quantize(v)

@@ -77,9 +77,9 @@ def forward_rows_keys(route, kv: PagedKV, rails: KVRails, qo_indptr: torch.Tenso
     window (one sync) and shared by the layers."""
 
     def layout():
-        if rails.indptr.shape == qo_indptr.shape and bool(torch.equal(rails.indptr, qo_indptr)):
-            return None, torch.arange(new_k.shape[0], device=new_k.device)  # every key is new
         r = torch.arange(new_k.shape[0], device=new_k.device)
+        if rails.indptr.shape == qo_indptr.shape and bool(torch.equal(rails.indptr, qo_indptr)):
+            return None, r  # every key is new
         b = torch.searchsorted(qo_indptr[1:].contiguous(), r, right=True)
         nnz = int(rails.indptr[-1])
         return rails.indptr[b + 1] - qo_indptr[b + 1] + r, torch.arange(nnz, device=new_k.device)

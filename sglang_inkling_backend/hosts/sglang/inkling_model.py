@@ -102,16 +102,23 @@ def query_format() -> str:
     return value
 
 
+def _argument(original, args, kwargs, name: str):
+    """The value ``original``'s parameter ``name`` takes in this call: the model passes the prologues' flags by
+    keyword (attn.py), so the signature is bound only when it did not."""
+    if name in kwargs:
+        return kwargs[name]
+    bound = inspect.signature(original).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return bound.arguments[name]
+
+
 def prologue_decode_around(original, *args, **kwargs):
     """AROUND hook on SGLang's ``inkling_attn_prologue_decode``: ours when inkling serves decode, keeping q in bf16
     in MXFP8 mode unless ``query_format()`` is ``mxfp8``."""
     if not decode_backend_is_inkling():
         return original(*args, **kwargs)
     qkvr = args[0] if args else kwargs["qkvr"]
-    # the model passes mxfp8_quant by keyword (attn.py); bind the signature only if it did not
-    mxfp8_quant = kwargs["mxfp8_quant"] if "mxfp8_quant" in kwargs else \
-        inspect.signature(original).bind(*args, **kwargs).arguments.get("mxfp8_quant", False)
-    if mxfp8_quant and query_format() == "bf16":
+    if query_format() == "bf16" and _argument(original, args, kwargs, "mxfp8_quant"):
         q, k, v, _ = our_prologue_decode(qkvr)(*args, **kwargs, quantize_q=False)
         return q, k, v, kv_views.UNROUNDED_QUERY
     return our_prologue_decode(qkvr)(*args, **kwargs)
@@ -120,25 +127,26 @@ def prologue_decode_around(original, *args, **kwargs):
 def prologue_extend_around(original, *args, **kwargs):
     """AROUND hook on SGLang's ``inkling_attn_prologue_extend`` (SGLang's kernel, whose one ``mxfp8_quant`` flag
     rounds q and stores MXFP8 K/V): when inkling serves and q stays bf16, SGLang's kernel runs in bf16 mode without
-    its store, then K/V are stored as MXFP8 here (the bytes of the MXFP8 mode's store: one encoder rule)."""
+    its store, then K/V are stored as MXFP8 here through the serving route's store (the bytes of the MXFP8 mode's
+    store: one encoder rule)."""
+    if not (query_format() == "bf16" and extend_backend_is_inkling()
+            and _argument(original, args, kwargs, "mxfp8_quant")):
+        return original(*args, **kwargs)
     bound = inspect.signature(original).bind(*args, **kwargs)
     bound.apply_defaults()
     a = bound.arguments
-    if not (a["mxfp8_quant"] and extend_backend_is_inkling() and query_format() == "bf16"):
-        return original(*args, **kwargs)
     q, k, v, _ = original(**{**a, "mxfp8_quant": False, "do_store": False, "sfk": None, "sfv": None})
     if a["do_store"]:
+        from sglang.srt.model_executor.forward_context import get_attn_backend
+
         kv = kv_views.paged_kv("mxfp8", a["k_buf"], a["v_buf"], page_size=a["page_size"], k_scales=a["sfk"],
                                v_scales=a["sfv"])
-        store = None
-        if k.is_cuda:
-            from sglang_inkling_backend.triton.kv_store import store_kv_mxfp8 as store
-        kv_views.store_kv_unchecked(kv, a["loc"], k, v, mxfp8_store=store)
+        kv_views.store_kv_unchecked(kv, a["loc"], k, v, mxfp8_store=get_attn_backend().route.mxfp8_store)
     return q, k, v, kv_views.UNROUNDED_QUERY
 
 
 def install_seam_if_loaded() -> bool:
-    """Install both hooks if the Inkling model's module is loaded in this process; True if installed."""
+    """Install the hooks if the Inkling model's module is loaded in this process; True if installed."""
     if ATTN_MODULE not in sys.modules:
         return False
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
