@@ -62,6 +62,19 @@ def extend_backend_is_inkling() -> bool:
     return getattr(get_attn_backend(), "prefill_attention_backend_str", None) == BACKEND_NAME
 
 
+def inkling_backend(backend):
+    """This package's backend inside what SGLang set as the forward's backend: the Inkling model's hybrid wrapper
+    holds it as ``full_attn_backend``, SGLang's prefill/decode split as ``prefill_backend``."""
+    from sglang_inkling_backend.hosts.sglang.backend import InklingAttnBackend
+
+    seen = backend
+    for _ in range(4):
+        if isinstance(seen, InklingAttnBackend):
+            return seen
+        seen = getattr(seen, "full_attn_backend", None) or getattr(seen, "prefill_backend", None)
+    raise RuntimeError(f"inkling: no InklingAttnBackend inside the forward's backend {type(backend).__name__}")
+
+
 def decode_backend_is_inkling() -> bool:
     """Whether the forward in progress decodes with this backend. Outside a forward (no forward context) SGLang's
     own prologue serves, with a WARNING: the model calls the prologue from inside its forward only."""
@@ -141,7 +154,8 @@ def prologue_extend_around(original, *args, **kwargs):
 
         kv = kv_views.paged_kv("mxfp8", a["k_buf"], a["v_buf"], page_size=a["page_size"], k_scales=a["sfk"],
                                v_scales=a["sfv"])
-        kv_views.store_kv_unchecked(kv, a["loc"], k, v, mxfp8_store=get_attn_backend().route.mxfp8_store)
+        route = inkling_backend(get_attn_backend()).route
+        kv_views.store_kv_unchecked(kv, a["loc"], k, v, mxfp8_store=route.mxfp8_store)
     return q, k, v, kv_views.UNROUNDED_QUERY
 
 

@@ -292,7 +292,13 @@ def test_extend_prologue_hook_keeps_the_query_and_stores_mxfp8(isolated_hooks, m
                 dq=HQ * D, dkv=HKV * D, do_store=True, mxfp8_quant=True, sfk=sfk, sfv=sfv, page_size=128)
     backend.prefill_attention_backend_str = "inkling"
     monkeypatch.setenv(inkling_model.QUERY_FORMAT_ENV, "bf16")
-    with forward_context(ForwardContext(attn_backend=backend)):
+    # The Inkling model's forward sees SGLang's hybrid wrapper, which holds ours as full_attn_backend.
+    from sglang.srt.layers.attention.linear.inkling_sconv_backend import InklingShortConvHybridAttnBackend
+
+    wrapper = object.__new__(InklingShortConvHybridAttnBackend)
+    wrapper.full_attn_backend = backend
+    wrapper.prefill_attention_backend_str = "inkling"
+    with forward_context(ForwardContext(attn_backend=wrapper)):
         q, k, v, q_scale = inkling_model.prologue_extend_around(sglang_kernel, **args)
     assert calls == [{"mxfp8_quant": False, "do_store": False, "sfk": None}]
     assert torch.equal(q, x) and q_scale is kv_views.UNROUNDED_QUERY
