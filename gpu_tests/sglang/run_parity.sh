@@ -7,7 +7,8 @@
 # (--tp-size 2: two GPUs, device kind nvidia-h200-x2; gpu_env.sh keeps NVLink multicast off in every process),
 # noprologue (SGLANG_OPT_USE_INKLING_FUSED_ATTN_PROLOGUE=0: the Inkling model's unfused q/k/v path), qbf16
 # (INKLING_TEST_Q_BF16=1: with noprologue, the Inkling model's Q is not rounded to MXFP8, see patches/), querybf16
-# (INKLING_MXFP8_QUERY=bf16: the backend's fused prologues keep the Inkling model's Q in bf16). Tags
+# (INKLING_MXFP8_QUERY=bf16, the default: the backend's fused prologues keep the Inkling model's Q in bf16),
+# querymxfp8 (INKLING_MXFP8_QUERY=mxfp8: Q rounded to MXFP8, FA4's contract). Tags
 # combine with "+", e.g. inkling-swa:triton:auto:tp2+noprefillgraph.
 # PARITY_SERVE_ARGS: more serve_check.py flags for every entry (e.g. "--prompt-logprobs --rescore").
 #   cd .h16 && bash gpu_tests/sglang/run_parity.sh llama-gqa4:triton:auto llama-gqa4:inkling:auto ...
@@ -36,7 +37,9 @@ for entry in "$@"; do
       noprologue) envs+=(SGLANG_OPT_USE_INKLING_FUSED_ATTN_PROLOGUE=0) ;;
       qbf16) envs+=(INKLING_TEST_Q_BF16=1) ;;
       querybf16) envs+=(INKLING_MXFP8_QUERY=bf16) ;;
-      *) echo "entry $entry: unknown tag $t (nograph, noprefillgraph, broken, tp2, noprologue, qbf16, querybf16)"
+      querymxfp8) envs+=(INKLING_MXFP8_QUERY=mxfp8) ;;
+      *) echo "entry $entry: unknown tag $t (nograph, noprefillgraph, broken, tp2, noprologue, qbf16, querybf16," \
+           "querymxfp8)"
          exit 2 ;;
     esac
   done

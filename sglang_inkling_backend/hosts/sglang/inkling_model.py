@@ -9,8 +9,8 @@ implements the FA4 contract, so for Inkling the name ``inkling`` is answered as 
   eligibility checks), and ``inkling_attn_prologue_decode`` is routed to ours: the Triton kernel on CUDA/ROCm
   (``sglang_inkling_backend.triton.prologue``), the torch reference elsewhere
   (``sglang_inkling_backend.reference.prologue``), both with SGLang's signature;
-- with ``INKLING_MXFP8_QUERY=bf16`` (``query_format``; default ``mxfp8``, FA4's contract) the MXFP8 mode keeps q
-  unrounded: our decode prologue stores MXFP8 K/V and returns a bf16 q, SGLang's extend prologue
+- in MXFP8 mode q stays unrounded by default (``query_format``; ``INKLING_MXFP8_QUERY=mxfp8`` restores FA4's
+  rounded q): our decode prologue stores MXFP8 K/V and returns a bf16 q, SGLang's extend prologue
   (``inkling_attn_prologue_extend``, hooked too) runs in bf16 mode and K/V are stored as MXFP8 here, and both return
   ``kv_views.UNROUNDED_QUERY`` as the q scale (otherwise the model rounds q itself);
 - the attention call then carries ``rel_bias`` (+ ``rel_bias_event``) or ``score_mod`` + ``aux_tensors``,
@@ -43,7 +43,10 @@ PROLOGUE_TARGET = f"{PROLOGUE_MODULE}.inkling_attn_prologue_decode"
 EXTEND_PROLOGUE_TARGET = f"{PROLOGUE_MODULE}.inkling_attn_prologue_extend"
 QUERY_FORMAT_ENV = "INKLING_MXFP8_QUERY"
 QUERY_FORMATS = ("bf16", "mxfp8")
-DEFAULT_QUERY_FORMAT = "mxfp8"
+# bf16: rounding q to MXFP8 moved the seeded Inkling model's teacher-forced logprobs 0.091 +- 0.005 nats further
+# from bf16; with q unrounded MXFP8 drifts as per-tensor fp8 does (-0.0001 +- 0.0006;
+# bench/results/current/sglang-h200/q-rounding/tables.md, runs E and H). The pool's bytes are the same either way.
+DEFAULT_QUERY_FORMAT = "bf16"
 # The backend whose kwarg contract (rel_bias / q_descale / fused prologue) this backend implements.
 CONTRACT_BACKEND = "fa4"
 
@@ -105,9 +108,9 @@ def our_prologue_decode(qkvr):
 
 
 def query_format() -> str:
-    """How the Inkling model's query reaches this backend in MXFP8 mode: ``bf16`` (unrounded: the prologues store
-    K/V as MXFP8 and keep q) or ``mxfp8`` (rounded, FA4's contract). ``INKLING_MXFP8_QUERY`` overrides the default
-    (``DEFAULT_QUERY_FORMAT``). Only the fused prologues' q (head_dim 128 on an accelerator) can stay bf16; the
+    """How the Inkling model's query reaches this backend in MXFP8 mode: ``bf16`` (the default: unrounded, the
+    prologues store K/V as MXFP8 and keep q) or ``mxfp8`` (rounded, FA4's contract). ``INKLING_MXFP8_QUERY``
+    overrides the default (``DEFAULT_QUERY_FORMAT``). Only the fused prologues' q (head_dim 128 on an accelerator) can stay bf16; the
     model's unfused path rounds q itself."""
     value = os.environ.get(QUERY_FORMAT_ENV, DEFAULT_QUERY_FORMAT)
     if value not in QUERY_FORMATS:

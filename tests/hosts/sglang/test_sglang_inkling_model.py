@@ -11,7 +11,6 @@ SGLang's Inkling model module (``srt/models/inkling_common/attn.py``) cannot be 
   local window) over the K/V history after the MXFP8 round trip.
 """
 import importlib.util
-import math
 import sys
 import types
 from collections import defaultdict
@@ -36,7 +35,6 @@ from sglang.srt.model_executor.forward_context import ForwardContext, forward_co
 from sglang.srt.plugins.hook_registry import HookRegistry  # noqa: E402
 
 from sglang_inkling_backend import kv_views, mxfp8  # noqa: E402
-from sglang_inkling_backend.reference import prologue as reference_prologue  # noqa: E402
 from sglang_inkling_backend.hosts.sglang import inkling_model  # noqa: E402
 from sglang_inkling_backend.hosts.sglang.backend import InklingAttnBackend  # noqa: E402
 from sglang_inkling_backend.hosts.sglang.pool import inkling_pool_class  # noqa: E402
@@ -161,7 +159,8 @@ def _dense_inkling(q, ks, vs, rel, window):
 
 
 @pytest.mark.parametrize("window", [None, 64])
-def test_inkling_fa4_path_decode_step_on_inkling_backend(isolated_hooks, window):
+def test_inkling_fa4_path_decode_step_on_inkling_backend(isolated_hooks, monkeypatch, window):
+    monkeypatch.setenv(inkling_model.QUERY_FORMAT_ENV, "mxfp8")  # FA4's contract: the prologue rounds q
     layer, pool, backend, fb, history, qkvr, conv, proj = _inkling_step_setup(window=window)
     assert inkling_model.install_seam_if_loaded()
     dq, dkv = HQ * D, HKV * D
@@ -231,10 +230,11 @@ def test_backend_reads_triton_style_and_prequantized_kv_kwargs():
 
 @pytest.mark.parametrize("window", [None, 64])
 def test_decode_step_with_the_query_kept_bf16(isolated_hooks, monkeypatch, window):
-    """INKLING_MXFP8_QUERY=bf16: the hooked decode prologue stores MXFP8 K/V as before and returns q unrounded with
-    UNROUNDED_QUERY for q_descale (the model passes it on); the backend attends with that q. Against the oracle
-    with q rounded the output is further off than with q as it is."""
-    monkeypatch.setenv(inkling_model.QUERY_FORMAT_ENV, "bf16")
+    """The default (INKLING_MXFP8_QUERY unset: bf16): the hooked decode prologue stores MXFP8 K/V as before and
+    returns q unrounded with UNROUNDED_QUERY for q_descale (the model passes it on); the backend attends with that
+    q. Against the oracle with q rounded the output is further off than with q as it is."""
+    monkeypatch.delenv(inkling_model.QUERY_FORMAT_ENV, raising=False)
+    assert inkling_model.query_format() == "bf16"
     layer, pool, backend, fb, history, qkvr, conv, proj = _inkling_step_setup(window=window)
     assert inkling_model.install_seam_if_loaded()
     dq, dkv = HQ * D, HKV * D

@@ -11,6 +11,8 @@ python gpu_tests/sglang/drift_pairs.py --ref $Q/call1/runs/inkling-swa-rank2_ink
   --run "E: MXFP8, Q MXFP8, new keys from the forward (fused)=$Q/call2/runs/inkling-swa-rank2_inkling_mxfp8.json" \
   --run "F: ours fp8_e4m3, Q bf16, new keys from the forward (fused)=$Q/call2/runs/inkling-swa-rank2_inkling_fp8_e4m3.json" \
   --run "G: SGLang triton fp8_e4m3, Q bf16, new keys from the forward (tp2 call4)=$T/call4/runs/inkling-swa-rank2_triton_fp8_e4m3_noprefillgraph.json" \
+  --run "H: MXFP8, Q bf16 (querybf16), new keys from the forward (fused, call3)=$Q/call3/runs/inkling-swa-rank2_inkling_mxfp8_querybf16.json" \
+  --run "F3: ours fp8_e4m3, Q bf16, new keys from the forward (fused, call3)=$Q/call3/runs/inkling-swa-rank2_inkling_fp8_e4m3.json" \
   --run "bf16, fused prologue, new keys from the forward=$Q/call2/runs/inkling-swa-rank2_inkling_auto.json" \
   --run "bf16, fused prologue (tp2 call3)=$T/call3/runs/inkling-swa-rank2_inkling_auto.json" \
   --run "SGLang triton bf16 (tp2 call3)=$T/call3/runs/inkling-swa-rank2_triton_auto_noprefillgraph.json" \
@@ -20,4 +22,8 @@ python gpu_tests/sglang/drift_pairs.py --ref $Q/call1/runs/inkling-swa-rank2_ink
   --pair "E: MXFP8, Q MXFP8, new keys from the forward (fused)::F: ours fp8_e4m3, Q bf16, new keys from the forward (fused)" \
   --pair "E: MXFP8, Q MXFP8, new keys from the forward (fused)::G: SGLang triton fp8_e4m3, Q bf16, new keys from the forward (tp2 call4)" \
   --pair "F: ours fp8_e4m3, Q bf16, new keys from the forward (fused)::G: SGLang triton fp8_e4m3, Q bf16, new keys from the forward (tp2 call4)" \
+  --pair "H: MXFP8, Q bf16 (querybf16), new keys from the forward (fused, call3)::F3: ours fp8_e4m3, Q bf16, new keys from the forward (fused, call3)" \
+  --pair "H: MXFP8, Q bf16 (querybf16), new keys from the forward (fused, call3)::G: SGLang triton fp8_e4m3, Q bf16, new keys from the forward (tp2 call4)" \
+  --pair "E: MXFP8, Q MXFP8, new keys from the forward (fused)::H: MXFP8, Q bf16 (querybf16), new keys from the forward (fused, call3)" \
+  --pair "F: ours fp8_e4m3, Q bf16, new keys from the forward (fused)::F3: ours fp8_e4m3, Q bf16, new keys from the forward (fused, call3)" \
   --json $Q/summary.json
