@@ -18,7 +18,7 @@ import pytest
 from sglang_inkling_backend.demo.cpu_host import cpu_env
 from sglang_inkling_backend.demo.models import prepare_model
 from sglang_inkling_backend.demo.server import SGLangServer, stop_running_servers
-from workloads import WorkloadRun, run_workload
+from workloads import TEACHER_FORCED_CHUNK, TeacherForcedRun, WorkloadRun, run_workload, score_teacher_forced
 
 from harness import (FAULT_PLUGIN_DIR, HERE, MAX_TOTAL_TOKENS, REPORT, RESULTS_PATH, STARTUP_TIMEOUT_S,
                      record_run, refused_startup_log, run_log_path, run_name, serve)
@@ -131,12 +131,34 @@ def workload(model_dir, server_logs):
             server = SGLangServer(model_dir(model), backend, kv, tp_size=tp, max_total_tokens=MAX_TOTAL_TOKENS,
                                   log_path=run_log_path(server_logs, model, backend, kv, tp, fault),
                                   env_overrides=env, startup_timeout_s=STARTUP_TIMEOUT_S)
-            # test_kv_quant_drift.py compares the teacher-forced text across the inkling tp 1 runs.
             config = {"model": model, "backend": backend, "kv": kv, "tp": tp, "fault": fault}
-            done[name] = serve(server, lambda srv: run_workload(
-                srv, config, score_text=backend == "inkling" and tp == 1 and not fault))
+            done[name] = serve(server, lambda srv: run_workload(srv, config))
             if isinstance(done[name], WorkloadRun):
                 record_run(name, done[name])
+        run = done[name]
+        if isinstance(run, BaseException):
+            pytest.fail(f"{name}: {run}", pytrace=False)
+        return run
+    return get
+
+
+@pytest.fixture(scope="session")
+def teacher_forced(model_dir, server_logs):
+    """``teacher_forced(model, kv_cache_dtype) -> TeacherForcedRun``: the teacher-forced text scored by an inkling
+    server of its own with chunked prefill (``workloads.TEACHER_FORCED_CHUNK``), each configuration once."""
+    done: dict[str, TeacherForcedRun | BaseException] = {}
+
+    def get(model: str, kv: str) -> TeacherForcedRun:
+        name = f"{model}/inkling-chunked-{TEACHER_FORCED_CHUNK}/{kv}"
+        if name not in done:
+            server = SGLangServer(model_dir(model), "inkling", kv, max_total_tokens=MAX_TOTAL_TOKENS,
+                                  extra_args=("--chunked-prefill-size", str(TEACHER_FORCED_CHUNK)),
+                                  log_path=server_logs / (name.replace("/", "-") + ".log"),
+                                  startup_timeout_s=STARTUP_TIMEOUT_S)
+            config = {"model": model, "backend": "inkling", "kv": kv, "chunked_prefill": TEACHER_FORCED_CHUNK}
+            done[name] = serve(server, lambda srv: score_teacher_forced(srv, config))
+            if isinstance(done[name], TeacherForcedRun):
+                REPORT.setdefault("teacher_forced_runs", {})[name] = {"score_s": round(done[name].text_score_s, 1)}
         run = done[name]
         if isinstance(run, BaseException):
             pytest.fail(f"{name}: {run}", pytrace=False)

@@ -51,7 +51,6 @@ def record_run(name: str, run) -> None:
     REPORT.setdefault("runs", {})[name] = {
         "startup_s": round(run.startup_s, 1), "per_token_ms": round(run.per_token_ms, 1),
         "prefill_ms": round(run.prefill_ms, 1),
-        "text_score_s": None if run.text_score_s is None else round(run.text_score_s, 1),
         "answers": {k: dataclasses.asdict(v) for k, v in run.answers.items()}}
 
 

@@ -62,6 +62,5 @@ def test_the_margin_check_fails_on_a_backend_with_a_wrong_softmax_scale(workload
 def test_workload_covers_long_prompt_and_prefix_hit(workload, model):
     run = workload(model, "inkling")
     assert run.answers["long"].prompt_tokens > 512  # past Gemma-3's sliding window
-    assert len(run.text_ids) > 1024 and len(run.text_logprobs) == len(run.text_ids) - 1  # the teacher-forced text
     # The second request over the same long prefix reuses it from the radix cache.
     assert run.answers["prefix1"].cached_tokens > 512, run.answers["prefix1"]
