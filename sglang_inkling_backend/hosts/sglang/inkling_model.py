@@ -68,11 +68,10 @@ def extend_backend_is_inkling() -> bool:
 def inkling_backend(backend):
     """This package's backend inside what SGLang set as the forward's backend: the Inkling model's hybrid wrapper
     holds it as ``full_attn_backend``, SGLang's prefill/decode split as ``prefill_backend``."""
-    from sglang_inkling_backend.hosts.sglang.backend import InklingAttnBackend
-
     seen = backend
     for _ in range(4):
-        if isinstance(seen, InklingAttnBackend):
+        # InklingAttnBackend, known by what it has (backend.py imports this module)
+        if hasattr(seen, "use_route") and getattr(seen, "route", None) is not None:
             return seen
         seen = getattr(seen, "full_attn_backend", None) or getattr(seen, "prefill_backend", None)
     raise RuntimeError(f"inkling: no InklingAttnBackend inside the forward's backend {type(backend).__name__}")
