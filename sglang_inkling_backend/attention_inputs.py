@@ -1,10 +1,12 @@
 """What every attention implementation reads, defined once: one layer's K/V pool buffers as kernel input
-(``PagedKV``) and the layer's attention parameters (``AttentionParams``). The reference (``reference/``), the Triton
+(``PagedKV``), the layer's attention parameters (``AttentionParams``) and a speculative verify step's draft trees
+(``SpecVerify``, the same for every layer of the step). The reference (``reference/``), the Triton
 kernels, the MLX path and the hosts import them from here; the definitions of what the parameters mean are the
 reference's docstring (``reference/attention.py``)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -130,3 +132,103 @@ class AttentionParams:
 def inkling_params(head_dim: int, rel_bias: Optional[torch.Tensor], window: Optional[int] = None) -> AttentionParams:
     """Inkling mode: softmax scale 1/D (not 1/sqrt(D)), relative bias, optional local window."""
     return AttentionParams(softmax_scale=1.0 / head_dim, window=window, rel_bias=rel_bias)
+
+
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+@dataclass(frozen=True, eq=False)
+class SpecVerify:
+    """A speculative verify step: the extend's request ``b`` has ``D_b`` draft tokens, which are its ``D_b`` query
+    rows and the last ``D_b`` keys of its rail (their K/V stored like any extend's); the ``P_b`` keys before them
+    are its cached prefix.
+
+    - ``tree_mask`` (bool, 1-D ``[sum_b D_b * D_b]``): request b's ``[D_b, D_b]`` mask, row-major, at
+      ``tree_mask[mask_indptr[b]:mask_indptr[b + 1]]``; draft i sees draft j where ``mask[i, j]`` (its ancestors
+      and itself). Every draft sees every prefix key (subject to the window).
+    - ``mask_indptr`` (int32/int64 ``[B + 1]``): from 0, non-decreasing, each request's entries a square ``D_b**2``.
+    - ``depths`` (int32/int64 ``[sum_b D_b]``, request by request): draft i's depth in its tree, 0 for the first
+      draft (the child of the last accepted token). Draft i's position is ``P_b + depth_i`` (SGLang's verify
+      positions, ``seq_len + depth``): as a query and as a key, so distances (window, relative bias) are
+      ``depth_i - depth_j`` between drafts and ``P_b + depth_i - j`` to prefix key j.
+
+    A chain (lower-triangular mask, depths ``0..D_b-1``) is a plain extend of the same tokens. Everything is
+    checked here, once per step (the values are read back to the host): a diagonal of True (a token sees itself),
+    depths >= 0, and ``depth_j < depth_i`` for every masked-in ``j != i`` (a visible draft is strictly earlier).
+    ``check_queries`` checks each ``D_b`` against an extend's query offsets."""
+
+    tree_mask: torch.Tensor
+    mask_indptr: torch.Tensor
+    depths: torch.Tensor
+    draft_lens: tuple = field(init=False, repr=False)  # D_b per request, host ints
+
+    def __post_init__(self):
+        mask, indptr, depths = self.tree_mask, self.mask_indptr, self.depths
+        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+            raise TypeError(f"tree_mask must be a bool tensor, got {_describe(mask)}")
+        if mask.dim() != 1:
+            raise ValueError(f"tree_mask must be 1-D (each request's [D, D] mask flattened, request after request), "
+                             f"got shape {tuple(mask.shape)}")
+        if not isinstance(indptr, torch.Tensor) or indptr.dtype not in INDEX_DTYPES:
+            raise TypeError(f"mask_indptr must be an int32/int64 tensor, got {_describe(indptr)}")
+        if indptr.dim() != 1 or indptr.numel() < 2:
+            raise ValueError(f"mask_indptr must be 1-D with batch + 1 >= 2 entries, got shape {tuple(indptr.shape)}")
+        starts = indptr.tolist()
+        if starts[0] != 0 or any(a > b for a, b in zip(starts, starts[1:])) or starts[-1] != mask.numel():
+            raise ValueError(f"mask_indptr must start at 0, be non-decreasing and end at tree_mask's {mask.numel()} "
+                             f"entries, got {starts if len(starts) <= 8 else starts[:4] + ['...'] + starts[-2:]}")
+        lens = []
+        for b, (a, e) in enumerate(zip(starts, starts[1:])):
+            n = math.isqrt(e - a)
+            if n * n != e - a:
+                raise ValueError(f"mask_indptr: request {b}'s mask has {e - a} entries, not a square D * D")
+            lens.append(n)
+        if not isinstance(depths, torch.Tensor) or depths.dtype not in INDEX_DTYPES:
+            raise TypeError(f"depths must be an int32/int64 tensor, got {_describe(depths)}")
+        if depths.dim() != 1 or depths.numel() != sum(lens):
+            raise ValueError(f"depths must be 1-D with one entry per draft token, {sum(lens)} (from mask_indptr), "
+                             f"got shape {tuple(depths.shape)}")
+        host_mask, host_depths = mask.cpu(), depths.cpu().long()
+        if host_depths.numel() and int(host_depths.min()) < 0:
+            raise ValueError(f"depths must be >= 0, got {int(host_depths.min())}")
+        first = 0
+        for b, n in enumerate(lens):
+            m = host_mask[starts[b]:starts[b + 1]].view(n, n)
+            d = host_depths[first:first + n]
+            first += n
+            if not bool(m.diagonal().all()):
+                i = int((~m.diagonal()).nonzero()[0])
+                raise ValueError(f"tree_mask: request {b}'s draft {i} does not see itself (the diagonal must be True)")
+            later = m & ~torch.eye(n, dtype=torch.bool) & (d.view(1, n) >= d.view(n, 1))
+            if bool(later.any()):
+                i, j = (int(x) for x in later.nonzero()[0])
+                raise ValueError(f"tree_mask: request {b}'s draft {i} (depth {int(d[i])}) sees draft {j} (depth "
+                                 f"{int(d[j])}); a visible draft must be strictly shallower (depths)")
+        object.__setattr__(self, "draft_lens", tuple(lens))
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.draft_lens)
+
+    def check_queries(self, qo_indptr: torch.Tensor) -> None:
+        """ValueError unless the extend has one request per tree and request b ``D_b`` query rows."""
+        qlens = qo_indptr.diff().tolist()
+        if len(qlens) != self.num_requests:
+            raise ValueError(f"verify has {self.num_requests} requests (mask_indptr), the extend "
+                             f"{len(qlens)} (qo_indptr)")
+        wrong = [b for b, (n, d) in enumerate(zip(qlens, self.draft_lens)) if n != d]
+        if wrong:
+            b = wrong[0]
+            raise ValueError(f"verify: request {b} has {self.draft_lens[b]} draft tokens (mask_indptr) but "
+                             f"{qlens[b]} query rows (qo_indptr); each draft token is one query")
+
+    def request(self, b: int, device: Optional[torch.device] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Request b's tree: its mask ``[D_b, D_b]`` bool and depths ``[D_b]`` int64, on ``device``."""
+        n, first = self.draft_lens[b], sum(self.draft_lens[:b])
+        start = sum(m * m for m in self.draft_lens[:b])  # mask_indptr[b], as checked: no device read
+        mask = self.tree_mask[start:start + n * n].view(n, n)
+        return mask.to(device=device), self.depths[first:first + n].to(device=device, dtype=torch.int64)
+
+
+def _describe(value) -> str:
+    return f"{value.dtype} {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__

@@ -10,8 +10,10 @@ layer::
     out = attend(route, spec, q3, kv, keys, params_of, workspace[, out])  # [rows, Hq, D], the batch's row order
 
 Rows ``[0, keys.num_decode_rows)`` are decodes (one query per request, in request order); the rest are extends
-(several query tokens per request: prefill, chunked prefill, a prefix hit). A speculative verify step would be an
-extend with a mask; ``params_of`` is where a per-row mask or a second kernel family's arguments would come in.
+(several query tokens per request: prefill, chunked prefill, a prefix hit). A speculative verify step is an extend
+whose rows are draft tokens, with ``verify`` (``attention_inputs.SpecVerify``: each request's tree mask and
+depths) for a route that serves one (``route.serves_verify``); ``params_of`` is where a second kernel family's
+arguments would come in.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from typing import Callable, Optional, Protocol, Union
 import torch
 
 from sglang_inkling_backend import kv_views
-from sglang_inkling_backend.attention_inputs import FLOAT_KV_DTYPES, AttentionParams, PagedKV
+from sglang_inkling_backend.attention_inputs import FLOAT_KV_DTYPES, AttentionParams, PagedKV, SpecVerify
 from sglang_inkling_backend.layer_plan import LayerSpec
 from sglang_inkling_backend.rails import KVPages, KVRails
 from sglang_inkling_backend.step_plans import check_extend_keys
@@ -95,14 +97,15 @@ def forward_rows_keys(route, kv: PagedKV, rails: KVRails, qo_indptr: torch.Tenso
 
 def attend(route, spec: LayerSpec, q3: torch.Tensor, kv: PagedKV, keys: StepKeys,
            params_of: Callable[[int, int], AttentionParams], workspace,
-           out: Optional[torch.Tensor] = None, forward_kv: Optional[tuple[torch.Tensor, torch.Tensor]] = None
-           ) -> torch.Tensor:
+           out: Optional[torch.Tensor] = None, forward_kv: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+           verify: Optional[SpecVerify] = None) -> torch.Tensor:
     """The layer's attention over the step's keys. ``params_of(first, last)`` gives the parameters of rows
     ``[first, last)``. With ``out`` (``[rows, Hq, D]``, any float dtype) the route's results are cast into it and it
     is returned; without, a batch of one kind returns the route's result as it is (float32 or the query's dtype) and
     a mixed batch a new tensor in the query's dtype. ``forward_kv``: the step's K/V rows ``[rows, Hkv, D]`` (float,
     one per query row) for the extend rows to read their own keys from, not from the pool (``forward_rows_keys``);
-    decode rows always read the pool."""
+    decode rows always read the pool. ``verify``: the extend rows are a speculative verify step's draft tokens
+    (one tree per extend request); refused, before any route is called, by a route without ``serves_verify``."""
     rows, nd = q3.shape[0], keys.num_decode_rows
     if forward_kv is not None:
         want = (rows, spec.num_kv_heads, spec.head_dim)
@@ -117,12 +120,23 @@ def attend(route, spec: LayerSpec, q3: torch.Tensor, kv: PagedKV, keys: StepKeys
         raise ValueError(f"out must have the query's shape {tuple(q3.shape)}, got {tuple(out.shape)}")
     if out is not None and not out.is_floating_point():
         raise TypeError(f"out must be a floating-point tensor (the attention is cast into it), got {out.dtype}")
+    if verify is not None:
+        if not getattr(route, "serves_verify", False):
+            raise NotImplementedError(f"the {getattr(route, 'name', type(route).__name__)} route cannot serve a "
+                                      "speculative verify step (a tree mask); the torch route can")
+        if not isinstance(verify, SpecVerify):
+            raise TypeError(f"verify must be None or a SpecVerify, got {type(verify).__name__}")
+        if rows == nd:
+            raise ValueError("verify is given but the step has no extend rows (its draft tokens)")
+    if rows > nd:
+        rails, qo_indptr = keys.extend_keys(spec.window)
+        if verify is not None:
+            verify.check_queries(qo_indptr)
     decoded = extended = None
     if nd:
         decoded = route.decode(q3[:nd], kv, keys.decode_keys(spec.window, route.reads_page_tables),
                                params_of(0, nd), max_seq_len=keys.max_seq_len, plans=keys.plans, workspace=workspace)
     if rows > nd:
-        rails, qo_indptr = keys.extend_keys(spec.window)
         extend_kv = kv
         if forward_kv is not None:
             # the pool's rails are read here, before the route sees them: checked as the route would (same key)
@@ -130,7 +144,8 @@ def attend(route, spec: LayerSpec, q3: torch.Tensor, kv: PagedKV, keys: StepKeys
                             lambda: check_extend_keys(kv, rails, qo_indptr, rows - nd))
             extend_kv, rails = forward_rows_keys(route, kv, rails, qo_indptr, forward_kv[0][nd:], forward_kv[1][nd:],
                                                  keys.plans, spec.window)
-        extended = route.extend(q3[nd:], extend_kv, rails, qo_indptr, params_of(nd, rows), plans=keys.plans)
+        more = {} if verify is None else {"verify": verify}  # a route without verify takes no such argument
+        extended = route.extend(q3[nd:], extend_kv, rails, qo_indptr, params_of(nd, rows), plans=keys.plans, **more)
     if out is None:
         if decoded is None and extended is None:
             return torch.empty_like(q3)  # no rows

@@ -12,11 +12,13 @@ Hosts read a route's capabilities, never its name (``name`` is for log lines):
 - ``query_in_model_dtype``: the kernels multiply the query in the model's dtype, so a float32 query (one dequantized
   from fp8) is cast to it first; the torch route computes in float32 and takes any float query;
 - ``runs_triton``: the route's device runs Triton, so the host's own helpers may use Triton there too;
-- ``mxfp8_store``: the fused MXFP8 K/V store, or None (``kv_views`` quantizes with the torch reference).
+- ``mxfp8_store``: the fused MXFP8 K/V store, or None (``kv_views`` quantizes with the torch reference);
+- ``serves_verify``: ``extend`` takes a speculative verify step (``verify``, an ``attention_inputs.SpecVerify``:
+  draft trees); a route without it (Triton and FlashInfer today) refuses one.
 
 A route answers ``make_workspace(**limits)``, ``decode(q, kv, keys, params, *, max_seq_len, plans, workspace)``
 (``keys``: ``KVRails``, or ``KVPages`` where ``reads_page_tables``; ``plans``: the step's
-``step_plans.DecodePlanCache``) and ``extend(q, kv, rails, qo_indptr, params, *, plans)``, each returning
+``step_plans.DecodePlanCache``) and ``extend(q, kv, rails, qo_indptr, params, *, plans[, verify])``, each returning
 ``[rows, Hq, D]`` (float32 or q's dtype; the backend casts to the model dtype). The host chooses the route once
 (``choose_route``), logging which and why.
 """
@@ -27,7 +29,7 @@ from typing import Optional
 
 import torch
 
-from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV
+from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV, SpecVerify
 from sglang_inkling_backend.rails import KVRails
 from sglang_inkling_backend.reference import attention as reference
 from sglang_inkling_backend.step_plans import DecodePlanCache
@@ -51,6 +53,7 @@ class TorchRoute:
     query_in_model_dtype = False
     runs_triton = False
     mxfp8_store = None  # kv_views.store_kv_unchecked quantizes with the torch reference
+    serves_verify = True  # the reference takes draft trees
 
     def make_workspace(self, **limits):
         return None  # the reference allocates per call
@@ -68,10 +71,11 @@ class TorchRoute:
         return kv.read(slots, check=False)
 
     def extend(self, q: torch.Tensor, kv: PagedKV, rails: KVRails, qo_indptr: torch.Tensor,
-               params: AttentionParams, *, plans: Optional[DecodePlanCache] = None) -> torch.Tensor:
+               params: AttentionParams, *, plans: Optional[DecodePlanCache] = None,
+               verify: Optional[SpecVerify] = None) -> torch.Tensor:
         if not rails.dense:
             kv, rails = gather_rails_kv(kv, rails)
-        return reference.paged_extend_attention(q, kv, rails.indptr, rails.indices, qo_indptr, params)
+        return reference.paged_extend_attention(q, kv, rails.indptr, rails.indices, qo_indptr, params, verify)
 
 
 def triton_unavailable(err: BaseException) -> bool:

@@ -10,6 +10,10 @@ cached prefix is ``L - qlen`` keys). For query position ``i`` and key position `
     kept  = 0 <= d  and  (window is None or d <= window - 1)
     p     = softmax over kept keys (plus one sink logit per head in the denominator when sinks are given)
 
+A speculative verify step (``verify``, a ``SpecVerify``) is an extend whose queries are a request's draft tokens:
+with ``P`` cached keys, draft i sits at position ``P + depth_i`` as a query and as a key, and sees the prefix and
+the drafts its tree mask lets it see (``kept`` also needs ``mask[i, j]`` for a draft key j). A chain is an extend.
+
 Inkling mode is ``softmax_scale = 1 / D`` with ``rel_bias`` (the log-length temperature tau is applied to q and to
 r by the prologue, before this point); generic mode is the layer's scale, window, sinks and logit cap.
 """
@@ -20,7 +24,7 @@ from typing import Optional
 
 import torch
 
-from ..attention_inputs import AttentionParams, PagedKV
+from ..attention_inputs import AttentionParams, PagedKV, SpecVerify
 
 
 def _check_indices(kv: PagedKV, kv_indptr: torch.Tensor, kv_indices: torch.Tensor, batch: int) -> None:
@@ -60,15 +64,19 @@ def _check_query(q: torch.Tensor, kv: PagedKV, params: AttentionParams) -> None:
 
 
 def attend(q: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: AttentionParams,
-           rel_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+           rel_bias: Optional[torch.Tensor] = None, k_pos: Optional[torch.Tensor] = None,
+           visible: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Dense attention of query rows ``q [R, Hq, D]`` at positions ``q_pos [R]`` over keys ``k, v [L, Hkv, D]`` at
-    positions ``0..L-1``. float32 in, float32 out ``[R, Hq, D]``."""
+    positions ``k_pos [L]`` (default ``0..L-1``). ``visible [R, L]`` (bool): which keys each row may see at all (a
+    verify step's tree mask), on top of the causal and window rules. float32 in, float32 out ``[R, Hq, D]``."""
     rows, hq, _ = q.shape
     group = hq // k.shape[1]
     k = k.repeat_interleave(group, dim=1)  # [L, Hq, D]: query head h reads KV head h // group
     v = v.repeat_interleave(group, dim=1)
     logits = torch.einsum("rhd,lhd->rhl", q, k) * params.softmax_scale
-    dist = q_pos.view(-1, 1) - torch.arange(k.shape[0], device=q.device).view(1, -1)  # [R, L]
+    if k_pos is None:
+        k_pos = torch.arange(k.shape[0], device=q.device)
+    dist = q_pos.view(-1, 1) - k_pos.view(1, -1)  # [R, L]
     if rel_bias is not None:
         extent = rel_bias.shape[-1]
         in_reach = (dist >= 0) & (dist < extent)
@@ -77,6 +85,8 @@ def attend(q: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     if params.logit_cap > 0:
         logits = params.logit_cap * torch.tanh(logits / params.logit_cap)
     keep = dist >= 0
+    if visible is not None:
+        keep &= visible
     if params.window is not None:
         keep &= dist <= params.window - 1
     logits = logits.masked_fill(~keep.unsqueeze(1), float("-inf"))
@@ -103,10 +113,15 @@ def paged_decode_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: torch.Tensor
 
 
 def paged_extend_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
-                           qo_indptr: torch.Tensor, params: AttentionParams) -> torch.Tensor:
+                           qo_indptr: torch.Tensor, params: AttentionParams,
+                           verify: Optional[SpecVerify] = None) -> torch.Tensor:
     """Several new queries per request (prefill with a cached prefix, chunked prefill): ``q [T, Hq, D]``, request
-    b's rows ``qo_indptr[b]:qo_indptr[b+1]`` are its last positions; causal."""
+    b's rows ``qo_indptr[b]:qo_indptr[b+1]`` are its last positions; causal. With ``verify`` (a speculative verify
+    step) those rows are the request's draft tokens, the last keys of its rail, seen per its tree mask at positions
+    given by their depths (the module docstring)."""
     _check_query(q, kv, params)
+    if verify is not None and not isinstance(verify, SpecVerify):
+        raise TypeError(f"verify must be None or a SpecVerify, got {type(verify).__name__}")
     if not isinstance(qo_indptr, torch.Tensor) or qo_indptr.dim() != 1 or qo_indptr.dtype not in (torch.int32,
                                                                                                    torch.int64):
         raise TypeError("qo_indptr must be a 1-D int32/int64 tensor")
@@ -121,10 +136,12 @@ def paged_extend_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: torch.Tensor
     if bool((qlens > kvlens).any()):
         raise ValueError(f"each request needs at least as many keys as queries, got qlens {qlens.tolist()} "
                          f"and kv lens {kvlens.tolist()}")
-    return _paged_attention(q, kv, kv_indptr, kv_indices, qo_indptr, params)
+    if verify is not None:
+        verify.check_queries(qo_indptr)
+    return _paged_attention(q, kv, kv_indptr, kv_indices, qo_indptr, params, verify)
 
 
-def _paged_attention(q, kv, kv_indptr, kv_indices, qo_indptr, params) -> torch.Tensor:
+def _paged_attention(q, kv, kv_indptr, kv_indices, qo_indptr, params, verify=None) -> torch.Tensor:
     out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     for b in range(qo_indptr.numel() - 1):
         q0, q1 = int(qo_indptr[b]), int(qo_indptr[b + 1])
@@ -132,8 +149,15 @@ def _paged_attention(q, kv, kv_indptr, kv_indices, qo_indptr, params) -> torch.T
         if q1 == q0:
             continue
         k, v = kv.read(kv_indices[k0:k1], check=False)  # _check_indices checked every slot
-        length = k1 - k0
-        q_pos = torch.arange(length - (q1 - q0), length, device=q.device)
+        length, n = k1 - k0, q1 - q0
+        q_pos = torch.arange(length - n, length, device=q.device)
+        k_pos = visible = None
+        if verify is not None:  # the drafts: positions prefix + depth, the prefix all visible, the drafts per mask
+            mask, depth = verify.request(b, q.device)
+            prefix = length - n
+            q_pos = prefix + depth
+            k_pos = torch.cat([torch.arange(prefix, device=q.device), q_pos])
+            visible = torch.cat([torch.ones(n, prefix, dtype=torch.bool, device=q.device), mask], dim=1)
         bias = params.rel_bias[q0:q1] if params.rel_bias is not None else None
-        out[q0:q1] = attend(q[q0:q1].float(), q_pos, k, v, params, bias)
+        out[q0:q1] = attend(q[q0:q1].float(), q_pos, k, v, params, bias, k_pos, visible)
     return out

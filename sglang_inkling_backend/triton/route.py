@@ -30,6 +30,7 @@ class TritonRoute:
     reads_page_tables = True
     query_in_model_dtype = True
     runs_triton = True
+    serves_verify = False  # no tree mask in the Triton extend kernel or FlashInfer's ragged prefill yet
 
     def __init__(self, kernels=None, extend_family=None):
         if kernels is None:
@@ -99,10 +100,14 @@ class TritonRoute:
         return k, v
 
     def extend(self, q: torch.Tensor, kv: PagedKV, rails: KVRails, qo_indptr: torch.Tensor,
-               params: AttentionParams, *, plans: Optional[DecodePlanCache] = None) -> torch.Tensor:
+               params: AttentionParams, *, plans: Optional[DecodePlanCache] = None, verify=None) -> torch.Tensor:
         """One layer's extend: the extend family (FlashInfer) where it serves the layer and the step gives
         ``plans``, else the Triton kernel, with one log line per reason. The keys are checked once per step and
-        window (``check_extend_keys``), before any kernel reads them."""
+        window (``check_extend_keys``), before any kernel reads them. A speculative verify step (``verify``) is
+        refused: neither kernel takes a tree mask yet."""
+        if verify is not None:
+            raise NotImplementedError(f"the {self.name} route cannot serve a speculative verify step (a tree mask): "
+                                      "neither its extend kernel nor FlashInfer's ragged prefill takes one yet")
         if plans is None:
             check_extend_keys(kv, rails, qo_indptr, q.shape[0])
         else:
