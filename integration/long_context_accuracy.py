@@ -8,13 +8,16 @@ K/V cache of another range).
     .venv/bin/python integration/long_context_accuracy.py --model smollm2-135m-instruct --tokens 8184 \\
         --rescalings none,k+8,v+7 --out bench/results/current/accuracy
     .venv/bin/python integration/long_context_accuracy.py --summarize bench/results/current/accuracy
+    .venv/bin/python integration/long_context_accuracy.py --model gemma-3-270m --tokens 16384 --needle 0.25 \
+        --out bench/results/current/accuracy      # the retrieval check, needle.json
 
 Each server (``--attention-backend inkling``, KV bf16 / mxfp8 / fp8_e4m3) scores the first ``--tokens`` tokens of
 ``data/long_text.txt`` (public domain) with prompt log-probabilities in chunked prefill of ``--chunk`` tokens: a
 query at offset j of its chunk reads the chunk's j earlier keys from the forward (unrounded, as SGLang's backends do
 in an extend) and every older key from the quantized cache, so most of what each position attends to is the stored
 format (at chunk 256 under a 512-token window, at least half of a windowed layer's keys; nearly all of a full
-layer's past 2k). A run's log-probabilities are saved as it finishes (``runs/``); a run already saved is not redone.
+layer's past 2k). A run's token ids and log-probabilities are saved as it finishes (``runs/*.json.gz``); a run
+already saved is not redone.
 
 Drift per position: ``|log p_format - log p_bf16|`` against the bf16 run of the same (rescaled) checkpoint. Positions
 are binned by context (up to 8k, 8k-16k, 16k-32k). The paired difference ``drift_mxfp8 - drift_fp8`` per bin is
@@ -24,6 +27,7 @@ averaged in blocks of ``BLOCK`` consecutive positions (neighbours share context)
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import statistics
@@ -37,7 +41,7 @@ sys.path.insert(0, str(HERE))
 from rescale_checkpoint import rescale  # noqa: E402
 
 from sglang_inkling_backend.demo.models import prepare_model  # noqa: E402
-from sglang_inkling_backend.demo.server import SGLangServer  # noqa: E402
+from sglang_inkling_backend.demo.server import SGLangServer, ServerStartError  # noqa: E402
 
 TEXT = HERE / "data" / "long_text.txt"
 KV_FORMATS = ("auto", "mxfp8", "fp8_e4m3")  # auto: the model's bf16, the reference
@@ -69,6 +73,16 @@ def model_dir(model: str, rescaling: str) -> Path:
 
 
 def score(path: Path, kv: str, tokens: int, chunk: int, log: Path) -> dict:
+    try:
+        return _score(path, kv, tokens, chunk, log)
+    except ServerStartError as err:  # the free port was taken between choosing and binding it: once more
+        if "address already in use" not in err.log:
+            raise
+        print(f"[run] port taken during start-up ({log}); starting again on another", flush=True)
+        return _score(path, kv, tokens, chunk, log)
+
+
+def _score(path: Path, kv: str, tokens: int, chunk: int, log: Path) -> dict:
     server = SGLangServer(path, "inkling", kv, max_total_tokens=tokens + 1024, log_path=log,
                           extra_args=("--chunked-prefill-size", str(chunk)))
     with server:  # starts it, and always stops it
@@ -83,6 +97,46 @@ def score(path: Path, kv: str, tokens: int, chunk: int, log: Path) -> dict:
             "score_s": seconds, "startup_s": server.startup_seconds}
 
 
+NEEDLE = " The secret word is marmalade. "
+NEEDLE_QUESTION = "\n\nWhat is the secret word? The secret word is"
+NEEDLE_ANSWER = " marmalade"
+
+
+def needle(model: str, tokens: int, depth: float, chunk: int, out: Path) -> None:
+    """A retrieval check at ``tokens`` of context: NEEDLE inserted at ``depth`` (a fraction) of the text, the question
+    at the end; per format, the teacher-forced log-probability of the answer with the needle and without it (the
+    same prompt, needle left out), and the greedy continuation with the needle. Saved to ``needle.json``."""
+    path = model_dir(model, "none")
+    results = {}
+    for kv in KV_FORMATS:
+        server = SGLangServer(path, "inkling", kv, max_total_tokens=2 * tokens + 2048,
+                              log_path=out / "logs" / f"needle_{model}_{kv}.log",
+                              extra_args=("--chunked-prefill-size", str(chunk)))
+        with server:
+            bos = server.tokenize("")
+            strip = (lambda ids: ids[len(bos):]) if bos else (lambda ids: ids)
+            text = server.tokenize(TEXT.read_text())
+            needle_ids, question, answer = (strip(server.tokenize(t)) for t in (NEEDLE, NEEDLE_QUESTION, NEEDLE_ANSWER))
+            body = tokens - len(needle_ids) - len(question) - len(answer)
+            at = int(depth * body)
+            plain = text[:body] + question
+            with_needle = text[:at] + needle_ids + text[at:body] + question
+            result = {}
+            for name, prompt in (("with_needle", with_needle), ("without_needle", plain)):
+                scored = server.generate(input_ids=prompt + answer, max_new_tokens=1,
+                                         input_logprobs_from=len(prompt) - 1, timeout_s=4 * 3600)
+                result[f"answer_logprob_{name}"] = sum(scored["input_logprobs"][-len(answer):])
+            greedy = server.generate(input_ids=with_needle, max_new_tokens=4, timeout_s=4 * 3600)
+            result.update(greedy_text=greedy["text"], greedy_ids=greedy["output_ids"], answer_ids=answer,
+                          retrieved=greedy["output_ids"][:len(answer)] == answer, prompt_tokens=len(with_needle),
+                          needle_at_token=at)
+        results[kv] = result
+        print(f"[needle] {model} {kv}: {result}", flush=True)
+    (out / "needle.json").write_text(json.dumps({"model": model, "tokens": tokens, "depth": depth, "chunk": chunk,
+                                                 "needle": NEEDLE, "question": NEEDLE_QUESTION,
+                                                 "answer": NEEDLE_ANSWER, "formats": results}, indent=1) + "\n")
+
+
 def run_all(model: str, tokens: int, chunk: int, rescalings: list[str], out: Path) -> None:
     (out / "runs").mkdir(parents=True, exist_ok=True)
     (out / "logs").mkdir(parents=True, exist_ok=True)
@@ -90,14 +144,14 @@ def run_all(model: str, tokens: int, chunk: int, rescalings: list[str], out: Pat
         path = model_dir(model, rescaling)
         for kv in KV_FORMATS:
             name = f"{model}_{rescaling}_{kv}"
-            target = out / "runs" / f"{name}.json"
+            target = out / "runs" / f"{name}.json.gz"
             if target.exists():
                 print(f"[run] {name}: saved, skipped", flush=True)
                 continue
             print(f"[run] {name}: scoring {tokens} tokens in chunks of {chunk}", flush=True)
             result = score(path, kv, tokens, chunk, out / "logs" / f"{name}.log")
             result.update(model=model, rescaling=rescaling)
-            target.write_text(json.dumps(result))
+            target.write_bytes(gzip.compress(json.dumps(result).encode()))
             print(f"[run] {name}: {result['score_s']:.0f} s", flush=True)
 
 
@@ -114,8 +168,8 @@ def paired(a: list[float], b: list[float]) -> dict:
 
 def summarize(out: Path) -> dict:
     runs = {}
-    for f in sorted((out / "runs").glob("*.json")):
-        r = json.loads(f.read_text())
+    for f in sorted((out / "runs").glob("*.json.gz")):
+        r = json.loads(gzip.decompress(f.read_bytes()))
         runs[(r["model"], r["rescaling"], r["kv"])] = r
     rows, comparisons = [], []
     for (model, rescaling, kv), ref in sorted(runs.items()):
@@ -193,7 +247,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rescalings", default="none,v+3,v-6")
     ap.add_argument("--out", type=Path, default=Path("bench/results/current/accuracy"))
     ap.add_argument("--summarize", type=Path, help="only summarize the runs saved in this folder")
+    ap.add_argument("--needle", type=float, metavar="DEPTH",
+                    help="run only the retrieval check, the needle at this fraction of the text (e.g. 0.25)")
     args = ap.parse_args(argv)
+    if args.needle is not None:
+        (args.out / "logs").mkdir(parents=True, exist_ok=True)
+        needle(args.model, args.tokens, args.needle, args.chunk, args.out)
+        return
     out = args.summarize or args.out
     if not args.summarize:
         rescalings = args.rescalings.split(",")

@@ -1,5 +1,6 @@
 """integration/long_context_accuracy.py's analysis: the bins, the paired verdict and the summary rows, on synthetic
 runs whose drifts are known (the servers themselves run in that script, not here)."""
+import gzip
 import json
 import random
 import sys
@@ -15,7 +16,7 @@ def _save(out: Path, model: str, rescaling: str, kv: str, ids: list[int], logpro
     (out / "runs").mkdir(parents=True, exist_ok=True)
     run = {"model": model, "rescaling": rescaling, "kv": kv, "tokens": len(ids), "chunk": 256, "ids": ids,
            "input_logprobs": logprobs, "score_s": 1.0, "startup_s": 1.0}
-    (out / "runs" / f"{model}_{rescaling}_{kv}.json").write_text(json.dumps(run))
+    (out / "runs" / f"{model}_{rescaling}_{kv}.json.gz").write_bytes(gzip.compress(json.dumps(run).encode()))
 
 
 def _runs(out: Path, n: int, mxfp8_drift: float, fp8_drift: float, seed: int = 0) -> None:
@@ -50,9 +51,10 @@ def test_a_real_difference_is_beyond_noise(tmp_path, mxfp8, fp8, verdict):
 
 def test_runs_on_other_tokens_are_refused(tmp_path):
     _runs(tmp_path, 600, 0.05, 0.05)
-    run = json.loads((tmp_path / "runs" / "m_none_mxfp8.json").read_text())
+    path = tmp_path / "runs" / "m_none_mxfp8.json.gz"
+    run = json.loads(gzip.decompress(path.read_bytes()))
     run["ids"][5] += 1
-    (tmp_path / "runs" / "m_none_mxfp8.json").write_text(json.dumps(run))
+    path.write_bytes(gzip.compress(json.dumps(run).encode()))
     with pytest.raises(ValueError, match="not scored on the bf16 run's tokens"):
         lca.summarize(tmp_path)
 
