@@ -9,7 +9,7 @@ K/V cache of another range).
         --rescalings none,k+8,v+7 --out bench/results/current/accuracy
     .venv/bin/python integration/long_context_accuracy.py --summarize bench/results/current/accuracy
     .venv/bin/python integration/long_context_accuracy.py --model gemma-3-270m --tokens 16384 --needle 0.25 \
-        --out bench/results/current/accuracy      # the retrieval check, needle.json
+        --rescalings none --out bench/results/current/accuracy      # the retrieval check, needle.json
 
 Each server (``--attention-backend inkling``, KV bf16 / mxfp8 / fp8_e4m3) scores the first ``--tokens`` tokens of
 ``data/long_text.txt`` (public domain) with prompt log-probabilities in chunked prefill of ``--chunk`` tokens: a
@@ -102,15 +102,16 @@ NEEDLE_QUESTION = "\n\nWhat is the secret word? The secret word is"
 NEEDLE_ANSWER = " marmalade"
 
 
-def needle(model: str, tokens: int, depth: float, chunk: int, out: Path) -> None:
+def needle(model: str, tokens: int, depth: float, chunk: int, out: Path, rescaling: str = "none") -> None:
     """A retrieval check at ``tokens`` of context: NEEDLE inserted at ``depth`` (a fraction) of the text, the question
     at the end; per format, the teacher-forced log-probability of the answer with the needle and without it (the
-    same prompt, needle left out), and the greedy continuation with the needle. Saved to ``needle.json``."""
-    path = model_dir(model, "none")
+    same prompt, needle left out), and the greedy continuation with the needle. Saved to ``needle.json`` (the model
+    as released) or ``needle-RESCALING.json``."""
+    path = model_dir(model, rescaling)
     results = {}
     for kv in KV_FORMATS:
         server = SGLangServer(path, "inkling", kv, max_total_tokens=2 * tokens + 2048,
-                              log_path=out / "logs" / f"needle_{model}_{kv}.log",
+                              log_path=out / "logs" / f"needle_{model}_{rescaling}_{kv}.log",
                               extra_args=("--chunked-prefill-size", str(chunk)))
         with server:
             bos = server.tokenize("")
@@ -131,10 +132,11 @@ def needle(model: str, tokens: int, depth: float, chunk: int, out: Path) -> None
                           retrieved=greedy["output_ids"][:len(answer)] == answer, prompt_tokens=len(with_needle),
                           needle_at_token=at)
         results[kv] = result
-        print(f"[needle] {model} {kv}: {result}", flush=True)
-    (out / "needle.json").write_text(json.dumps({"model": model, "tokens": tokens, "depth": depth, "chunk": chunk,
-                                                 "needle": NEEDLE, "question": NEEDLE_QUESTION,
-                                                 "answer": NEEDLE_ANSWER, "formats": results}, indent=1) + "\n")
+        print(f"[needle] {model} {rescaling} {kv}: {result}", flush=True)
+    name = "needle.json" if rescaling == "none" else f"needle-{rescaling}.json"
+    (out / name).write_text(json.dumps({"model": model, "rescaling": rescaling, "tokens": tokens, "depth": depth,
+                                        "chunk": chunk, "needle": NEEDLE, "question": NEEDLE_QUESTION,
+                                        "answer": NEEDLE_ANSWER, "formats": results}, indent=1) + "\n")
 
 
 def run_all(model: str, tokens: int, chunk: int, rescalings: list[str], out: Path) -> None:
@@ -244,7 +246,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tokens", type=int, default=32760,
                     help="prompt tokens (SGLang admits at most context length - 6 with one new token)")
     ap.add_argument("--chunk", type=int, default=256)
-    ap.add_argument("--rescalings", default="none,v+3,v-6")
+    ap.add_argument("--rescalings", help="comma-separated (default none,v+3,v-6); one with --needle (default none)")
     ap.add_argument("--out", type=Path, default=Path("bench/results/current/accuracy"))
     ap.add_argument("--summarize", type=Path, help="only summarize the runs saved in this folder")
     ap.add_argument("--needle", type=float, metavar="DEPTH",
@@ -252,11 +254,15 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.needle is not None:
         (args.out / "logs").mkdir(parents=True, exist_ok=True)
-        needle(args.model, args.tokens, args.needle, args.chunk, args.out)
+        rescalings = (args.rescalings or "none").split(",")
+        if len(rescalings) != 1:
+            ap.error("--needle takes one --rescalings value")
+        parse_rescaling(rescalings[0])
+        needle(args.model, args.tokens, args.needle, args.chunk, args.out, rescalings[0])
         return
     out = args.summarize or args.out
     if not args.summarize:
-        rescalings = args.rescalings.split(",")
+        rescalings = (args.rescalings or "none,v+3,v-6").split(",")
         for r in rescalings:
             parse_rescaling(r)
         run_all(args.model, args.tokens, args.chunk, rescalings, out)
