@@ -12,8 +12,8 @@ from typing import Optional
 import torch
 
 from . import mxfp8
-from .checks import (require_finite_once, require_non_negative_real, require_positive_int, require_positive_real,
-                     require_slots)
+from .checks import (INDEX_DTYPES, _describe, require_finite_once, require_non_negative_real, require_positive_int,
+                     require_positive_real, require_slots)
 from .scale_layout import ScaleLayout
 
 FLOAT_KV_DTYPES = tuple(mxfp8.UNQUANTIZED_FORMAT_OF_DTYPE)  # bf16, fp16, fp32
@@ -134,8 +134,6 @@ def inkling_params(head_dim: int, rel_bias: Optional[torch.Tensor], window: Opti
     return AttentionParams(softmax_scale=1.0 / head_dim, window=window, rel_bias=rel_bias)
 
 
-INDEX_DTYPES = (torch.int32, torch.int64)
-
 
 @dataclass(frozen=True, eq=False)
 class SpecVerify:
@@ -229,6 +227,3 @@ class SpecVerify:
         mask = self.tree_mask[start:start + n * n].view(n, n)
         return mask.to(device=device), self.depths[first:first + n].to(device=device, dtype=torch.int64)
 
-
-def _describe(value) -> str:
-    return f"{value.dtype} {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
