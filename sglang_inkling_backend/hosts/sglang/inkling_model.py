@@ -19,9 +19,10 @@ implements the FA4 contract, so for Inkling the name ``inkling`` is answered as 
 
 The hooks go through SGLang's ``HookRegistry`` and act only when the serving backend is inkling: the name map
 touches only the answer ``inkling``, and the prologue hooks defer to SGLang's kernels unless inkling serves the
-forward (the decode backend for the decode prologue; the prefill backend, with q kept bf16, for the extend one). They are installed by ``InklingAttnBackend`` at construction (the scheduler process, after the model was
-loaded) and only if the Inkling model's module is loaded: on a CPU host that module cannot even be imported (it needs
-the CUDA-only ``cutlass`` package), which is why the seam is tested at the level of these functions.
+forward (the decode backend for the decode prologue; the prefill backend, with q kept bf16, for the extend one).
+They are installed by ``InklingAttnBackend`` at construction (the scheduler process, after the model was loaded) and
+only if the Inkling model's module is loaded: on a CPU host that module cannot even be imported (it needs the
+CUDA-only ``cutlass`` package), which is why the seam is tested at the level of these functions.
 """
 from __future__ import annotations
 
@@ -109,8 +110,8 @@ def our_prologue_decode(qkvr):
 def query_format() -> str:
     """How the Inkling model's query reaches this backend in MXFP8 mode: ``bf16`` (the default: unrounded, the
     prologues store K/V as MXFP8 and keep q) or ``mxfp8`` (rounded, FA4's contract). ``INKLING_MXFP8_QUERY``
-    overrides the default (``DEFAULT_QUERY_FORMAT``). Only the fused prologues' q (head_dim 128 on an accelerator) can stay bf16; the
-    model's unfused path rounds q itself."""
+    overrides the default (``DEFAULT_QUERY_FORMAT``). Only the fused prologues' q (head_dim 128 on an accelerator)
+    can stay bf16; the model's unfused path rounds q itself."""
     value = os.environ.get(QUERY_FORMAT_ENV, DEFAULT_QUERY_FORMAT)
     if value not in QUERY_FORMATS:
         raise ValueError(f"{QUERY_FORMAT_ENV} must be one of {QUERY_FORMATS}, got {value!r}")
