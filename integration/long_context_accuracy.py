@@ -22,7 +22,8 @@ already saved is not redone.
 Drift per position: ``|log p_format - log p_bf16|`` against the bf16 run of the same (rescaled) checkpoint. Positions
 are binned by context (up to 8k, 8k-16k, 16k-32k). The paired difference ``drift_mxfp8 - drift_fp8`` per bin is
 averaged in blocks of ``BLOCK`` consecutive positions (neighbours share context) and judged by
-``z = mean / standard error`` over blocks: |z| > ``SIGNIFICANT_Z`` is "beyond noise".
+``z = mean / standard error`` over blocks: |z| > ``SIGNIFICANT_Z`` is "beyond noise"; a bin of fewer than
+``MIN_BLOCKS`` blocks gets no verdict.
 """
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ KV_FORMATS = ("auto", "mxfp8", "fp8_e4m3")  # auto: the model's bf16, the refere
 BINS = ((0, 8192), (8192, 16384), (16384, 32768))
 BLOCK = 256
 SIGNIFICANT_Z = 4.0  # P(|z| > 4) < 1e-4 for a difference that is only noise
+MIN_BLOCKS = 16  # fewer blocks give a standard error too rough to judge by: no verdict
 RESCALED_ROOT = Path.home() / ".cache" / "sglang-inkling-backend" / "rescaled"
 
 
@@ -72,29 +74,32 @@ def model_dir(model: str, rescaling: str) -> Path:
     return dst
 
 
+def served(path: Path, kv: str, max_total_tokens: int, chunk: int, log: Path, work):
+    """``work(server)`` on an inkling server for ``path`` with KV ``kv`` in chunked prefill of ``chunk``, always
+    stopped after; started again once if the free port it chose was taken before it bound it."""
+    for attempt in (1, 2):
+        server = SGLangServer(path, "inkling", kv, max_total_tokens=max_total_tokens, log_path=log,
+                              extra_args=("--chunked-prefill-size", str(chunk)))
+        try:
+            with server:  # starts it, and always stops it
+                return work(server)
+        except ServerStartError as err:
+            if attempt == 2 or "address already in use" not in err.log:
+                raise
+            print(f"[run] port taken during start-up ({log}); starting again on another", flush=True)
+
+
 def score(path: Path, kv: str, tokens: int, chunk: int, log: Path) -> dict:
-    try:
-        return _score(path, kv, tokens, chunk, log)
-    except ServerStartError as err:  # the free port was taken between choosing and binding it: once more
-        if "address already in use" not in err.log:
-            raise
-        print(f"[run] port taken during start-up ({log}); starting again on another", flush=True)
-        return _score(path, kv, tokens, chunk, log)
-
-
-def _score(path: Path, kv: str, tokens: int, chunk: int, log: Path) -> dict:
-    server = SGLangServer(path, "inkling", kv, max_total_tokens=tokens + 1024, log_path=log,
-                          extra_args=("--chunked-prefill-size", str(chunk)))
-    with server:  # starts it, and always stops it
+    def work(server) -> dict:
         ids = server.tokenize(TEXT.read_text())
         if len(ids) < tokens:
             raise ValueError(f"{TEXT} has {len(ids)} tokens, fewer than --tokens {tokens}")
         ids = ids[:tokens]
         started = time.perf_counter()
         out = server.generate(input_ids=ids, max_new_tokens=1, input_logprobs_from=0, timeout_s=4 * 3600)
-        seconds = time.perf_counter() - started
-    return {"kv": kv, "tokens": tokens, "chunk": chunk, "ids": ids, "input_logprobs": out["input_logprobs"],
-            "score_s": seconds, "startup_s": server.startup_seconds}
+        return {"kv": kv, "tokens": tokens, "chunk": chunk, "ids": ids, "input_logprobs": out["input_logprobs"],
+                "score_s": time.perf_counter() - started, "startup_s": server.startup_seconds}
+    return served(path, kv, tokens + 1024, chunk, log, work)
 
 
 NEEDLE = " The secret word is marmalade. "
@@ -107,32 +112,33 @@ def needle(model: str, tokens: int, depth: float, chunk: int, out: Path, rescali
     at the end; per format, the teacher-forced log-probability of the answer with the needle and without it (the
     same prompt, needle left out), and the greedy continuation with the needle. Saved to ``needle.json`` (the model
     as released) or ``needle-RESCALING.json``."""
+
+    def work(server) -> dict:
+        bos = server.tokenize("")
+        strip = (lambda ids: ids[len(bos):]) if bos else (lambda ids: ids)
+        text = server.tokenize(TEXT.read_text())
+        needle_ids, question, answer = (strip(server.tokenize(t)) for t in (NEEDLE, NEEDLE_QUESTION, NEEDLE_ANSWER))
+        body = tokens - len(needle_ids) - len(question) - len(answer)
+        at = int(depth * body)
+        plain = text[:body] + question
+        with_needle = text[:at] + needle_ids + text[at:body] + question
+        result = {}
+        for name, prompt in (("with_needle", with_needle), ("without_needle", plain)):
+            scored = server.generate(input_ids=prompt + answer, max_new_tokens=1,
+                                     input_logprobs_from=len(prompt) - 1, timeout_s=4 * 3600)
+            result[f"answer_logprob_{name}"] = sum(scored["input_logprobs"][-len(answer):])
+        greedy = server.generate(input_ids=with_needle, max_new_tokens=4, timeout_s=4 * 3600)
+        result.update(greedy_text=greedy["text"], greedy_ids=greedy["output_ids"], answer_ids=answer,
+                      retrieved=greedy["output_ids"][:len(answer)] == answer, prompt_tokens=len(with_needle),
+                      needle_at_token=at)
+        return result
+
     path = model_dir(model, rescaling)
     results = {}
     for kv in KV_FORMATS:
-        server = SGLangServer(path, "inkling", kv, max_total_tokens=2 * tokens + 2048,
-                              log_path=out / "logs" / f"needle_{model}_{rescaling}_{kv}.log",
-                              extra_args=("--chunked-prefill-size", str(chunk)))
-        with server:
-            bos = server.tokenize("")
-            strip = (lambda ids: ids[len(bos):]) if bos else (lambda ids: ids)
-            text = server.tokenize(TEXT.read_text())
-            needle_ids, question, answer = (strip(server.tokenize(t)) for t in (NEEDLE, NEEDLE_QUESTION, NEEDLE_ANSWER))
-            body = tokens - len(needle_ids) - len(question) - len(answer)
-            at = int(depth * body)
-            plain = text[:body] + question
-            with_needle = text[:at] + needle_ids + text[at:body] + question
-            result = {}
-            for name, prompt in (("with_needle", with_needle), ("without_needle", plain)):
-                scored = server.generate(input_ids=prompt + answer, max_new_tokens=1,
-                                         input_logprobs_from=len(prompt) - 1, timeout_s=4 * 3600)
-                result[f"answer_logprob_{name}"] = sum(scored["input_logprobs"][-len(answer):])
-            greedy = server.generate(input_ids=with_needle, max_new_tokens=4, timeout_s=4 * 3600)
-            result.update(greedy_text=greedy["text"], greedy_ids=greedy["output_ids"], answer_ids=answer,
-                          retrieved=greedy["output_ids"][:len(answer)] == answer, prompt_tokens=len(with_needle),
-                          needle_at_token=at)
-        results[kv] = result
-        print(f"[needle] {model} {rescaling} {kv}: {result}", flush=True)
+        results[kv] = served(path, kv, 2 * tokens + 2048, chunk,
+                             out / "logs" / f"needle_{model}_{rescaling}_{kv}.log", work)
+        print(f"[needle] {model} {rescaling} {kv}: {results[kv]}", flush=True)
     name = "needle.json" if rescaling == "none" else f"needle-{rescaling}.json"
     (out / name).write_text(json.dumps({"model": model, "rescaling": rescaling, "tokens": tokens, "depth": depth,
                                         "chunk": chunk, "needle": NEEDLE, "question": NEEDLE_QUESTION,
@@ -164,7 +170,8 @@ def paired(a: list[float], b: list[float]) -> dict:
     mean = statistics.fmean(diff)
     stderr = statistics.stdev(blocks) / math.sqrt(len(blocks)) if len(blocks) > 1 else math.inf
     z = mean / stderr if stderr > 0 else (0.0 if mean == 0 else math.copysign(math.inf, mean))
-    verdict = "not worse" if abs(z) <= SIGNIFICANT_Z else ("better" if z < 0 else "worse")
+    verdict = ("too few blocks" if len(blocks) < MIN_BLOCKS else "not worse" if abs(z) <= SIGNIFICANT_Z
+               else "better" if z < 0 else "worse")
     return {"mean": mean, "stderr": stderr, "z": z, "blocks": len(blocks), "verdict": verdict}
 
 
@@ -205,9 +212,9 @@ def summarize(out: Path) -> dict:
             d = [abs(x - y) for x, y in zip(run["input_logprobs"], base["input_logprobs"])]
             same_function[f"{model} {rescaling}"] = {"mean_abs_dlogprob": statistics.fmean(d), "max": max(d),
                                                      "positions": len(d)}
-    verdicts = {c["verdict"] for c in comparisons}
+    verdicts = {c["verdict"] for c in comparisons} - {"too few blocks"}
     inkling_verdict = ("worse" if "worse" in verdicts else "better" if "better" in verdicts else "not worse") \
-        if comparisons else None
+        if verdicts else None
     summary = {"rows": rows, "comparisons": comparisons, "inkling_verdict": inkling_verdict,
                "inkling_verdict_rule": f"worse if MXFP8 drifts more than per-tensor fp8 with z > {SIGNIFICANT_Z} in "
                                        "any (model, context, rescaling); better if it drifts less beyond noise in "
