@@ -32,7 +32,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from sglang_inkling_backend import triton as kernels  # noqa: E402
 from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV  # noqa: E402
-from sglang_inkling_backend.flashinfer.extend import FlashInferExtend, _load_flashinfer  # noqa: E402
+from sglang_inkling_backend.flashinfer.extend import FlashInferExtend  # noqa: E402
+from sglang_inkling_backend.flashinfer.install import load_flashinfer  # noqa: E402
 from sglang_inkling_backend.rails import KVRails  # noqa: E402
 from sglang_inkling_backend.step_plans import DecodePlanCache  # noqa: E402
 from sglang_inkling_backend.triton.route import TritonRoute  # noqa: E402
@@ -110,7 +111,7 @@ def main():
     ap.add_argument("--budget-s", type=float, default=520)
     args = ap.parse_args()
     dev = torch.device("cuda")
-    flashinfer, why = _load_flashinfer(dev)
+    flashinfer, why = load_flashinfer(dev, "BatchPrefillWithRaggedKVCacheWrapper")
     if flashinfer is None:
         raise SystemExit(f"FlashInfer is needed: {why}")
     print(f"{torch.cuda.get_device_name()}, FlashInfer {flashinfer.__version__}, triton {triton.__version__}",

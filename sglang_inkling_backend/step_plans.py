@@ -36,6 +36,10 @@ class DecodePlanCache:
             plan = self._plans[key] = make()
         return plan
 
+    def has(self, key: Hashable) -> bool:
+        """Whether a plan for ``key`` was made this step."""
+        return key in self._plans
+
     def once(self, key: Hashable, check: Callable[[], object]) -> None:
         """Run ``check()`` the first time ``key`` is seen in this step (a check of the step's keys: once, not per
         layer); if it raises, it runs again next time."""

@@ -1,11 +1,14 @@
-"""FlashInfer as a kernel family: an extend's attention (prefill, chunked prefill, a prefix hit) through FlashInfer's
-ragged prefill (FA3 on Hopper, FA2 elsewhere), for layers whose semantics are FlashInfer's.
+"""FlashInfer as kernel families, for layers whose semantics are FlashInfer's: an extend's attention (prefill,
+chunked prefill, a prefix hit) through its ragged prefill (FA3 on Hopper, FA2 elsewhere), and a 16-bit pool's
+decode through its paged decode.
 
-Importing this package imports neither FlashInfer nor Triton; ``extend_family(device)`` does, and says why not when
-it cannot serve. ``extend.FlashInferExtend`` is the family; ``triton.route.TritonRoute`` calls it for the layers
-it serves.
+Importing this package imports neither FlashInfer nor Triton; ``extend_family(device)`` and
+``decode_family(device)`` do, and say why not when they cannot serve. ``extend.FlashInferExtend`` and
+``decode.FlashInferDecode`` are the families; ``triton.route.TritonRoute`` calls them for the layers they serve.
 """
 
+from .decode import DECODE_KERNEL_ENV, FlashInferDecode, decode_family
 from .extend import EXTEND_KERNEL_ENV, FlashInferExtend, extend_family
 
-__all__ = ["EXTEND_KERNEL_ENV", "FlashInferExtend", "extend_family"]
+__all__ = ["DECODE_KERNEL_ENV", "EXTEND_KERNEL_ENV", "FlashInferDecode", "FlashInferExtend", "decode_family",
+           "extend_family"]

@@ -20,85 +20,55 @@ route runs its Triton kernel for other layers (``why_not`` says why, the route l
 from __future__ import annotations
 
 import logging
-import os
 from typing import Optional
 
 import torch
 
 from ..attention_inputs import AttentionParams, PagedKV
 from ..rails import KVRails
+from .install import HEAD_DIMS, KERNEL_CHOICES, QUERY_DTYPES, float_workspace, kernel_setting, load_flashinfer
 
 logger = logging.getLogger(__name__)
 
 EXTEND_KERNEL_ENV = "INKLING_EXTEND_KERNEL"  # auto (default): FlashInfer where it serves; triton; flashinfer
-EXTEND_KERNEL_CHOICES = ("auto", "triton", "flashinfer")
-MIN_FLASHINFER = (0, 5)  # the ragged prefill's plan/run keywords used here are those of 0.5 and 0.7
-FLOAT_WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommended float workspace for its prefill wrappers
-HEAD_DIMS = (64, 128, 256)
-QUERY_DTYPES = (torch.bfloat16, torch.float16)
-
-
-def _version_tuple(text: str) -> tuple:
-    parts = []
-    for piece in text.split("+")[0].split(".")[:2]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
+EXTEND_KERNEL_CHOICES = KERNEL_CHOICES
 
 
 def extend_kernel_setting() -> str:
     """``INKLING_EXTEND_KERNEL`` (auto when unset); a ValueError naming the variable for anything else."""
-    value = os.environ.get(EXTEND_KERNEL_ENV, "auto").strip().lower() or "auto"
-    if value not in EXTEND_KERNEL_CHOICES:
-        raise ValueError(f"{EXTEND_KERNEL_ENV} must be one of {EXTEND_KERNEL_CHOICES}, got {value!r}")
-    return value
+    return kernel_setting(EXTEND_KERNEL_ENV)
 
 
-def _load_flashinfer(device: torch.device):
-    """``(flashinfer module, "")`` or ``(None, why)``. The GPU's capability is the route's check
-    (``routes.choose_route`` serves a GPU before sm_80 with the torch route, before it asks for this family)."""
-    if device.type != "cuda" or torch.version.hip is not None or not torch.cuda.is_available():
-        return None, f"FlashInfer runs on NVIDIA GPUs only (device {device})"
-    try:
-        import flashinfer
-    except Exception as err:  # a missing or broken third-party install: the Triton kernel serves instead
-        return None, f"FlashInfer is not importable ({type(err).__name__}: {err})"
-    version = getattr(flashinfer, "__version__", "0.0")
-    if _version_tuple(version) < MIN_FLASHINFER:
-        return None, f"FlashInfer {version} is older than {'.'.join(map(str, MIN_FLASHINFER))}"
-    if not hasattr(flashinfer, "BatchPrefillWithRaggedKVCacheWrapper"):
-        return None, f"FlashInfer {version} has no BatchPrefillWithRaggedKVCacheWrapper"
-    return flashinfer, ""
-
-
-def extend_family(device: torch.device) -> tuple[Optional["FlashInferExtend"], str]:
+def extend_family(device: torch.device, workspace: Optional[torch.Tensor] = None
+                  ) -> tuple[Optional["FlashInferExtend"], str]:
     """``(FlashInferExtend, note)`` where FlashInfer serves extends on ``device`` and ``INKLING_EXTEND_KERNEL``
-    allows it, else ``(None, why)``. ``INKLING_EXTEND_KERNEL=flashinfer`` raises (ValueError) when it cannot."""
+    allows it, else ``(None, why)``. ``INKLING_EXTEND_KERNEL=flashinfer`` raises (ValueError) when it cannot.
+    ``workspace``: the route's float workspace (``install.float_workspace``), allocated here when None."""
     setting = extend_kernel_setting()
     if setting == "triton":
         return None, f"{EXTEND_KERNEL_ENV}=triton"
-    flashinfer, why = _load_flashinfer(device)
+    flashinfer, why = load_flashinfer(device, "BatchPrefillWithRaggedKVCacheWrapper")
     if flashinfer is None:
         if setting == "flashinfer":
             raise ValueError(f"{EXTEND_KERNEL_ENV}=flashinfer, but {why}")
         return None, why
-    family = FlashInferExtend(flashinfer, device)
+    family = FlashInferExtend(flashinfer, device, workspace)
     return family, f"FlashInfer {family.version} ragged prefill"
 
 
 class FlashInferExtend:
-    """The family. One float workspace (``FLOAT_WORKSPACE_BYTES``, allocated here, at the route's construction) and
-    one FlashInfer wrapper per plan key, shared by every step; each step plans each key once."""
+    """The family. The route's float workspace (``install.float_workspace``, allocated at the route's construction)
+    and one FlashInfer wrapper per plan key, shared by every step; each step plans each key once."""
 
     name = "flashinfer"
 
-    def __init__(self, flashinfer, device: torch.device):
+    def __init__(self, flashinfer, device: torch.device, workspace: Optional[torch.Tensor] = None):
         from ..triton.gather_kv import gather_dtype, gather_kv  # the family needs our Triton gather
 
         self._flashinfer = flashinfer
         self._gather_kv, self.gather_dtype = gather_kv, gather_dtype
         self.version = getattr(flashinfer, "__version__", "?")
-        self.workspace = torch.empty(FLOAT_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        self.workspace = float_workspace(device) if workspace is None else workspace
         self._wrappers: dict = {}
         self.served = False  # True after the first extend it ran (the route falls back only before that)
 

@@ -4,9 +4,11 @@ is a folder with a module like this one.
 
 ``TritonRoute`` decodes with this package's kernels (``plan_decode`` once per step and key, in the step's
 ``DecodePlanCache``, over views of the one workspace the host allocated at start-up with ``make_workspace``;
-``run_decode`` per layer; page tables or per-token rails) and extends with FlashInfer's ragged prefill where the
-layer's semantics are FlashInfer's and it is installed (``sglang_inkling_backend.flashinfer``, the extend family;
-``INKLING_EXTEND_KERNEL`` = auto, triton or flashinfer), else with this package's extend kernel.
+``run_decode`` per layer; page tables or per-token rails), and a 16-bit pool's decode through FlashInfer's paged
+decode where it serves the layer (the decode family; ``INKLING_DECODE_KERNEL``); it extends with FlashInfer's
+ragged prefill where the layer's semantics are FlashInfer's (the extend family; ``INKLING_EXTEND_KERNEL``), else
+with this package's extend kernel. Both families are ``sglang_inkling_backend.flashinfer``, used where FlashInfer is
+installed; settings auto (default), triton or flashinfer.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import torch
 
 from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV
 from sglang_inkling_backend.checks import stream_capturing, triton_head_dim_ok
+from sglang_inkling_backend.layer_plan import LayerSpec, attention_params
 from sglang_inkling_backend.rails import KVPages, KVRails
 from sglang_inkling_backend.step_plans import DecodePlanCache, check_extend_keys
 
@@ -32,13 +35,15 @@ class TritonRoute:
     runs_triton = True
     serves_verify = False  # no tree mask in the Triton extend kernel or FlashInfer's ragged prefill yet
 
-    def __init__(self, kernels=None, extend_family=None):
+    def __init__(self, kernels=None, extend_family=None, decode_family=None):
         if kernels is None:
             from sglang_inkling_backend import triton as kernels
         self.kernels = kernels  # this package's API (a test may pass a wrapped copy to count calls)
         self.mxfp8_store = kernels.store_kv_mxfp8
         self.extend_family = extend_family  # flashinfer.FlashInferExtend, or None: the Triton extend kernel only
+        self.decode_family = decode_family  # flashinfer.FlashInferDecode, or None: the Triton decode kernels only
         self._extend_notes: set = set()  # the reasons already logged for running the Triton extend kernel
+        self._decode_notes: set = set()  # the same for the Triton decode kernels, where a decode family is present
 
     def make_workspace(self, *, max_batch: int, geometries, max_seq_len: int, device):
         """One ``DecodeWorkspace`` for every layer shape of the model (``geometries``: ``(Hq, Hkv, D)`` per layer):
@@ -67,20 +72,78 @@ class TritonRoute:
         # rel_bias and sinks are per layer. Then the key holds every input of the plan.
         self.kernels.check_decode_inputs(q, kv, *csr, params, None, page_table=table[0], seq_lens=table[1],
                                          page_size=page_size)
-        batch, hq, d = q.shape
-        hkv, kv_dtype = kv.num_kv_heads, kv.k_buffer.dtype
-        kv_format = kv.kv_format
-        key = (params.window, hq, hkv, d, kv_dtype, kv_format, page_size, batch, max_seq_len)
         if not stream_capturing(q.device):
             # The values the kernels read unchecked (block ids, lengths, max_seq_len), once per step and key: a page
             # past the pool would be an illegal address (a killed process); a length past max_seq_len, lost keys.
             plans.once(("decode keys", params.window, kv.num_slots, page_size),
                        lambda: self._check_decode_keys(kv, keys, params.window, max_seq_len))
+        family = self.decode_family
+        if family is not None:
+            why = family.why_not(q, kv, keys, params, plans)
+            if not why:
+                try:
+                    return family.decode(q, kv, keys, params, plans)
+                except Exception as err:
+                    if family.served or stream_capturing(q.device):
+                        raise  # it has served before: a real failure, not an install that cannot build its kernel
+                    self.decode_family = None  # it wrote nothing: this package's kernels serve this call
+                    logger.warning("inkling: decode: %s failed on its first call (%s: %s); the Triton decode "
+                                   "kernels serve every decode from now on", family.name, type(err).__name__, err)
+            elif why not in self._decode_notes:
+                self._decode_notes.add(why)
+                logger.info("inkling: decode: the Triton kernels for layers with %s", why)
+        batch, hq, d = q.shape
+        hkv, kv_dtype = kv.num_kv_heads, kv.k_buffer.dtype
+        kv_format = kv.kv_format
+        key = (params.window, hq, hkv, d, kv_dtype, kv_format, page_size, batch, max_seq_len)
         plan = plans.get(key, lambda: self.kernels.plan_decode(
             batch, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, window=params.window, max_seq_len=max_seq_len,
             page_size=page_size, kv_dtype=kv_dtype, workspace=workspace, kv_format=kv_format))
         return self.kernels.run_decode(plan, q, kv, *csr, params, check=False, page_table=table[0],
                                        seq_lens=table[1])
+
+    def plan_graph_step(self, keys, layers, seq_lens_host: torch.Tensor, *, kv_dtype: torch.dtype, max_bs: int,
+                        max_seq_len: int) -> None:
+        """Before a decode CUDA graph is captured or replayed, outside the capture: plan what a layer cannot plan
+        inside one. This package's kernels plan from host ints inside the capture; FlashInfer's decode (the decode
+        family) plans here, for every distinct key among ``layers`` (``LayerSpec``) it serves, on the step's
+        ``keys`` (``layer_step.StepKeys``) and ``seq_lens_host`` (each request's keys, the new one included, on the
+        host: padding rows included, as the graph's batch has them). ``max_bs`` and ``max_seq_len`` bound every
+        batch the graphs serve (its buffers are sized by them at the first call). A FlashInfer that fails to plan
+        the first time (a JIT build) leaves every decode to this package's kernels, with a log line."""
+        family = self.decode_family
+        if family is None:
+            return
+        if not isinstance(seq_lens_host, torch.Tensor) or seq_lens_host.device.type != "cpu" \
+                or seq_lens_host.dtype not in (torch.int32, torch.int64) or seq_lens_host.dim() != 1:
+            raise TypeError(f"seq_lens_host must be a 1-D int32/int64 CPU tensor, got "
+                            f"{seq_lens_host.dtype if isinstance(seq_lens_host, torch.Tensor) else seq_lens_host!r}")
+        bs = seq_lens_host.numel()
+        if not 1 <= bs <= max_bs or int(seq_lens_host.min()) < 1 or int(seq_lens_host.max()) > max_seq_len:
+            raise ValueError(f"seq_lens_host must hold 1 to {max_bs} requests of 1 to {max_seq_len} keys, got {bs} "
+                             f"in [{int(seq_lens_host.min()) if bs else '-'}, {int(seq_lens_host.max()) if bs else '-'}]")
+        for spec in layers:
+            if not isinstance(spec, LayerSpec) or not spec.has_attention or spec.rel_extent is not None:
+                continue  # a relative bias comes with every call: this package's kernels serve it
+            params = attention_params(spec, rows=bs)
+            if not family.serves_layer(kv_dtype, spec.head_dim, params):
+                continue
+            rails = keys.decode_keys(spec.window, self.reads_page_tables)
+            if not isinstance(rails, KVRails):
+                continue
+            key = family.plan_key(spec.window, spec.num_q_heads, spec.num_kv_heads, spec.head_dim, kv_dtype, params)
+            if keys.plans.has(key):
+                continue
+            max_keys = max_seq_len if spec.window is None else min(spec.window, max_seq_len)
+            try:
+                family.plan_graph(keys.plans, key, rails, seq_lens_host, max_bs, max_keys)
+            except Exception as err:
+                if family.served:
+                    raise
+                self.decode_family = None
+                logger.warning("inkling: decode: %s failed to plan on its first step (%s: %s); the Triton decode "
+                               "kernels serve every decode from now on", family.name, type(err).__name__, err)
+                return
 
     def _check_decode_keys(self, kv: PagedKV, keys: Union[KVRails, KVPages], window: Optional[int],
                            max_seq_len: int) -> None:
@@ -148,12 +211,21 @@ def unavailable_because(device: Optional[torch.device], head_dims=()) -> str:
 
 
 def route_for(device: torch.device) -> tuple[TritonRoute, str]:
-    """The route for ``device`` with the extend family it found (``flashinfer.extend_family``), and a note for the
-    start-up log line."""
-    from sglang_inkling_backend.flashinfer import extend_family
+    """The route for ``device`` with the FlashInfer families it found (``flashinfer.extend_family``,
+    ``flashinfer.decode_family``; one float workspace between them), and a note for the start-up log line."""
+    from sglang_inkling_backend.flashinfer import decode_family, extend_family
+    from sglang_inkling_backend.flashinfer.decode import decode_kernel_setting
+    from sglang_inkling_backend.flashinfer.extend import extend_kernel_setting
+    from sglang_inkling_backend.flashinfer.install import float_workspace, load_flashinfer
     from sglang_inkling_backend.triton.plan import route_note
 
-    family, note = extend_family(device)
+    wanted = (extend_kernel_setting(), decode_kernel_setting()) != ("triton", "triton")
+    workspace = float_workspace(device) if wanted and load_flashinfer(device)[0] is not None else None
+    family, note = extend_family(device, workspace)
     extend = (f"{note} where a layer's semantics are FlashInfer's, else the Triton kernel" if family is not None
               else f"the Triton kernel ({note})")
-    return TritonRoute(extend_family=family), f"Triton kernels on {device}; {route_note(device)}; extend: {extend}"
+    decoder, decode_note = decode_family(device, workspace)
+    decode = (f"{decode_note} for 16-bit pools where it serves the layer" if decoder is not None
+              else f"the Triton kernels ({decode_note})")
+    return (TritonRoute(extend_family=family, decode_family=decoder),
+            f"Triton kernels on {device}; {route_note(device)}; 16-bit decode: {decode}; extend: {extend}")

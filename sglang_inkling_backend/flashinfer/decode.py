@@ -1,0 +1,192 @@
+"""A decode's attention through FlashInfer's paged decode, for 16-bit pools read through per-token rails.
+
+Semantics are ``reference.attention.paged_decode_attention``: request b's one query is its rail's last key and sees
+every key of the rail. A window rail is already cut to the window (``rails.window_start``), so FlashInfer's own
+window stays off (``window_left = -1``); its soft cap is ``cap * tanh(x / cap)`` on the scaled logit, as ours.
+FlashInfer's pages are the pool's slots: page_size 1, ``indptr`` the rail's, ``indices`` its slots as int32, every
+last page full. That is how SGLang's flashinfer backend reads a 16-bit pool of page size 1, with the same kernels:
+tensor cores (FlashInfer's prefill kernel run as a decode) where the GQA group is 4 or more, SGLang's rule for
+16-bit KV (``should_use_tensor_core`` in sglang/srt/layers/attention/flashinfer_backend.py).
+
+Served: a bf16/fp16 pool with a query of its dtype, per-token rails, no relative bias, no sinks, head_dim
+64/128/256. 8-bit pools stay on this package's kernels (MXFP8 decode 1.26x FlashInfer bf16's step at 32 x 32k in
+``bench/results/current/sglang-h200/speed/call-triton-store/``), as do page tables.
+
+Plans: FlashInfer's ``plan`` reads the rail lengths on the host. Eagerly, the first layer of each key (window, head
+counts, head_dim, dtype, cap, scale) plans it in the step's plan cache (the rail's indptr read back: one sync per
+step and key). FlashInfer cannot plan inside a CUDA-graph capture, so under graphs the host calls
+``TritonRoute.plan_graph_step`` before each capture and each replay, outside the graph, with its host sequence
+lengths: one wrapper per (key, batch size) over buffers allocated once per window (indptr, int32 indices of
+``max_bs * max keys``, last-page lengths), which every replay's plan refills at the same addresses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ..attention_inputs import AttentionParams, PagedKV
+from ..checks import stream_capturing
+from ..rails import KVRails
+from .install import HEAD_DIMS, float_workspace, kernel_setting, load_flashinfer
+
+DECODE_KERNEL_ENV = "INKLING_DECODE_KERNEL"  # auto (default): FlashInfer where it serves; triton; flashinfer
+SERVED_FORMATS = ("bf16", "fp16")
+TENSOR_CORE_MIN_GROUP = 4  # SGLang's should_use_tensor_core for 16-bit KV
+PLAN_TAG = "flashinfer decode"
+
+
+def decode_kernel_setting() -> str:
+    """``INKLING_DECODE_KERNEL`` (auto when unset); a ValueError naming the variable for anything else."""
+    return kernel_setting(DECODE_KERNEL_ENV)
+
+
+def decode_family(device: torch.device, workspace: Optional[torch.Tensor] = None
+                  ) -> tuple[Optional["FlashInferDecode"], str]:
+    """``(FlashInferDecode, note)`` where FlashInfer serves decodes on ``device`` and ``INKLING_DECODE_KERNEL``
+    allows it, else ``(None, why)``. ``INKLING_DECODE_KERNEL=flashinfer`` raises (ValueError) when it cannot.
+    ``workspace``: the route's float workspace, allocated here when None."""
+    setting = decode_kernel_setting()
+    if setting == "triton":
+        return None, f"{DECODE_KERNEL_ENV}=triton"
+    flashinfer, why = load_flashinfer(device, "BatchDecodeWithPagedKVCacheWrapper")
+    if flashinfer is None:
+        if setting == "flashinfer":
+            raise ValueError(f"{DECODE_KERNEL_ENV}=flashinfer, but {why}")
+        return None, why
+    family = FlashInferDecode(flashinfer, device, workspace)
+    return family, f"FlashInfer {family.version} paged decode"
+
+
+@dataclass
+class GraphRails:
+    """One window's address-stable FlashInfer inputs under CUDA graphs (every batch size's wrapper views them)."""
+
+    indptr: torch.Tensor  # int32 [max_bs + 1]
+    indices: torch.Tensor  # int32 [max_bs * max keys]
+    last_page_len: torch.Tensor  # int32 [max_bs], all ones (page_size 1)
+
+
+def use_tensor_cores(num_q_heads: int, num_kv_heads: int) -> bool:
+    return num_q_heads // num_kv_heads >= TENSOR_CORE_MIN_GROUP
+
+
+def rail_lengths(seq_lens_host: torch.Tensor, window: Optional[int]) -> torch.Tensor:
+    """Each decode request's rail length (int32, host) from its key count: the window's keys at most."""
+    lengths = seq_lens_host.to(torch.int32)
+    return lengths if window is None else lengths.clamp(max=window)
+
+
+class FlashInferDecode:
+    """The family: the route's float workspace, FlashInfer wrappers per plan key (eager) or per (key, batch size)
+    (CUDA graphs), and the graph buffers per window."""
+
+    name = "flashinfer"
+
+    def __init__(self, flashinfer, device: torch.device, workspace: Optional[torch.Tensor] = None):
+        self._flashinfer = flashinfer
+        self.device = device
+        self.version = getattr(flashinfer, "__version__", "?")
+        self.workspace = float_workspace(device) if workspace is None else workspace
+        self._wrappers: dict = {}
+        self._graph_rails: dict = {}  # window -> GraphRails
+        self.served = False  # True after the first decode it ran (the route falls back only before that)
+
+    @staticmethod
+    def plan_key(window: Optional[int], hq: int, hkv: int, d: int, dtype: torch.dtype, params: AttentionParams):
+        return (PLAN_TAG, window, hq, hkv, d, dtype, params.logit_cap, params.softmax_scale)
+
+    def serves_layer(self, kv_dtype: torch.dtype, head_dim: int, params: AttentionParams) -> bool:
+        """Whether a layer's static facts allow this family (the call may still carry a bias or sinks)."""
+        return (kv_dtype in (torch.bfloat16, torch.float16) and head_dim in HEAD_DIMS and params.rel_bias is None
+                and params.sinks is None)
+
+    def why_not(self, q: torch.Tensor, kv: PagedKV, keys, params: AttentionParams, plans) -> str:
+        """"" when this family serves the layer's decode now, else the reason (a phrase for a log line)."""
+        if kv.kv_format not in SERVED_FORMATS:
+            return f"a {kv.kv_format} pool (this package's kernels read 8-bit pools)"
+        if not isinstance(keys, KVRails):
+            return "a page table (FlashInfer's decode here reads per-token rails)"
+        if params.rel_bias is not None:
+            return "a relative bias (FlashInfer's decode adds none)"
+        if params.sinks is not None:
+            return "attention sinks"
+        if kv.head_dim not in HEAD_DIMS:
+            return f"head_dim {kv.head_dim} (FlashInfer's decode serves {HEAD_DIMS})"
+        if q.dtype != kv.k_buffer.dtype:
+            return f"a {q.dtype} query over a {kv.k_buffer.dtype} pool"
+        key = self.plan_key(params.window, q.shape[1], kv.num_kv_heads, kv.head_dim, q.dtype, params)
+        if stream_capturing(q.device) and not plans.has(key):
+            return "a CUDA-graph capture with no FlashInfer plan made before it (the host's plan_graph_step)"
+        return ""
+
+    def _new_wrapper(self, hq: int, hkv: int, graph: Optional[GraphRails] = None, bs: int = 0):
+        tensor_cores = use_tensor_cores(hq, hkv)
+        if graph is None:
+            return self._flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD",
+                                                                         use_tensor_cores=tensor_cores)
+        return self._flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            self.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=tensor_cores,
+            paged_kv_indptr_buffer=graph.indptr[:bs + 1], paged_kv_indices_buffer=graph.indices,
+            paged_kv_last_page_len_buffer=graph.last_page_len[:bs])
+
+    @staticmethod
+    def _plan(wrapper, indptr_host: torch.Tensor, indices: torch.Tensor, key) -> None:
+        _, _, hq, hkv, d, dtype, cap, scale = key
+        bs = indptr_host.numel() - 1
+        wrapper.plan(indptr_host, indices, torch.ones(bs, dtype=torch.int32), hq, hkv, d, 1,
+                     logits_soft_cap=cap if cap > 0 else None, q_data_type=dtype, kv_data_type=dtype, sm_scale=scale)
+
+    def _plan_eager(self, key, rails: KVRails):
+        wrapper = self._wrappers.get(key)
+        if wrapper is None:
+            wrapper = self._wrappers[key] = self._new_wrapper(key[2], key[3])
+        indptr_host = rails.indptr.to("cpu", torch.int32)  # one sync per step and key
+        self._plan(wrapper, indptr_host, rails.indices[:int(indptr_host[-1])].to(torch.int32), key)
+        return wrapper
+
+    def graph_rails(self, window: Optional[int], max_bs: int, max_keys: int) -> GraphRails:
+        """The window's graph buffers, allocated at the first call; later calls must fit them (the captured graphs
+        hold their addresses)."""
+        rails = self._graph_rails.get(window)
+        if rails is None:
+            rails = self._graph_rails[window] = GraphRails(
+                torch.zeros(max_bs + 1, dtype=torch.int32, device=self.device),
+                torch.zeros(max_bs * max_keys, dtype=torch.int32, device=self.device),
+                torch.ones(max_bs, dtype=torch.int32, device=self.device))
+        elif rails.last_page_len.numel() < max_bs or rails.indices.numel() < max_bs * max_keys:
+            raise ValueError(f"the FlashInfer decode graph buffers of window {window} hold {rails.last_page_len.numel()}"
+                             f" requests of {rails.indices.numel() // rails.last_page_len.numel()} keys; asked for "
+                             f"{max_bs} of {max_keys}")
+        return rails
+
+    def plan_graph(self, plans, key, rails: KVRails, seq_lens_host: torch.Tensor, max_bs: int,
+                   max_keys: int) -> None:
+        """Plan ``key`` for this step's CUDA-graph batch (outside the capture): the window's rails copied into its
+        graph buffers as int32 (once per step and window) and this batch size's wrapper planned on them."""
+        window = key[1]
+        graph = self.graph_rails(window, max_bs, max_keys)
+        bs = seq_lens_host.numel()
+        indptr_host = torch.zeros(bs + 1, dtype=torch.int32)
+        torch.cumsum(rail_lengths(seq_lens_host, window), 0, out=indptr_host[1:])
+        nnz = int(indptr_host[-1])
+        if nnz > graph.indices.numel():
+            raise ValueError(f"the decode batch's {nnz} keys (window {window}) exceed the FlashInfer graph buffer's "
+                             f"{graph.indices.numel()}")
+        plans.once((PLAN_TAG, "graph rails", window),
+                   lambda: graph.indices[:nnz].copy_(rails.indices[:nnz]))
+        wrapper = self._wrappers.get((key, bs))
+        if wrapper is None:
+            wrapper = self._wrappers[(key, bs)] = self._new_wrapper(key[2], key[3], graph, bs)
+        self._plan(wrapper, indptr_host, graph.indices[:nnz], key)
+        plans.get(key, lambda: wrapper)
+
+    def decode(self, q: torch.Tensor, kv: PagedKV, rails: KVRails, params: AttentionParams, plans) -> torch.Tensor:
+        """``q [B, Hq, D]`` -> ``[B, Hq, D]`` in q's dtype. The caller has checked the inputs and ``why_not``."""
+        key = self.plan_key(params.window, q.shape[1], kv.num_kv_heads, kv.head_dim, q.dtype, params)
+        wrapper = plans.get(key, lambda: self._plan_eager(key, rails))
+        out = wrapper.run(q.contiguous(), (kv.k_buffer.unsqueeze(1), kv.v_buffer.unsqueeze(1)))
+        self.served = True
+        return out

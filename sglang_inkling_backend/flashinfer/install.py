@@ -1,0 +1,55 @@
+"""Whether FlashInfer can serve on a device, and what its families share: the version floor, the kernel settings
+(``INKLING_EXTEND_KERNEL``, ``INKLING_DECODE_KERNEL``), the float workspace, the head sizes and query dtypes."""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+
+MIN_FLASHINFER = (0, 5)  # the wrappers' plan/run keywords used here are those of 0.5 and 0.7
+FLOAT_WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommended float workspace, one per route, shared by its wrappers
+HEAD_DIMS = (64, 128, 256)
+QUERY_DTYPES = (torch.bfloat16, torch.float16)
+KERNEL_CHOICES = ("auto", "triton", "flashinfer")  # auto: FlashInfer where it serves the layer
+
+
+def version_tuple(text: str) -> tuple:
+    parts = []
+    for piece in text.split("+")[0].split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def kernel_setting(env: str) -> str:
+    """The setting ``env`` (auto when unset); a ValueError naming the variable for anything but ``KERNEL_CHOICES``."""
+    value = os.environ.get(env, "auto").strip().lower() or "auto"
+    if value not in KERNEL_CHOICES:
+        raise ValueError(f"{env} must be one of {KERNEL_CHOICES}, got {value!r}")
+    return value
+
+
+def load_flashinfer(device: torch.device, wrapper: Optional[str] = None):
+    """``(flashinfer module, "")`` or ``(None, why)``, for a family that needs FlashInfer's class ``wrapper``. The
+    GPU's capability is the route's check (``routes.choose_route`` serves a GPU before sm_80 with the torch route,
+    before it asks for a family)."""
+    if device.type != "cuda" or torch.version.hip is not None or not torch.cuda.is_available():
+        return None, f"FlashInfer runs on NVIDIA GPUs only (device {device})"
+    try:
+        import flashinfer
+    except Exception as err:  # a missing or broken third-party install: the Triton kernels serve instead
+        return None, f"FlashInfer is not importable ({type(err).__name__}: {err})"
+    version = getattr(flashinfer, "__version__", "0.0")
+    if version_tuple(version) < MIN_FLASHINFER:
+        return None, f"FlashInfer {version} is older than {'.'.join(map(str, MIN_FLASHINFER))}"
+    if wrapper is not None and not hasattr(flashinfer, wrapper):
+        return None, f"FlashInfer {version} has no {wrapper}"
+    return flashinfer, ""
+
+
+def float_workspace(device: torch.device) -> torch.Tensor:
+    """The float workspace the route's FlashInfer wrappers share: their kernels run one after another on one
+    stream (SGLang's flashinfer backend shares one the same way)."""
+    return torch.empty(FLOAT_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
