@@ -11,6 +11,9 @@
 # querymxfp8 (INKLING_MXFP8_QUERY=mxfp8: Q rounded to MXFP8, FA4's contract). Tags
 # combine with "+", e.g. inkling-swa:triton:auto:tp2+noprefillgraph.
 # PARITY_SERVE_ARGS: more serve_check.py flags for every entry (e.g. "--prompt-logprobs --rescore").
+# FlashInfer: with the trimmed 0.7.2 tree carried in ../.fi072 (carry ".fi072") it is importable for EVERY entry, as
+# wherever SGLang runs on a GPU: SGLang's flashinfer backend runs, and inkling's extends and 16-bit decodes go
+# through it (sglang_inkling_backend/flashinfer); JIT builds in the carried checkout's .cache/flashinfer.
 #   cd .h16 && bash gpu_tests/sglang/run_parity.sh llama-gqa4:triton:auto llama-gqa4:inkling:auto ...
 . gpu_tests/sglang/gpu_env.sh
 START=$SECONDS
@@ -19,6 +22,10 @@ START=$SECONDS
 MODELS=${PARITY_MODELS:-$(for e in "$@"; do echo "${e%%:*}"; done | sort -u | paste -sd,)}
 python3 gpu_tests/sglang/make_models.py --tokenizer tok --out /tmp/models --device cuda --models "$MODELS" 2>&1 | grep -v Writing
 mkdir -p /tmp/logs /tmp/runs
+if ls ../.fi072/*.tar.xz > /dev/null 2>&1; then
+  [ -d /tmp/fi_site/flashinfer ] || { mkdir -p /tmp/fi_site && tar -xJf ../.fi072/*.tar.xz -C /tmp/fi_site; }
+  export PYTHONPATH=/tmp/fi_site:$PYTHONPATH FLASHINFER_WORKSPACE_BASE=$(cd .. && pwd)
+fi
 # The first server of a fresh machine compiles every Triton kernel cold: Inkling's first bf16 server was healthy only
 # after 200 s (bench/results/current/sglang-h200/inkling/call4), later ones in 76-142 s.
 STARTUP_S=${PARITY_STARTUP_S:-300}

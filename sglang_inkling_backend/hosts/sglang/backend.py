@@ -129,10 +129,11 @@ class InklingAttnBackend(AttentionBackend):
                                  and self.page_size % 16 == 0 else None)
         # The split-KV scratch of every decode plan, allocated once for the largest batch and context (plans are
         # views of it, so capture and replay need nothing else).
-        attention = [self.layer_plan.spec(i) for i in self.layer_plan.attention_layer_ids]
+        self.attention_specs = [self.layer_plan.spec(i) for i in self.layer_plan.attention_layer_ids]
         self.workspace = self.route.make_workspace(
             max_batch=self.req_to_token_pool.req_to_token.shape[0], max_seq_len=self.max_context_len,
-            geometries={(s.num_q_heads, s.num_kv_heads, s.head_dim) for s in attention}, device=self.device)
+            geometries={(s.num_q_heads, s.num_kv_heads, s.head_dim) for s in self.attention_specs},
+            device=self.device)
 
     # --- metadata ----------------------------------------------------------------------------------------------
     def _full_to_swa(self) -> Optional[torch.Tensor]:
@@ -199,6 +200,12 @@ class InklingAttnBackend(AttentionBackend):
             full_to_swa=self._full_to_swa(), out_cache_loc=out_cache_loc)
         md.graph = True
         md.max_seq_len = self.max_context_len
+        plan_graph_step = getattr(self.route, "plan_graph_step", None)
+        if plan_graph_step is not None:  # what the route cannot plan inside the graph (FlashInfer's decode)
+            seq_lens_cpu = getattr(forward_batch, "seq_lens_cpu", None)
+            host = seq_lens_cpu[:bs] if seq_lens_cpu is not None else forward_batch.seq_lens[:bs].cpu()
+            plan_graph_step(md, self.attention_specs, host, kv_dtype=mxfp8.STORAGE_DTYPE[self.kv_format],
+                            max_bs=self._graph_buffers.max_bs, max_seq_len=self.max_context_len)
         self.forward_metadata = md
 
     # --- CPU graph runner (--enable-torch-compile on CPU) --------------------------------------------------------

@@ -659,6 +659,32 @@ def test_triton_graph_plans_are_views_of_the_backend_workspace(monkeypatch):
         assert new_full.part_o.shape == (2, HQ, 3, D) and new_full.part_o.data_ptr() == ws.part_o.data_ptr()
 
 
+def test_graph_metadata_plans_the_route_outside_the_graph_with_the_host_lengths():
+    """Under decode graphs the backend hands the route, for every capture and replay, the step's keys, the attention
+    layers' records and the host's padded sequence lengths (SGLang's seq_lens_cpu; read back from seq_lens when the
+    batch has none), so a kernel family that cannot plan inside a capture (FlashInfer's decode) plans there."""
+    layers = make_layers(windows=MIXED)
+    h = Harness(layers, bf16_pool(layers=len(MIXED)), context=600)
+    ours = triton_backend(h)
+    run_script(h, [ours], steps=2)
+    calls = []
+    ours.route.plan_graph_step = lambda keys, specs, host, **kw: calls.append((keys, specs, host, kw))
+    ours.init_cuda_graph_state(8, 8)
+    fb = h.batch([0, 1, 2], [1, 1, 1], decode=True)
+    view = SimpleNamespace(**{**vars(fb), "batch_size": 4, "num_padding": 1,
+                              "req_pool_indices": torch.tensor([0, 1, 2, 0]),
+                              "seq_lens": torch.cat([fb.seq_lens, torch.ones(1, dtype=torch.int64)]),
+                              "seq_lens_cpu": torch.cat([fb.seq_lens, torch.ones(1, dtype=torch.int64)])})
+    ours.init_forward_metadata_out_graph(view, in_capture=True)
+    keys, specs, host, kw = calls[-1]
+    assert keys is ours.forward_metadata and host.device.type == "cpu"
+    assert host.tolist() == fb.seq_lens.tolist() + [1]
+    assert kw == {"kv_dtype": torch.bfloat16, "max_bs": 8, "max_seq_len": 600}
+    assert [s.window for s in specs] == [ours.layer_plan.window(i) for i in ours.layer_plan.attention_layer_ids]
+    ours.init_forward_metadata_out_graph(SimpleNamespace(**{**vars(view), "seq_lens_cpu": None}))
+    assert calls[-1][2].tolist() == fb.seq_lens.tolist() + [1] and calls[-1][2].device.type == "cpu"
+
+
 def test_graph_replay_view_on_a_swa_pool_pads_the_swa_write_slots():
     """SGLang's decode-graph replay view on a hybrid SWA pool: bs padded rows (zero-filled request indices, length 1)
     but out_cache_loc for the real requests only (build_replay_fb_view). The windowed layers' write slots are the
