@@ -87,6 +87,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--disable-cuda-graph", action="store_true", help="eager decode (always so on --device cpu)")
     ap.add_argument("--seed", type=int, default=1234, help="numpy seed of the random prompt ids")
+    ap.add_argument("--profile-steps", type=int, default=0,
+                    help="after each point's timed steps, this many more under torch.profiler: the CUDA kernels' "
+                         "total time per name (graph replays included) in the log and in the point's 'kernels'")
     ap.add_argument("--label", default=None)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
@@ -163,8 +166,28 @@ class ForwardProbe:
         return [s.elapsed_time(e) for s, e in self.events]  # after a synchronize
 
 
+def profile_steps(bench, next_ids, sched_batch, steps: int) -> tuple[list, object]:
+    """``steps`` decode steps under torch.profiler: [(kernel name, total us per step, calls per step)], the top 40
+    by time, and the last step's ids."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    bench.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            next_ids, _ = bench.decode(next_ids, sched_batch)
+        torch.cuda.synchronize()
+    rows = []
+    for event in prof.key_averages():
+        total = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
+        if total:
+            rows.append((event.key[:160], total / steps, event.count / steps))
+    rows.sort(key=lambda r: -r[1])
+    return rows[:40], next_ids
+
+
 def time_point(bench, probe, batch: int, context: int, warmup_steps: int, steps: int, graphs_on: bool,
-               prefill_chunk_tokens: int) -> dict:
+               prefill_chunk_tokens: int, profile: int = 0) -> dict:
     import torch
     from sglang.benchmark import one_batch
 
@@ -206,6 +229,13 @@ def time_point(bench, probe, batch: int, context: int, warmup_steps: int, steps:
         captured = getattr(bench.torch_runner.decode_cuda_graph_runner, "capture_bs", None)
         raise RuntimeError(f"B={batch} ctx={context}: only {graph_steps} of {steps} decode steps ran the decode CUDA "
                            f"graph (captured batch sizes: {captured})")
+    kernels = None
+    if profile:
+        kernels, next_ids = profile_steps(bench, next_ids, sched_batch, profile)
+        print(f"B={batch} ctx={context}: CUDA kernels per decode step ({profile} steps profiled): "
+              f"{sum(r[1] for r in kernels):.1f} us in the top {len(kernels)}", flush=True)
+        for name, us, calls in kernels:
+            print(f"  {us:9.1f} us {calls:6.1f}x  {name}", flush=True)
     bench.cleanup(sched_batch)
     step_ms = [1000 * s for s in step_s]
     forward_ms = probe.forward_ms()
@@ -215,7 +245,7 @@ def time_point(bench, probe, batch: int, context: int, warmup_steps: int, steps:
             "step_ms": med, "step_ms_min": min(step_ms), "step_ms_max": max(step_ms),
             "forward_ms": median(forward_ms), "decode_tok_s": batch * 1000 / med, "graph_steps": graph_steps,
             "kv_tokens_end": batch * (context + decode_steps + 1), "last_step_ids": next_ids.tolist(),
-            "step_ms_all": [round(x, 4) for x in step_ms]}
+            "step_ms_all": [round(x, 4) for x in step_ms], "kernels": kernels}
 
 
 def attention_backend_names(runner) -> list[str]:
@@ -310,7 +340,7 @@ def main(argv=None) -> int:
         time_point(bench, probe, warm_b, 256, args.warmup_steps, 2, graphs_on, args.prefill_chunk_tokens)
         for batch, context in args.points:
             point = time_point(bench, probe, batch, context, args.warmup_steps, args.steps, graphs_on,
-                               args.prefill_chunk_tokens)
+                               args.prefill_chunk_tokens, args.profile_steps)
             record["points"].append(point)
             fwd = f", forward {point['forward_ms']:.3f} ms" if point["forward_ms"] is not None else ""
             print(f"{label} B={batch} ctx={context}: step {point['step_ms']:.3f} ms (min {point['step_ms_min']:.3f}, "
