@@ -54,7 +54,9 @@ def _require_int_tensor(t, name: str) -> None:
         raise TypeError(f"{name} must be an integer tensor, got {desc}")
 
 
-def check_token_table(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor) -> None:
+def check_token_table(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, *,
+                      ranges: bool = True) -> None:
+    """Types and shapes (no device read), then, with ``ranges``, every length and row in range (device reads)."""
     for name, t in (("req_to_token", req_to_token), ("req_pool_indices", req_pool_indices), ("seq_lens", seq_lens)):
         _require_int_tensor(t, name)
     if req_to_token.dim() != 2:
@@ -62,6 +64,8 @@ def check_token_table(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor
     if req_pool_indices.dim() != 1 or seq_lens.dim() != 1 or req_pool_indices.shape != seq_lens.shape:
         raise ValueError(f"req_pool_indices and seq_lens must be 1-D of the same length, got "
                          f"{tuple(req_pool_indices.shape)} and {tuple(seq_lens.shape)}")
+    if not ranges:
+        return
     if seq_lens.numel() and (int(seq_lens.min()) < 0 or int(seq_lens.max()) > req_to_token.shape[1]):
         raise ValueError(f"seq_lens must lie in [0, {req_to_token.shape[1]}] (req_to_token's width), got "
                          f"[{int(seq_lens.min())}, {int(seq_lens.max())}]")
@@ -122,6 +126,50 @@ def gather_rails(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq
     out_indptr[: bs + 1].copy_(indptr)
     out_indices[:nnz].copy_(indices)
     return KVRails(out_indptr[: bs + 1], out_indices)
+
+def check_host_lengths(seq_lens_host: torch.Tensor, batch: int, max_len: int) -> None:
+    """A host's key counts for a decode batch: a 1-D int32/int64 CPU tensor of ``batch`` entries in
+    ``[1, max_len]`` (checked on the host: no device read)."""
+    if not isinstance(seq_lens_host, torch.Tensor) or seq_lens_host.device.type != "cpu" or seq_lens_host.dim() != 1 \
+            or seq_lens_host.dtype not in (torch.int32, torch.int64):
+        desc = (f"{seq_lens_host.dtype} {tuple(seq_lens_host.shape)} on {seq_lens_host.device}"
+                if isinstance(seq_lens_host, torch.Tensor) else type(seq_lens_host).__name__)
+        raise TypeError(f"seq_lens_host must be a 1-D int32/int64 CPU tensor, got {desc}")
+    if seq_lens_host.numel() != batch:
+        raise ValueError(f"seq_lens_host must hold one entry per request ({batch}), got {seq_lens_host.numel()}")
+    if batch and (int(seq_lens_host.min()) < 1 or int(seq_lens_host.max()) > max_len):
+        raise ValueError(f"seq_lens_host must lie in [1, {max_len}] (a decode request's keys, the new one included), "
+                         f"got [{int(seq_lens_host.min())}, {int(seq_lens_host.max())}]")
+
+
+def gather_rails_host_lengths(req_to_token: torch.Tensor, rows: torch.Tensor, seq_lens_host: torch.Tensor,
+                              start_host: Optional[torch.Tensor] = None, *, out_indptr: torch.Tensor,
+                              out_indices: torch.Tensor) -> KVRails:
+    """``gather_rails`` written into CUDA-graph buffers without reading the device: the lengths come from the host
+    (``seq_lens_host``, ``start_host``: CPU tensors, checked by the caller with ``check_host_lengths``), so the
+    indptr is summed on the host and copied once, and each of the ``nnz`` slots is gathered by its own index.
+    ``rows`` (device) are not range-checked (that would be a device read): the caller's. A decode step's metadata
+    under CUDA graphs is rebuilt so before every replay, and a device read there would stall the GPU."""
+    bs = seq_lens_host.numel()
+    start = torch.zeros(bs, dtype=INDEX_DTYPE) if start_host is None else start_host.to(INDEX_DTYPE)
+    lens = seq_lens_host.to(INDEX_DTYPE) - start
+    indptr = torch.zeros(bs + 1, dtype=INDEX_DTYPE)
+    torch.cumsum(lens, 0, out=indptr[1:])
+    nnz = int(indptr[-1])
+    if out_indptr.numel() < bs + 1 or out_indices.numel() < nnz:
+        raise ValueError(f"graph buffers too small: need indptr >= {bs + 1} and indices >= {nnz} entries, have "
+                         f"{out_indptr.numel()} and {out_indices.numel()}")
+    device = req_to_token.device
+    host = torch.cat([indptr, start])  # one copy to the device
+    dev = host.to(device, non_blocking=True)
+    indptr_dev, start_dev = dev[: bs + 1], dev[bs + 1:]
+    out_indptr[: bs + 1].copy_(indptr_dev)
+    i = torch.arange(nnz, dtype=INDEX_DTYPE, device=device)
+    b = torch.searchsorted(indptr_dev[1:], i, right=True)
+    positions = start_dev[b] + i - indptr_dev[b]
+    out_indices[:nnz].copy_(req_to_token[rows.to(device=device, dtype=INDEX_DTYPE)[b], positions])
+    return KVRails(out_indptr[: bs + 1], out_indices)
+
 
 def translate_rails(rails: KVRails, full_to_swa: Optional[torch.Tensor], *, check: bool = True) -> KVRails:
     """Full-pool slots -> sliding-window sub-pool slots (SGLang's ``full_to_swa_index_mapping``). ``check`` reads

@@ -195,15 +195,17 @@ class InklingAttnBackend(AttentionBackend):
                 raise ValueError(f"inkling: decode graph metadata needs out_cache_loc for the {real} real requests "
                                  f"(or all {bs} rows) with a hybrid SWA pool, got {got}")
             out_cache_loc = out_cache_loc[:real]
+        # SGLang's padded seq_lens_cpu (padding rows 1, as on the device): the maps are built from it without a
+        # device read, which would stall the GPU before every replay (one sync when a batch has none).
+        seq_lens_cpu = getattr(forward_batch, "seq_lens_cpu", None)
+        host = seq_lens_cpu[:bs] if seq_lens_cpu is not None else forward_batch.seq_lens[:bs].cpu()
         md = self._graph_buffers.refill(
             self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices[:bs], forward_batch.seq_lens[:bs],
-            full_to_swa=self._full_to_swa(), out_cache_loc=out_cache_loc)
+            full_to_swa=self._full_to_swa(), out_cache_loc=out_cache_loc, seq_lens_host=host)
         md.graph = True
         md.max_seq_len = self.max_context_len
         plan_graph_step = getattr(self.route, "plan_graph_step", None)
         if plan_graph_step is not None:  # what the route cannot plan inside the graph (FlashInfer's decode)
-            seq_lens_cpu = getattr(forward_batch, "seq_lens_cpu", None)
-            host = seq_lens_cpu[:bs] if seq_lens_cpu is not None else forward_batch.seq_lens[:bs].cpu()
             plan_graph_step(md, self.attention_specs, host, kv_dtype=mxfp8.STORAGE_DTYPE[self.kv_format],
                             max_bs=self._graph_buffers.max_bs, max_seq_len=self.max_context_len)
         self.forward_metadata = md

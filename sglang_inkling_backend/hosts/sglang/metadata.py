@@ -24,8 +24,9 @@ from typing import Iterable, Optional
 import torch
 
 from sglang_inkling_backend.checks import PADDING_SLOT
-from sglang_inkling_backend.rails import (INDEX_DTYPE, KVPages, KVRails, check_token_table, gather_rails, page_table,
-                                          translate_rails, window_start)
+from sglang_inkling_backend.rails import (INDEX_DTYPE, KVPages, KVRails, check_host_lengths, check_token_table,
+                                          gather_rails, gather_rails_host_lengths, page_table, translate_rails,
+                                          window_start)
 from sglang_inkling_backend.step_plans import DecodePlanCache
 
 @dataclass
@@ -173,8 +174,12 @@ class DecodeGraphBuffers:
         return out + ([self.swa_out_cache_loc] if self.swa_out_cache_loc is not None else [])
 
     def refill(self, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, *,
-               full_to_swa: Optional[torch.Tensor] = None,
-               out_cache_loc: Optional[torch.Tensor] = None) -> InklingForwardMetadata:
+               full_to_swa: Optional[torch.Tensor] = None, out_cache_loc: Optional[torch.Tensor] = None,
+               seq_lens_host: Optional[torch.Tensor] = None) -> InklingForwardMetadata:
+        """The batch's maps, written into the buffers. With ``seq_lens_host`` (the same lengths on the host: SGLang's
+        ``seq_lens_cpu``) nothing reads the device: the lengths are checked and the rails summed on the host, and the
+        rows and table entries are SGLang's own (its eager steps check them); without it the lengths and rows are
+        read back and checked (several syncs, each stalling the GPU until it drains)."""
         bs = seq_lens.numel()
         if bs > self.max_bs:
             raise ValueError(f"batch of {bs} exceeds the graph buffers' max_bs {self.max_bs}")
@@ -186,13 +191,22 @@ class DecodeGraphBuffers:
             got = None if out_cache_loc is None else tuple(out_cache_loc.shape)
             raise ValueError(f"out_cache_loc must hold one slot per real request (at most {bs}, the padding "
                              f"rows last) with a hybrid SWA pool, got {got}")
+        host = seq_lens_host is not None
+        if host:
+            check_host_lengths(seq_lens_host, bs, min(req_to_token.shape[1], self.max_context_len))
+            check_token_table(req_to_token, req_pool_indices, seq_lens, ranges=False)
         seq_lens = seq_lens.to(device=req_to_token.device, dtype=INDEX_DTYPE)
         full = pages = None
         if self.page_size is None:
-            full = gather_rails(req_to_token, req_pool_indices, seq_lens, out_indptr=self.full_indptr,
-                                out_indices=self.full_indices)
+            if host:
+                full = gather_rails_host_lengths(req_to_token, req_pool_indices, seq_lens_host,
+                                                 out_indptr=self.full_indptr, out_indices=self.full_indices)
+            else:
+                full = gather_rails(req_to_token, req_pool_indices, seq_lens, out_indptr=self.full_indptr,
+                                    out_indices=self.full_indices)
         else:  # the table has a fixed width: no batch size is read back (the input checks read seq_lens once)
-            check_token_table(req_to_token, req_pool_indices, seq_lens)
+            if not host:
+                check_token_table(req_to_token, req_pool_indices, seq_lens)
             self.page_table[:bs].copy_(page_table(req_to_token, req_pool_indices, self.page_size,
                                                   self.page_table.shape[1], check=False))
             self.seq_lens[:bs].copy_(seq_lens)
@@ -200,10 +214,16 @@ class DecodeGraphBuffers:
         ones = torch.ones_like(seq_lens)
         windows = {}
         for w in self.windows:
-            rails = gather_rails(req_to_token, req_pool_indices, seq_lens, window_start(seq_lens, ones, w),
-                                 out_indptr=self.window_indptr[w], out_indices=self.window_indices[w])
+            if host:
+                start = window_start(seq_lens_host, torch.ones_like(seq_lens_host), w)
+                rails = gather_rails_host_lengths(req_to_token, req_pool_indices, seq_lens_host, start,
+                                                  out_indptr=self.window_indptr[w], out_indices=self.window_indices[w])
+                nnz = int((seq_lens_host - start).sum())
+            else:
+                rails = gather_rails(req_to_token, req_pool_indices, seq_lens, window_start(seq_lens, ones, w),
+                                     out_indptr=self.window_indptr[w], out_indices=self.window_indices[w])
+                nnz = int(rails.indptr[-1]) if full_to_swa is not None else 0
             if full_to_swa is not None:
-                nnz = int(rails.indptr[-1])
                 rails.indices[:nnz].copy_(full_to_swa[rails.indices[:nnz]])
             windows[w] = rails
         swa_loc = None

@@ -704,9 +704,10 @@ def test_graph_replay_view_on_a_swa_pool_pads_the_swa_write_slots():
     mapping[real.out_cache_loc] = size - real.out_cache_loc  # SWA slots differ from full slots
     fb = h.batch([1, 2], [1, 1], decode=True)
     mapping[fb.out_cache_loc] = size - fb.out_cache_loc
+    padded = torch.cat([fb.seq_lens, torch.ones(2, dtype=torch.int64)])  # seq_lens_cpu is padded alike (1)
     view = SimpleNamespace(**{**vars(fb), "batch_size": 4, "num_padding": 2,
-                              "req_pool_indices": torch.tensor([1, 2, 0, 0]),
-                              "seq_lens": torch.cat([fb.seq_lens, torch.ones(2, dtype=torch.int64)])})
+                              "req_pool_indices": torch.tensor([1, 2, 0, 0]), "seq_lens": padded,
+                              "seq_lens_cpu": padded.clone()})
     ours.init_forward_metadata_out_graph(view)
     assert ours.forward_metadata.swa_out_cache_loc.tolist() == (size - fb.out_cache_loc).tolist() + [0, 0]
     with pytest.raises(ValueError, match="out_cache_loc for the 2 real requests"):

@@ -92,8 +92,11 @@ def test_bad_input_is_rejected_naming_the_argument():
         gather_rails(r2t[0], torch.tensor([0]), torch.tensor([1]))
 
 
+@pytest.mark.parametrize("host", [False, True])
 @pytest.mark.parametrize("swa", [False, True])
-def test_decode_graph_buffers_refill_in_place(swa):
+def test_decode_graph_buffers_refill_in_place(swa, host):
+    """Graph metadata equals the eager builder's, in the same storage every time; with the lengths on the host
+    (``seq_lens_host``, SGLang's seq_lens_cpu) too."""
     r2t = _req_to_token(max_reqs=8, width=24, seed=3)
     full_to_swa = (torch.arange(r2t.numel() + 2) * 5 % 97) if swa else None
     buffers = DecodeGraphBuffers(max_bs=4, max_context_len=24, windows=[6], device="cpu", swa=swa)
@@ -104,7 +107,8 @@ def test_decode_graph_buffers_refill_in_place(swa):
     ]
     for rows, seq_lens in batches:
         loc = r2t[rows, seq_lens - 1].long()
-        md = buffers.refill(r2t, rows, seq_lens, full_to_swa=full_to_swa, out_cache_loc=loc)
+        md = buffers.refill(r2t, rows, seq_lens, full_to_swa=full_to_swa, out_cache_loc=loc,
+                            seq_lens_host=seq_lens.clone() if host else None)
         eager = build_forward_metadata(r2t, rows, seq_lens, windows=[6], full_to_swa=full_to_swa, out_cache_loc=loc)
         assert [t.data_ptr() for t in buffers.tensors()] == addresses
         assert md.full.indptr.data_ptr() == buffers.full_indptr.data_ptr()
@@ -118,6 +122,26 @@ def test_decode_graph_buffers_refill_in_place(swa):
     with pytest.raises(ValueError, match="exceeds the graph buffers' max_bs 4"):
         buffers.refill(r2t, torch.arange(5), torch.ones(5, dtype=torch.int64), full_to_swa=full_to_swa,
                        out_cache_loc=torch.zeros(5, dtype=torch.int64))
+
+
+def test_graph_buffers_with_host_lengths_read_only_the_host_lengths():
+    """With seq_lens_host the rails come from the host's lengths alone (a device seq_lens of other values does not
+    change them: nothing reads it back), and bad host lengths are refused naming seq_lens_host, before any refill."""
+    r2t = _req_to_token(max_reqs=8, width=24, seed=4)
+    buffers = DecodeGraphBuffers(max_bs=4, max_context_len=24, windows=[6], device="cpu", swa=False)
+    rows, host = torch.tensor([3, 1, 7]), torch.tensor([24, 2, 9])
+    md = buffers.refill(r2t, rows, torch.ones(3, dtype=torch.int64), seq_lens_host=host)
+    eager = build_forward_metadata(r2t, rows, host, windows=[6])
+    for b in range(3):
+        assert _rail(md.full, b) == _rail(eager.full, b) and _rail(md.rails(6), b) == _rail(eager.rails(6), b)
+    before = [t.clone() for t in buffers.tensors()]
+    for bad, err, match in ((torch.tensor([24, 2]), ValueError, r"one entry per request \(3\), got 2"),
+                            (torch.tensor([25, 2, 9]), ValueError, r"seq_lens_host must lie in \[1, 24\]"),
+                            (torch.tensor([0, 2, 9]), ValueError, r"seq_lens_host must lie in \[1, 24\]"),
+                            (torch.tensor([24.0, 2.0, 9.0]), TypeError, "seq_lens_host must be a 1-D int32/int64 CPU")):
+        with pytest.raises(err, match=match):
+            buffers.refill(r2t, rows, host, seq_lens_host=bad)
+    assert all(torch.equal(a, b) for a, b in zip(before, buffers.tensors()))
 
 
 def test_decode_graph_replay_view_with_padding_rows_writes_their_swa_slot_zero():
