@@ -53,8 +53,9 @@ def load(folder: Path) -> list[dict]:
 
 
 def usable(r: dict) -> bool:
-    """An entry with measured points: a completed one, or the points a stopped one printed."""
-    return bool(r.get("points")) and (r.get("rc", 0) == 0 or r.get("recovered_from_log", False))
+    """An entry with measured points: a completed one, the points a stopped one printed, or those a failed one
+    wrote to its JSON before failing (one_batch_speed.py writes it after every point)."""
+    return bool(r.get("points"))
 
 
 def error_line(record: dict) -> str:
@@ -100,6 +101,11 @@ def call_table(name: str, records: list[dict]) -> tuple[list[str], dict]:
             summary["entries"][r["label"]] = {"stopped": error_line(r), "points_recovered_from_log": len(r["points"])}
             out.append(f"- {r['label']}: stopped (`{error_line(r)}`) after {len(r['points'])} points; those points "
                        "are from its lines in speed.log")
+        elif r in ok and r.get("rc", 0) != 0:
+            summary["entries"][r["label"]] = {"failed": error_line(r), "points_before_failing": len(r["points"]),
+                                              "kv_tokens": r.get("max_total_num_tokens")}
+            out.append(f"- {r['label']}: failed after {len(r['points'])} points (`{error_line(r)}`); those points "
+                       "are in the tables")
         elif r in ok:
             summary["entries"][r["label"]] = {"kv_tokens": r["max_total_num_tokens"], "kv_pool": r["kv_pool"],
                                               "page_size": r["page_size"], "server_args": r["server_args"],
