@@ -26,6 +26,7 @@ if ls ../.fi072/*.tar.xz > /dev/null 2>&1; then
   [ -d /tmp/fi_site/flashinfer ] || { mkdir -p /tmp/fi_site && tar -xJf ../.fi072/*.tar.xz -C /tmp/fi_site; }
   export PYTHONPATH=/tmp/fi_site:$PYTHONPATH FLASHINFER_WORKSPACE_BASE=$(cd .. && pwd)
 fi
+. gpu_tests/sglang/flashinfer_jit.sh
 # The first server of a fresh machine compiles every Triton kernel cold: Inkling's first bf16 server was healthy only
 # after 200 s (bench/results/current/sglang-h200/inkling/call4), later ones in 76-142 s.
 STARTUP_S=${PARITY_STARTUP_S:-300}
@@ -58,4 +59,5 @@ for entry in "$@"; do
   echo "  ($name took $((SECONDS - t0)) s)"
   grep -v "^\s*\[" /tmp/logs/$name.log | grep -B3 -A3 "Error\b\|Error:\|WARNING.*inkling" | grep -v "^\s*\^" | tail -25 | cut -c1-400
 done
+fi_jit_save
 cd /tmp && tar -czf $OUT/runs.tgz runs logs

@@ -12,6 +12,7 @@
 # through it, see sglang_inkling_backend/flashinfer); without it, a flashinfer entry needs FlashInfer's wheels in
 # ../.whl (carry ".whl"), installed for that entry's process only. FlashInfer's JIT builds go to the carried
 # checkout's .cache/flashinfer (FLASHINFER_WORKSPACE_BASE), kept between calls on a warm machine.
+# FlashInfer's JIT cache can travel between machines: gpu_tests/sglang/flashinfer_jit.sh (carry ".fijit", FI_SAVE_JIT=1).
 # An entry BACKEND:KV:EXTEND sets INKLING_EXTEND_KERNEL=EXTEND for that entry (e.g. inkling:mxfp8:triton).
 . gpu_tests/sglang/gpu_env.sh || exit 1
 START=$SECONDS
@@ -29,6 +30,7 @@ if ls ../.fi072/*.tar.xz > /dev/null 2>&1; then
   FI_ALL=/tmp/fi_site
   export FLASHINFER_WORKSPACE_BASE=$(cd .. && pwd)
 fi
+. gpu_tests/sglang/flashinfer_jit.sh
 for entry in "$@"; do
   IFS=: read -r b kv extend <<< "$entry"
   name=${b}_${kv}${extend:+_extend_$extend}
@@ -55,6 +57,7 @@ for entry in "$@"; do
   grep -a "^$name" /tmp/speed/$name.log | cut -c1-300
   [ $rc -ne 0 ] && grep -av "Ignore import error" /tmp/speed/$name.log | tail -15 | cut -c1-400
 done
+fi_jit_save
 python3 - "$OUT" "$@" <<'EOF'
 import json, sys
 from pathlib import Path
