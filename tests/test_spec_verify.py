@@ -2,7 +2,8 @@
 cached prefix and the drafts their tree mask lets them see, at positions prefix + depth. The reference against a
 dense float64 softmax written here with plain loops (random trees from parent pointers; bf16 and MXFP8 pools; with
 and without a window; Inkling's relative bias; GQA 2); a chain is a plain extend bit for bit; the mask matters; the
-torch route and ``layer_step`` carry it; the Triton route refuses it; every bad input is refused, naming it."""
+torch route and ``layer_step`` carry it; a route without ``serves_verify`` refuses it; every bad input is refused,
+naming it. The Triton route's kernel: ``tests/triton_tests/test_triton_extend_verify.py``."""
 from __future__ import annotations
 
 import math
@@ -227,17 +228,13 @@ def test_layer_step_passes_verify_to_the_extend_rows():
 
 
 def test_a_route_without_tree_masks_refuses_a_verify_step_before_any_write():
-    from sglang_inkling_backend.triton.route import TritonRoute
     b = batch("bf16", seed=7)
-    triton = TritonRoute(kernels=SimpleNamespace(store_kv_mxfp8=None))  # refused before any kernel is reached
-    assert TorchRoute.serves_verify and not triton.serves_verify
+    plain = SimpleNamespace(name="stand-in", serves_verify=False, reads_page_tables=False)  # no kernel is reached
     q = torch.cat([torch.randn(1, HQ, D), b.q])
     out = torch.zeros_like(q)
-    with pytest.raises(NotImplementedError, match="the triton route cannot serve a speculative verify step"):
-        layer_step.attend(triton, SPEC, q, b.kv, Keys(b), lambda f, t: AttentionParams(1 / D), None, out,
+    with pytest.raises(NotImplementedError, match="the stand-in route cannot serve a speculative verify step"):
+        layer_step.attend(plain, SPEC, q, b.kv, Keys(b), lambda f, t: AttentionParams(1 / D), None, out,
                           verify=b.verify())
-    with pytest.raises(NotImplementedError, match="the triton route cannot serve a speculative verify step"):
-        triton.extend(b.q, b.kv, KVRails(b.indptr, b.slots), b.qo, AttentionParams(1 / D), verify=b.verify())
     with pytest.raises(ValueError, match="the step has no extend rows"):
         layer_step.attend(TorchRoute(), SPEC, q[:1], b.kv, Keys(b), lambda f, t: AttentionParams(1 / D), None,
                           out[:1], verify=b.verify())

@@ -13,6 +13,11 @@ int32 page ids, ``seq_lens [B]``, ``page_size``). With a page table the kernel r
 key ``t``: ``page_table[b, t // P] * P + t % P``; no per-token list is built), positions are absolute, and a
 windowed layer masks the loads before the block's first window position, so no page entirely before the window is
 read.
+
+A speculative verify step (``verify``: ``attention_inputs.SpecVerify``, per-token CSR keys) is the same extend with
+each request's query rows its draft tokens: a draft's position, as a query and as a key, is the prefix length plus
+its depth in the tree, and a draft sees another draft only where the request's tree mask says so (every prefix key
+within the window).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..attention_inputs import AttentionParams, PagedKV
+from ..attention_inputs import AttentionParams, PagedKV, SpecVerify
 from .device import add_logit_bias, cap_logits, load_kv_tile, log2e, scale_logits
 from .inputs import (check_index_tensor, check_kv_map, check_query_and_pool, dot_dtype, kv_format_code, launch_scalars,
                      kv_data, launch_strides, scale_args, validate_page_table)
@@ -33,7 +38,7 @@ from .inputs import (check_index_tensor, check_kv_map, check_query_and_pool, dot
 def extend_kernel(
     q_ptr, k_ptr, v_ptr, ksf_ptr, vsf_ptr,
     lens_ptr, index_ptr, stride_index_row, qo_indptr_ptr, block_req_ptr, block_row_ptr,
-    rel_bias_ptr, sinks_ptr, out_ptr,
+    rel_bias_ptr, sinks_ptr, out_ptr, tree_mask_ptr, mask_indptr_ptr, depth_ptr,
     stride_qt, stride_qh,
     stride_k_slot, stride_k_head, stride_v_slot, stride_v_head,
     stride_rb_row, stride_rb_head, rel_extent,
@@ -42,7 +47,7 @@ def extend_kernel(
     G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, D: tl.constexpr, HKV: tl.constexpr,
     BLOCK_N: tl.constexpr, KV_FORMAT: tl.constexpr, PAGE: tl.constexpr, INTERLEAVED: tl.constexpr,
     DOT_DTYPE: tl.constexpr, HAS_REL_BIAS: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr,
-    HAS_SINKS: tl.constexpr, PAGE_TABLE: tl.constexpr, KV_PAGE: tl.constexpr,
+    HAS_SINKS: tl.constexpr, PAGE_TABLE: tl.constexpr, KV_PAGE: tl.constexpr, HAS_TREE: tl.constexpr,
 ):
     # lens_ptr / index_ptr: kv_indptr / kv_indices (CSR), or seq_lens / page_table (PAGE_TABLE: page ids of
     # KV_PAGE slots, a row every stride_index_row entries)
@@ -66,6 +71,10 @@ def extend_kernel(
     tok = row_begin + m
     mask_r = (r < BLOCK_M * G) & (tok < q_end)
     pos = prefix + (tok - q_start).to(tl.int32)  # query positions
+    if HAS_TREE:  # a verify step: draft i sits at prefix + depth_i and sees the drafts its tree row marks
+        pos = prefix + tl.load(depth_ptr + tok, mask=mask_r, other=0).to(tl.int32)
+        n_drafts = (q_end - q_start).to(tl.int32)
+        mask_row = tl.load(mask_indptr_ptr + b) + (tok - q_start).to(tl.int64) * n_drafts
     heads = h * G + g
     offs_d = tl.arange(0, D)
     q = tl.load(q_ptr + tok.to(tl.int64)[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
@@ -76,6 +85,9 @@ def extend_kernel(
 
     first_pos = prefix + (row_begin - q_start).to(tl.int32)
     last_pos = tl.minimum(first_pos + BLOCK_M, seq_len) - 1
+    if HAS_TREE:  # depths >= 0: no draft sits before the prefix's end; any draft may be visible
+        first_pos = prefix
+        last_pos = seq_len - 1
     lo = 0
     first_key = 0  # the block's first query sees keys from here
     if HAS_WINDOW:
@@ -99,8 +111,18 @@ def extend_kernel(
         k = load_kv_tile(k_ptr, ksf_ptr, slots, mask_n, h, stride_k_slot, stride_k_head,
                          HKV, D, BLOCK_N, KV_FORMAT, PAGE, INTERLEAVED, DOT_DTYPE)
         qk = tl.dot(q, tl.trans(k))
-        dist = pos[:, None] - offs_n[None, :]
+        key_pos = offs_n
+        if HAS_TREE:
+            draft = offs_n - prefix  # the key's draft index, for keys past the prefix
+            is_draft = mask_n & (draft >= 0)
+            key_pos = tl.where(is_draft, prefix + tl.load(depth_ptr + q_start + draft, mask=is_draft, other=0)
+                               .to(tl.int32), offs_n)
+        dist = pos[:, None] - key_pos[None, :]
         keep = mask_r[:, None] & mask_n[None, :] & (dist >= 0)
+        if HAS_TREE:
+            seen = tl.load(tree_mask_ptr + mask_row[:, None] + draft[None, :],
+                           mask=mask_r[:, None] & is_draft[None, :], other=1)
+            keep = keep & (seen != 0)
         if HAS_WINDOW:
             keep = keep & (dist <= window - 1)
         qk = scale_logits(qk, qk_scale, HAS_CAP)
@@ -140,13 +162,20 @@ def paged_extend_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: Optional[tor
                            params: Optional[AttentionParams] = None, *, page_table: Optional[torch.Tensor] = None,
                            seq_lens: Optional[torch.Tensor] = None, page_size: Optional[int] = None,
                            out: Optional[torch.Tensor] = None, block_rows: int = 64, block_n: int = 64,
-                           validate: bool = True) -> torch.Tensor:
+                           validate: bool = True, verify: Optional[SpecVerify] = None) -> torch.Tensor:
     """``q [T, Hq, D]`` -> ``[T, Hq, D]`` (q's dtype unless ``out`` is given). Keys: ``kv_indptr`` / ``kv_indices``
     (CSR) or ``page_table`` / ``seq_lens`` / ``page_size`` (read by the kernel directly). Reads ``qo_indptr`` and
     the key counts on the host to lay out the grid (extend is not graph-captured); ``validate`` also range-checks
-    the slots or the page ids the kernel reads, before anything is launched."""
+    the slots or the page ids the kernel reads, before anything is launched. ``verify``: a speculative verify step
+    (its query rows the drafts of one tree per request; CSR keys only)."""
     if params is None or qo_indptr is None:
         raise TypeError("paged_extend_attention needs qo_indptr and params")
+    if verify is not None:
+        if not isinstance(verify, SpecVerify):
+            raise TypeError(f"verify must be None or a SpecVerify, got {type(verify).__name__}")
+        if page_table is not None:
+            raise ValueError("verify (a speculative verify step) reads per-token CSR keys (kv_indptr, kv_indices), "
+                             "not a page table")
     check_query_and_pool(q, kv, params, out)
     for name, value in (("block_rows", block_rows), ("block_n", block_n)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 16 or value & (value - 1):
@@ -173,6 +202,8 @@ def paged_extend_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: Optional[tor
     if any(ql > kl for ql, kl in zip(qlens, kvlens)):
         raise ValueError(f"each request needs at least as many keys as queries, got qlens {qlens} and kv lens "
                          f"{kvlens}")
+    if verify is not None:
+        verify.check_queries(qo_indptr)
     if validate:
         if table:
             validate_page_table(kv, page_table, seq_lens, page_size, window=params.window,
@@ -207,15 +238,17 @@ def paged_extend_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: Optional[tor
     else:
         lens, index, stride_index_row, kv_page = kv_indptr, kv_indices, 0, 0
     dummy = out
+    tree = (verify.tree_mask.to(q.device).view(torch.uint8), verify.mask_indptr.to(q.device, torch.int64),
+            verify.depths.to(q.device, torch.int64)) if verify is not None else (dummy, dummy, dummy)
     extend_kernel[(len(reqs), hkv)](
         q, *kv_data(kv), ksf, vsf,
         lens, index, stride_index_row, qo_indptr, block_req, block_row,
-        rb if rb is not None else dummy, params.sinks if params.sinks is not None else dummy, out,
+        rb if rb is not None else dummy, params.sinks if params.sinks is not None else dummy, out, *tree,
         *launch_strides(q, kv, rb, out), *launch_scalars(params, kv),
         G=group, BLOCK_M=block_m, BLOCK_R=block_r, D=d, HKV=hkv, BLOCK_N=block_n, KV_FORMAT=fmt, PAGE=page,
         INTERLEAVED=interleaved, DOT_DTYPE=dot_dtype(kv), HAS_REL_BIAS=rb is not None,
         HAS_WINDOW=params.window is not None, HAS_CAP=params.logit_cap > 0, HAS_SINKS=params.sinks is not None,
-        PAGE_TABLE=table, KV_PAGE=kv_page,
+        PAGE_TABLE=table, KV_PAGE=kv_page, HAS_TREE=verify is not None,
         num_warps=4, num_stages=2,
     )
     return out

@@ -33,7 +33,7 @@ class TritonRoute:
     reads_page_tables = True
     query_in_model_dtype = True
     runs_triton = True
-    serves_verify = False  # no tree mask in the Triton extend kernel or FlashInfer's ragged prefill yet
+    serves_verify = True  # the Triton extend kernel takes a verify step's tree mask (FlashInfer's family is skipped)
 
     def __init__(self, kernels=None, extend_family=None, decode_family=None):
         if kernels is None:
@@ -166,17 +166,17 @@ class TritonRoute:
                params: AttentionParams, *, plans: Optional[DecodePlanCache] = None, verify=None) -> torch.Tensor:
         """One layer's extend: the extend family (FlashInfer) where it serves the layer and the step gives
         ``plans``, else the Triton kernel, with one log line per reason. The keys are checked once per step and
-        window (``check_extend_keys``), before any kernel reads them. A speculative verify step (``verify``) is
-        refused: neither kernel takes a tree mask yet."""
-        if verify is not None:
-            raise NotImplementedError(f"the {self.name} route cannot serve a speculative verify step (a tree mask): "
-                                      "neither its extend kernel nor FlashInfer's ragged prefill takes one yet")
+        window (``check_extend_keys``), before any kernel reads them. A speculative verify step (``verify``, its
+        tree mask and depths) runs the Triton kernel: the family's ragged prefill takes no tree here."""
         if plans is None:
             check_extend_keys(kv, rails, qo_indptr, q.shape[0])
         else:
             plans.once(("extend keys", params.window, kv.num_slots),
                        lambda: check_extend_keys(kv, rails, qo_indptr, q.shape[0]))
         family = self.extend_family
+        if verify is not None:
+            return self.kernels.paged_extend_attention(q, kv, rails.indptr, rails.indices, qo_indptr, params,
+                                                       validate=False, verify=verify)
         if family is not None:
             why = family.why_not(q, kv, params) or ("" if plans is not None else "no step plan cache")
             if not why:

@@ -1,0 +1,150 @@
+"""The Triton extend kernel on a speculative verify step (``verify``: one draft tree per request) against the
+reference (``reference.attention.paged_extend_attention(..., verify=)``, itself checked against plain float64 loops
+in ``tests/test_spec_verify.py``): bf16 and MXFP8 pools, GQA 2, random branching trees, with a window, Inkling's
+relative bias, a soft cap and sinks; a chain equals the plain extend; the mask and the depths each matter (the same
+call with every draft visible, or with positions by row instead of depth, differs by far more than the tolerance);
+the route runs it past the FlashInfer family; bad input is refused."""
+
+import os
+import types
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # must precede the first import of triton's jit
+
+pytest.importorskip("triton")
+
+from sglang_inkling_backend import mxfp8  # noqa: E402
+from sglang_inkling_backend import triton as kernels  # noqa: E402
+from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV, SpecVerify  # noqa: E402
+from sglang_inkling_backend.rails import KVRails  # noqa: E402
+from sglang_inkling_backend.reference.attention import paged_extend_attention as reference_extend  # noqa: E402
+from sglang_inkling_backend.scale_layout import ScaleLayout  # noqa: E402
+from sglang_inkling_backend.step_plans import DecodePlanCache  # noqa: E402
+from sglang_inkling_backend.triton.route import TritonRoute  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+SLOTS, HQ, HKV, D = 256, 4, 2, 64
+PREFIX, DRAFTS = (9, 0, 40), (7, 5, 6)
+# float32 output over bf16-exact inputs; the kernel dots in bf16 (p rounded to bf16 for p.V): 2**-8 relative
+TOL = 1e-2
+
+
+def tree(n, g):
+    """A random branching tree of n drafts (BFS order: every parent earlier): mask [n, n] of ancestors and self,
+    depths [n]."""
+    parents = [-1] + [0] * min(2, n - 1)
+    parents += [int(torch.randint(0, i, (1,), generator=g)) for i in range(len(parents), n)]
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    depths = torch.zeros(n, dtype=torch.int64)
+    for i in range(n):
+        j, depth = i, 0
+        while j >= 0:
+            mask[i, j], j, depth = True, parents[j], depth + 1
+        depths[i] = depth - 1
+    return mask, depths
+
+
+def spec_verify(trees):
+    masks, depths = zip(*trees)
+    counts = [m.numel() for m in masks]
+    return SpecVerify(torch.cat([m.reshape(-1) for m in masks]).to(DEV), torch.tensor([0, *counts]).cumsum(0).to(DEV),
+                      torch.cat(depths).to(DEV))
+
+
+def make_case(fmt, seed):
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(SLOTS, HKV, D, generator=g)
+    v = torch.randn(SLOTS, HKV, D, generator=g)
+    if fmt == "mxfp8":
+        layout = ScaleLayout.for_pool(SLOTS, HKV, D, 128)
+        (kd, ks), (vd, vs) = mxfp8.quantize(k.bfloat16()), mxfp8.quantize(v.bfloat16())
+        k_scales, v_scales = layout.empty("cpu"), layout.empty("cpu")
+        layout.scatter(k_scales, torch.arange(SLOTS), ks)
+        layout.scatter(v_scales, torch.arange(SLOTS), vs)
+        kv = PagedKV(kd.to(DEV), vd.to(DEV), k_scales.to(DEV), v_scales.to(DEV), layout)
+    else:
+        kv = PagedKV(k.bfloat16().to(DEV), v.bfloat16().to(DEV))
+    lens = [p + n for p, n in zip(PREFIX, DRAFTS)]
+    rails = KVRails(torch.tensor([0, *lens]).cumsum(0).to(DEV), torch.randperm(SLOTS, generator=g)[:sum(lens)].to(DEV))
+    qo = torch.tensor([0, *DRAFTS]).cumsum(0).to(DEV)
+    q = torch.randn(sum(DRAFTS), HQ, D, generator=g).bfloat16().to(DEV)
+    return g, kv, rails, qo, q, spec_verify([tree(n, g) for n in DRAFTS])
+
+
+def rel_err(got, want):
+    return float((got.float() - want.float()).norm() / want.float().norm())
+
+
+def triton_verify(q, kv, rails, qo, params, verify):
+    return kernels.paged_extend_attention(q, kv, rails.indptr, rails.indices, qo, params, out=torch.empty(
+        q.shape, dtype=torch.float32, device=q.device), block_rows=16, block_n=16, verify=verify)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "mxfp8"])
+@pytest.mark.parametrize("variant", ["plain", "window", "inkling", "cap_sinks"])
+def test_verify_matches_the_reference(fmt, variant):
+    g, kv, rails, qo, q, verify = make_case(fmt, seed=11)
+    rows = q.shape[0]
+    params = {
+        "plain": AttentionParams(D ** -0.5),
+        "window": AttentionParams(D ** -0.5, window=6),
+        "inkling": AttentionParams(1.0 / D, rel_bias=torch.randn(rows, HQ, 8, generator=g).to(DEV)),
+        "cap_sinks": AttentionParams(D ** -0.5, logit_cap=4.0, sinks=torch.randn(HQ, generator=g).to(DEV)),
+    }[variant]
+    got = triton_verify(q, kv, rails, qo, params, verify)
+    want = reference_extend(q.float(), kv, rails.indptr, rails.indices, qo, params, verify=verify)
+    assert rel_err(got, want) < TOL
+    # The tolerance tells the tree apart: another tree of the same sizes differs by more, and where positions matter
+    # (a window, the relative bias) so do positions by row instead of depth.
+    others = [spec_verify([tree(n, torch.Generator().manual_seed(99 + n)) for n in DRAFTS])]
+    if variant in ("window", "inkling"):
+        others.append(SpecVerify(verify.tree_mask, verify.mask_indptr,
+                                 torch.cat([torch.arange(n) for n in DRAFTS]).to(DEV)))
+    for other in others:
+        wrong = reference_extend(q.float(), kv, rails.indptr, rails.indices, qo, params, verify=other)
+        assert rel_err(got, wrong) > 3 * TOL
+
+
+def test_a_chain_is_the_plain_extend():
+    g, kv, rails, qo, q, _ = make_case("mxfp8", seed=13)
+    params = AttentionParams(D ** -0.5, window=5)
+    chain = spec_verify([(torch.ones(n, n, dtype=torch.bool).tril(), torch.arange(n)) for n in DRAFTS])
+    got = triton_verify(q, kv, rails, qo, params, chain)
+    plain = kernels.paged_extend_attention(q, kv, rails.indptr, rails.indices, qo, params, out=torch.empty(
+        q.shape, dtype=torch.float32, device=q.device), block_rows=16, block_n=16)
+    torch.testing.assert_close(got, plain, rtol=0, atol=1e-6)
+
+
+def test_the_route_runs_the_kernel_past_the_flashinfer_family():
+    """A verify step through TritonRoute.extend with the FlashInfer family present: the family (no tree mask) is not
+    asked; the Triton kernel's result matches the reference."""
+    class NoRaggedPrefill:
+        def __init__(self, *args, **kwargs):
+            raise AssertionError("the FlashInfer family must not serve a verify step")
+
+    from sglang_inkling_backend.flashinfer.extend import FlashInferExtend
+    fake = types.SimpleNamespace(__version__="0.7.2", BatchPrefillWithRaggedKVCacheWrapper=NoRaggedPrefill)
+    route = TritonRoute(kernels, FlashInferExtend(fake, torch.device(DEV), torch.empty(16, dtype=torch.uint8)))
+    assert route.serves_verify
+    g, kv, rails, qo, q, verify = make_case("bf16", seed=14)
+    params = AttentionParams(D ** -0.5)
+    got = route.extend(q, kv, rails, qo, params, plans=DecodePlanCache(), verify=verify)
+    want = reference_extend(q.float(), kv, rails.indptr, rails.indices, qo, params, verify=verify)
+    assert rel_err(got, want) < TOL
+
+
+def test_bad_verify_input_is_refused():
+    g, kv, rails, qo, q, verify = make_case("bf16", seed=15)
+    params = AttentionParams(D ** -0.5)
+    with pytest.raises(TypeError, match="verify must be None or a SpecVerify"):
+        kernels.paged_extend_attention(q, kv, rails.indptr, rails.indices, qo, params, verify="tree")
+    short = spec_verify([tree(n, g) for n in (7, 5, 5)])
+    with pytest.raises(ValueError, match=r"request 2 has 5 draft tokens \(mask_indptr\) but 6 query rows"):
+        kernels.paged_extend_attention(q, kv, rails.indptr, rails.indices, qo, params, verify=short)
+    table = torch.zeros(3, 4, dtype=torch.int32, device=DEV)
+    with pytest.raises(ValueError, match="reads per-token CSR keys"):
+        kernels.paged_extend_attention(q, kv, qo_indptr=qo, params=params, page_table=table,
+                                       seq_lens=rails.indptr.diff(), page_size=16, verify=verify)
