@@ -32,6 +32,7 @@ from sglang_inkling_backend.hosts.sglang.layers import layer_plan_of, radix_laye
 from sglang_inkling_backend.hosts.sglang.metadata import (DecodeGraphBuffers, InklingForwardMetadata,
                                                           build_forward_metadata)
 from sglang_inkling_backend.hosts.sglang.pool import InklingMHATokenToKVPool
+from sglang_inkling_backend.hosts.sglang.spec_verify import draft_count, spec_verify_of
 from sglang_inkling_backend.hosts.sglang.version import check_sglang_version
 from sglang_inkling_backend.layer_plan import LayerSpec
 from sglang_inkling_backend.routes import choose_route
@@ -146,9 +147,9 @@ class InklingAttnBackend(AttentionBackend):
 
     @staticmethod
     def _check_mode(forward_mode) -> None:
-        if forward_mode.is_target_verify() or forward_mode.is_draft_extend_v2():
-            raise NotImplementedError("--attention-backend inkling does not support speculative decoding "
-                                      f"(forward mode {forward_mode.name})")
+        if forward_mode.is_draft_extend_v2():
+            raise NotImplementedError("--attention-backend inkling does not support speculative decoding's draft "
+                                      f"extend (forward mode {forward_mode.name})")
         if forward_mode.is_dllm_extend():
             raise NotImplementedError("--attention-backend inkling does not support diffusion LLM extend")
 
@@ -160,12 +161,23 @@ class InklingAttnBackend(AttentionBackend):
         self._check_mode(mode)
         r2t = self.req_to_token_pool.req_to_token
         extend_seq_lens = None if mode.is_decode() else forward_batch.extend_seq_lens
+        seq_lens = forward_batch.seq_lens
         seq_lens_cpu = getattr(forward_batch, "seq_lens_cpu", None)
-        max_seq_len = int((seq_lens_cpu if seq_lens_cpu is not None else forward_batch.seq_lens).max())
+        verify = None
+        if mode.is_target_verify():
+            # An extend of D draft tokens per request over its seq_lens cached keys (SGLang's seq_lens exclude them)
+            host = seq_lens_cpu if seq_lens_cpu is not None else seq_lens.cpu()
+            verify = spec_verify_of(forward_batch.spec_info, host)
+            d = draft_count(forward_batch.spec_info)
+            seq_lens = seq_lens + d
+            seq_lens_cpu = host + d
+            extend_seq_lens = torch.full_like(seq_lens, d)
+        max_seq_len = int((seq_lens_cpu if seq_lens_cpu is not None else seq_lens).max())
         self.forward_metadata = build_forward_metadata(
-            r2t, forward_batch.req_pool_indices, forward_batch.seq_lens, extend_seq_lens=extend_seq_lens,
+            r2t, forward_batch.req_pool_indices, seq_lens, extend_seq_lens=extend_seq_lens,
             windows=self.windows, full_to_swa=self._full_to_swa(), out_cache_loc=forward_batch.out_cache_loc,
             page_size=self.decode_page_size, max_seq_len=max_seq_len, num_slots=self.req_to_token_slots)
+        self.forward_metadata.verify = verify
 
     # --- CUDA graphs (decode) -----------------------------------------------------------------------------------
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
@@ -296,7 +308,8 @@ class InklingAttnBackend(AttentionBackend):
         if not decode and self.extend_new_keys == "forward":
             forward_kv = self._forward_kv(k, v, rows, spec)
         out = layer_step.attend(self.route, spec, q3, self._paged_kv(layer.layer_id, spec), md,
-                                lambda first, last: params, self.workspace, forward_kv=forward_kv)
+                                lambda first, last: params, self.workspace, forward_kv=forward_kv,
+                                verify=md.verify)
         return out.to(self.model_dtype).reshape(rows, spec.num_q_heads * spec.head_dim)
 
     def _forward_kv(self, k, v, rows: int, spec: LayerSpec):

@@ -47,6 +47,8 @@ class InklingForwardMetadata:
     max_seq_len: Optional[int] = None
     # This step's decode plans (the Triton route's), shared by its layers; a new metadata starts with an empty cache.
     decode_plans: DecodePlanCache = field(default_factory=DecodePlanCache, repr=False, compare=False)
+    # A speculative target-verify step: the extend rows are draft tokens, one tree per request (SpecVerify)
+    verify: Optional[object] = None
 
     # layer_step.StepKeys: an SGLang batch is all decode (one query row per request) or all extend.
     @property

@@ -393,12 +393,116 @@ def test_unsupported_calls_fail_clearly():
         ours.forward(q, k, v, layers[0], fb, k_rope=k)
     with pytest.raises(ValueError, match=r"sinks must have shape \[4\]"):
         ours.forward(q, k, v, layers[0], fb, sinks=torch.zeros(3))
-    verify = SimpleNamespace(**vars(fb))
-    verify.forward_mode = ForwardMode.TARGET_VERIFY
-    with pytest.raises(NotImplementedError, match="speculative decoding"):
-        ours.init_forward_metadata(verify)
     with pytest.raises(RuntimeError, match="--disable-cuda-graph"):
         ours.init_cuda_graph_state(4, 4)
+
+
+def draft_tree(n, gen):
+    """A random branching tree of n drafts in BFS order (each parent earlier): ancestors-and-self mask, depths."""
+    parents = [-1] + [0] * min(2, n - 1)
+    parents += [int(torch.randint(0, i, (1,), generator=gen)) for i in range(len(parents), n)]
+    mask, depths = torch.zeros(n, n, dtype=torch.bool), torch.zeros(n, dtype=torch.int64)
+    for i in range(n):
+        j = i
+        while j >= 0:
+            mask[i, j], j = True, parents[j]
+            depths[i] += 1
+    return mask, depths - 1
+
+
+def target_verify_batch(h, rows, d, trees, full_layout):
+    """SGLang's TARGET_VERIFY batch: d draft slots per request after its cached keys, seq_lens excluding them,
+    positions seq_len + depth, custom_mask in the FULL layout ([d, seq_len + d] per request) or the tree alone."""
+    prefix = torch.tensor([len(h.history[r][0][0]) for r in rows], dtype=torch.int64)
+    locs = []
+    for r, p in zip(rows, prefix.tolist()):
+        slots = h.alloc(d)
+        h.r2t_pool.req_to_token[r, p:p + d] = slots.to(torch.int32)
+        locs.append(slots)
+    masks = [torch.cat([torch.ones(d, p, dtype=torch.bool), m], 1) if full_layout else m
+             for (m, _), p in zip(trees, prefix.tolist())]
+    spec = SimpleNamespace(draft_token_num=d, custom_mask=torch.cat([m.reshape(-1) for m in masks]),
+                           positions=torch.cat([p + dep for (_, dep), p in zip(trees, prefix.tolist())]))
+    return SimpleNamespace(
+        forward_mode=ForwardMode.TARGET_VERIFY, batch_size=len(rows), req_pool_indices=torch.tensor(rows),
+        seq_lens=prefix, seq_lens_cpu=prefix.clone(), seq_lens_sum=int(prefix.sum()), out_cache_loc=torch.cat(locs),
+        out_cache_loc_is_physical=False, extend_seq_lens=None, extend_seq_lens_cpu=None, extend_prefix_lens=None,
+        extend_prefix_lens_cpu=None, encoder_lens=None, encoder_out_cache_loc=None, spec_info=spec)
+
+
+def dense_verify(h, fb, layer, q, k_new, v_new, trees):
+    """float32: each draft over its request's cached K/V (h.history) and the drafts its tree shows, at positions
+    prefix + depth (the window and causality on those positions)."""
+    d, hd, out = fb.spec_info.draft_token_num, layer.head_dim, []
+    for b, r in enumerate(fb.req_pool_indices.tolist()):
+        ks, vs = h.history[r][layer.layer_id]
+        p = len(ks)
+        k = torch.cat([torch.stack(ks).float(), k_new[b * d:(b + 1) * d].float()]).repeat_interleave(HQ // HKV, 1)
+        v = torch.cat([torch.stack(vs).float(), v_new[b * d:(b + 1) * d].float()]).repeat_interleave(HQ // HKV, 1)
+        mask, depth = trees[b]
+        q_pos = p + depth
+        k_pos = torch.cat([torch.arange(p), q_pos])
+        keep = torch.cat([torch.ones(d, p, dtype=torch.bool), mask], 1) & (q_pos[:, None] >= k_pos[None, :])
+        if layer.sliding_window_size > -1:
+            keep &= q_pos[:, None] - k_pos[None, :] <= layer.sliding_window_size
+        qq = q[b * d:(b + 1) * d].float().view(d, HQ, hd)
+        logits = torch.einsum("qhd,khd->hqk", qq, k) * layer.scaling
+        probs = torch.softmax(logits.masked_fill(~keep, float("-inf")), -1)
+        out.append(torch.einsum("hqk,khd->qhd", probs, v).reshape(d, HQ * hd))
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("route", ["torch", "triton"])
+@pytest.mark.parametrize("full_layout", [True, False])
+def test_target_verify_batches_attend_their_draft_trees(route, full_layout):
+    """SGLang's TARGET_VERIFY batch (NGRAM's verify input) through the backend: the drafts attend their cached
+    prefix and the drafts their tree shows, at positions prefix + depth, for a full and a windowed layer, in both
+    mask layouts SGLang sends, on the torch route and the Triton route's tree-mask kernel. The same batch as a chain
+    (a plain extend) differs by far more than the bound."""
+    layers = make_layers(windows=MIXED)
+    h = Harness(layers, bf16_pool(layers=len(MIXED)), context=600)
+    ours = InklingAttnBackend(h.runner) if route == "torch" else triton_backend(h)
+    run_script(h, [ours], steps=3)  # requests 0-3 prefilled
+    d, rows = 5, [0, 1, 3]
+    trees = [draft_tree(d, h.gen) for _ in rows]
+    fb = target_verify_batch(h, rows, d, trees, full_layout)
+    ours.init_forward_metadata(fb)
+    assert ours.forward_metadata.verify is not None and ours.forward_metadata.verify.draft_lens == (d, d, d)
+    for layer in layers:
+        q, k, v = h.qkv(fb, layer)
+        out = ours.forward(q, k, v, layer, fb)
+        want = dense_verify(h, fb, layer, q, k, v, trees)
+        chain = dense_verify(h, fb, layer, q, k, v, [(torch.ones(d, d, dtype=torch.bool).tril(), torch.arange(d))] * 3)
+        assert float((out.float() - want).abs().max()) <= 2e-2
+        assert float((out.float() - chain).abs().max()) > 0.1
+
+
+def test_target_verify_input_is_checked_naming_it():
+    layers = make_layers()
+    h = Harness(layers, bf16_pool())
+    ours = InklingAttnBackend(h.runner)
+    run_script(h, [ours], steps=1)  # requests 0 and 1 prefilled
+    trees = [draft_tree(3, h.gen) for _ in range(2)]
+    fb = target_verify_batch(h, [0, 1], 3, trees, full_layout=True)
+    hidden = SimpleNamespace(**vars(fb.spec_info))
+    hidden.custom_mask = fb.spec_info.custom_mask.clone()
+    hidden.custom_mask[0] = False  # request 0's first draft does not see its first cached key
+    for spec, err, match in (
+            (hidden, ValueError, "request 0 hides part of its cached prefix"),
+            (SimpleNamespace(**{**vars(fb.spec_info), "custom_mask": fb.spec_info.custom_mask[:-1]}), ValueError,
+             r"custom_mask must hold 18 \(the trees\) or \d+ \(FULL layout"),
+            (SimpleNamespace(**{**vars(fb.spec_info), "custom_mask": fb.spec_info.custom_mask.int()}), TypeError,
+             "custom_mask must be a 1-D bool tensor"),
+            (SimpleNamespace(**{**vars(fb.spec_info), "draft_token_num": 0}), ValueError,
+             "spec_info.draft_token_num, a positive int"),
+            (SimpleNamespace(**{**vars(fb.spec_info), "positions": fb.spec_info.positions[:-1]}), ValueError,
+             r"positions must hold one integer position per draft token \(2 x 3\)")):
+        with pytest.raises(err, match=match):
+            ours.init_forward_metadata(SimpleNamespace(**{**vars(fb), "spec_info": spec}))
+    draft = SimpleNamespace(**vars(fb))
+    draft.forward_mode = ForwardMode.DRAFT_EXTEND_V2
+    with pytest.raises(NotImplementedError, match="draft extend"):
+        ours.init_forward_metadata(draft)
 
 
 def test_unsupported_layers_are_refused_at_construction():

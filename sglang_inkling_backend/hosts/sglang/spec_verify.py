@@ -1,0 +1,56 @@
+"""SGLang's target-verify batch (speculative decoding: NGRAM's ``NgramVerifyInput``, EAGLE's verify input) as the
+core's ``attention_inputs.SpecVerify``. Host-free (torch only): the backend hands in SGLang's tensors.
+
+SGLang 0.5.23's verify step (``docs/SGLANG_SPEC_HICACHE_STUDY.md`` section 3): each request has ``D =
+spec_info.draft_token_num`` draft tokens, already in ``req_to_token`` after its ``seq_lens`` cached keys
+(``forward_batch.seq_lens`` excludes them); ``spec_info.positions`` are ``seq_len + depth``; ``spec_info.custom_mask``
+is bool, request after request, either the FULL layout (off CPU: a ``[D, seq_len + D]`` block per request, the
+prefix columns all True, the last D the tree) or the tree alone (on CPU: ``[D, D]`` per request).
+"""
+from __future__ import annotations
+
+import torch
+
+from sglang_inkling_backend.attention_inputs import SpecVerify
+
+
+def draft_count(spec_info) -> int:
+    """``spec_info.draft_token_num`` as a positive int (ValueError naming it otherwise)."""
+    d = getattr(spec_info, "draft_token_num", None)
+    if isinstance(d, bool) or not isinstance(d, int) or d < 1:
+        raise ValueError(f"a target-verify batch needs spec_info.draft_token_num, a positive int, got {d!r}")
+    return d
+
+
+def spec_verify_of(spec_info, seq_lens_host: torch.Tensor) -> SpecVerify:
+    """The core's ``SpecVerify`` for a target-verify batch whose requests have ``seq_lens_host`` cached keys (host
+    ints, the drafts excluded, as SGLang's ``seq_lens_cpu``). ValueError/TypeError naming what does not fit."""
+    d = draft_count(spec_info)
+    mask, positions = getattr(spec_info, "custom_mask", None), getattr(spec_info, "positions", None)
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() != 1:
+        raise TypeError(f"spec_info.custom_mask must be a 1-D bool tensor, got "
+                        f"{f'{mask.dtype} {tuple(mask.shape)}' if isinstance(mask, torch.Tensor) else mask!r}")
+    lens = [int(x) for x in seq_lens_host.tolist()]
+    bs = len(lens)
+    if not isinstance(positions, torch.Tensor) or positions.dim() != 1 or positions.numel() != bs * d \
+            or positions.is_floating_point():
+        raise ValueError(f"spec_info.positions must hold one integer position per draft token ({bs} x {d}), got "
+                         f"{tuple(positions.shape) if isinstance(positions, torch.Tensor) else positions!r}")
+    full = sum(d * (n + d) for n in lens)
+    if mask.numel() == bs * d * d:  # the tree alone (SGLang on CPU)
+        tree = mask.view(bs, d, d)
+    elif mask.numel() == full:  # FULL: [D, seq_len + D] per request; its last D columns are the tree
+        host, tree, start = mask.cpu(), torch.empty(bs, d, d, dtype=torch.bool), 0
+        for b, n in enumerate(lens):
+            block = host[start:start + d * (n + d)].view(d, n + d)
+            if not bool(block[:, :n].all()):
+                raise ValueError(f"spec_info.custom_mask: request {b} hides part of its cached prefix from a draft; "
+                                 "every draft sees the whole prefix")
+            tree[b] = block[:, n:]
+            start += d * (n + d)
+    else:
+        raise ValueError(f"spec_info.custom_mask must hold {bs * d * d} (the trees) or {full} (FULL layout, "
+                         f"[D, seq_len + D] per request) entries, got {mask.numel()}")
+    depths = positions.cpu().long() - torch.tensor(lens, dtype=torch.int64).repeat_interleave(d)
+    device = positions.device
+    return SpecVerify(tree.reshape(-1).to(device), (torch.arange(bs + 1) * d * d).to(device), depths.to(device))
