@@ -290,3 +290,33 @@ def test_the_q_bf16_diagnostic_passes_only_the_inkling_attention_q_through():
            "PATH": "/usr/bin:/bin"}
     done = subprocess.run([sys.executable, "-c", Q_BF16_CHECK], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
+ALLOW_NGRAM_CHECK = r"""
+from types import SimpleNamespace
+from sglang_inkling_backend.hosts.sglang import hooks
+cfg = lambda algo: SimpleNamespace(speculative_algorithm=algo, kv_cache_dtype="auto", enable_hierarchical_cache=False)
+hooks.validate_server_args(cfg("NGRAM"), None, prefill=True, decode=True)
+try:
+    hooks.validate_server_args(cfg("EAGLE"), None, prefill=True, decode=True)
+except ValueError as e:
+    assert "does not support speculative decoding (--speculative-algorithm EAGLE)" in str(e), e
+else:
+    raise AssertionError("EAGLE got through")
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("allow", [True, False])
+def test_the_ngram_knob_lets_only_ngram_past_the_start_up_refusal(allow):
+    """patches/sitecustomize.py's INKLING_TEST_ALLOW_NGRAM (run_parity.sh's ngram tag): NGRAM passes the inkling
+    start-up check, EAGLE is still refused; without the knob NGRAM is refused too."""
+    env = {"PYTHONPATH": f"{HARNESS / 'patches'}:{HARNESS.parents[1]}", "PATH": "/usr/bin:/bin"}
+    if allow:
+        env["INKLING_TEST_ALLOW_NGRAM"] = "1"
+    done = subprocess.run([sys.executable, "-c", ALLOW_NGRAM_CHECK], env=env, capture_output=True, text=True,
+                          timeout=300)
+    if allow:
+        assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+    else:
+        assert done.returncode != 0 and "(--speculative-algorithm NGRAM)" in done.stderr, done.stderr[-2000:]

@@ -8,7 +8,9 @@
 # noprologue (SGLANG_OPT_USE_INKLING_FUSED_ATTN_PROLOGUE=0: the Inkling model's unfused q/k/v path), qbf16
 # (INKLING_TEST_Q_BF16=1: with noprologue, the Inkling model's Q is not rounded to MXFP8, see patches/), querybf16
 # (INKLING_MXFP8_QUERY=bf16, the default: the backend's fused prologues keep the Inkling model's Q in bf16),
-# querymxfp8 (INKLING_MXFP8_QUERY=mxfp8: Q rounded to MXFP8, FA4's contract). Tags
+# querymxfp8 (INKLING_MXFP8_QUERY=mxfp8: Q rounded to MXFP8, FA4's contract), ngram (--speculative-algorithm NGRAM,
+# BFS breadth 1 as a page-128 pool needs, graphs off, past the start-up refusal: patches/sitecustomize.py;
+# compare.py against the same entry with nograph: greedy tokens must agree). Tags
 # combine with "+", e.g. inkling-swa:triton:auto:tp2+noprefillgraph.
 # PARITY_SERVE_ARGS: more serve_check.py flags for every entry (e.g. "--prompt-logprobs --rescore").
 # FlashInfer: with the trimmed 0.7.2 tree carried in ../.fi072 (carry ".fi072") it is importable for EVERY entry, as
@@ -46,8 +48,10 @@ for entry in "$@"; do
       qbf16) envs+=(INKLING_TEST_Q_BF16=1) ;;
       querybf16) envs+=(INKLING_MXFP8_QUERY=bf16) ;;
       querymxfp8) envs+=(INKLING_MXFP8_QUERY=mxfp8) ;;
+      ngram) envs+=(INKLING_TEST_ALLOW_NGRAM=1)
+             extra+=(--speculative-algorithm NGRAM --speculative-ngram-max-bfs-breadth 1 --disable-cuda-graph) ;;
       *) echo "entry $entry: unknown tag $t (nograph, noprefillgraph, broken, tp2, noprologue, qbf16, querybf16," \
-           "querymxfp8)"
+           "querymxfp8, ngram)"
          exit 2 ;;
     esac
   done

@@ -43,6 +43,10 @@ are quantized as before. It separates Q's rounding from K/V's in the drift from 
 
 A deliberately broken inkling backend, to show that the parity check can fail:
 
+``INKLING_TEST_ALLOW_NGRAM=1``: the inkling start-up check lets ``--speculative-algorithm NGRAM`` through (it refuses
+speculative decoding until an H200 run shows NGRAM's verify steps served right; the backend serves TARGET_VERIFY
+eagerly, so run_parity.sh's ``ngram`` tag also turns CUDA graphs off).
+
 With ``INKLING_TEST_BREAK_SCALE=eps`` set, every attention call of ``--attention-backend inkling`` uses a softmax
 scale ``(1 + eps)`` times the layer's (the class of bug a wrong ``query_pre_attn_scalar`` or head-dim scale is).
 Unset (every other run): this file does nothing. It patches the class when ``sglang_inkling_backend.hosts.sglang.backend``
@@ -208,6 +212,29 @@ if _EPS:
         print(f"[sitecustomize] inkling backend deliberately broken: softmax scale x{factor}", file=sys.stderr)
 
     sys.meta_path.insert(0, _PatchOnImport("sglang_inkling_backend.hosts.sglang.backend", _patch))
+
+
+if os.environ.get("INKLING_TEST_ALLOW_NGRAM") == "1":
+    def _allow_ngram(module):
+        original = module.validate_server_args
+
+        class _WithoutSpeculation:
+            def __init__(self, cfg):
+                self._cfg = cfg
+
+            def __getattr__(self, name):
+                return None if name == "speculative_algorithm" else getattr(self._cfg, name)
+
+        def validate_server_args(cfg, model_config, **kwargs):
+            if str(getattr(cfg, "speculative_algorithm", None)).upper().endswith("NGRAM"):
+                print("[sitecustomize] NGRAM allowed past the inkling start-up refusal (INKLING_TEST_ALLOW_NGRAM)",
+                      file=sys.stderr)
+                cfg = _WithoutSpeculation(cfg)
+            return original(cfg, model_config, **kwargs)
+
+        module.validate_server_args = validate_server_args
+
+    sys.meta_path.insert(0, _PatchOnImport("sglang_inkling_backend.hosts.sglang.hooks", _allow_ngram))
 
 
 def _run_next_sitecustomize():

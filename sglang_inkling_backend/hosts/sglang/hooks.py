@@ -163,8 +163,8 @@ def validate_server_args(cfg: Any, model_config: Any, *, prefill: bool, decode: 
     if quantized and getattr(cfg, "enable_hierarchical_cache", False):
         raise ValueError(
             f"--enable-hierarchical-cache is not supported with --kv-cache-dtype {kv_cache_dtype} on "
-            "--attention-backend inkling (SGLang's host tier does not know this pool's scale buffers); drop the flag or use "
-            "--kv-cache-dtype auto/bf16")
+            "--attention-backend inkling yet (no run has shown this pool's pages, scales included, coming back "
+            "byte-identical from SGLang's host tier); drop the flag or use --kv-cache-dtype auto/bf16")
     if model_config is None:
         return
     if getattr(model_config, "is_encoder_decoder", False):
