@@ -20,7 +20,7 @@ import torch
 from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV
 from sglang_inkling_backend.checks import stream_capturing, triton_head_dim_ok
 from sglang_inkling_backend.layer_plan import LayerSpec, attention_params
-from sglang_inkling_backend.rails import KVPages, KVRails
+from sglang_inkling_backend.rails import KVPages, KVRails, check_host_lengths
 from sglang_inkling_backend.step_plans import DecodePlanCache, check_extend_keys
 
 logger = logging.getLogger(__name__)
@@ -114,14 +114,10 @@ class TritonRoute:
         family = self.decode_family
         if family is None:
             return
-        if not isinstance(seq_lens_host, torch.Tensor) or seq_lens_host.device.type != "cpu" \
-                or seq_lens_host.dtype not in (torch.int32, torch.int64) or seq_lens_host.dim() != 1:
-            raise TypeError(f"seq_lens_host must be a 1-D int32/int64 CPU tensor, got "
-                            f"{seq_lens_host.dtype if isinstance(seq_lens_host, torch.Tensor) else seq_lens_host!r}")
-        bs = seq_lens_host.numel()
-        if not 1 <= bs <= max_bs or int(seq_lens_host.min()) < 1 or int(seq_lens_host.max()) > max_seq_len:
-            raise ValueError(f"seq_lens_host must hold 1 to {max_bs} requests of 1 to {max_seq_len} keys, got {bs} "
-                             f"in [{int(seq_lens_host.min()) if bs else '-'}, {int(seq_lens_host.max()) if bs else '-'}]")
+        bs = seq_lens_host.numel() if isinstance(seq_lens_host, torch.Tensor) else 0
+        check_host_lengths(seq_lens_host, bs, max_seq_len)
+        if not 1 <= bs <= max_bs:
+            raise ValueError(f"seq_lens_host must hold 1 to {max_bs} requests (max_bs), got {bs}")
         for spec in layers:
             if not isinstance(spec, LayerSpec) or not spec.has_attention or spec.rel_extent is not None:
                 continue  # a relative bias comes with every call: this package's kernels serve it

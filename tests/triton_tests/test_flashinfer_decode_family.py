@@ -235,8 +235,11 @@ def test_graph_step_plans_per_batch_size_over_stable_buffers():
         addresses = now
     assert PagedDecode.made == 2 and PagedDecode.plans == 6  # batch size 4: one wrapper per key, planned per step
     assert fam._graph_rails[None].indices.numel() == 8 * 64 and fam._graph_rails[11].indices.numel() == 8 * 11
-    with pytest.raises(ValueError, match="seq_lens_host must hold 1 to 8 requests of 1 to 64 keys"):
+    with pytest.raises(ValueError, match=r"seq_lens_host must lie in \[1, 64\]"):
         route.plan_graph_step(Step({}), layers, torch.tensor([65]), kv_dtype=torch.bfloat16, max_bs=8,
+                              max_seq_len=64)
+    with pytest.raises(ValueError, match=r"seq_lens_host must hold 1 to 8 requests \(max_bs\), got 9"):
+        route.plan_graph_step(Step({}), layers, torch.ones(9, dtype=torch.int64), kv_dtype=torch.bfloat16, max_bs=8,
                               max_seq_len=64)
     with pytest.raises(TypeError, match="seq_lens_host must be a 1-D int32/int64 CPU tensor"):
         route.plan_graph_step(Step({}), layers, torch.tensor([1.0]), kv_dtype=torch.bfloat16, max_bs=8,
