@@ -168,7 +168,7 @@ def _merge(target, as_bytes, pool, block_d, split_block):
     return compile_launch(decode_merge_kernel, args, target, {"num_warps": 4})
 
 
-def _extend(target, as_bytes, pool):
+def _extend(target, as_bytes, pool, tree=False):
     import triton.language as tl
 
     from sglang_inkling_backend.triton.extend_attention import extend_kernel
@@ -177,13 +177,14 @@ def _extend(target, as_bytes, pool):
     # paged_extend_attention's defaults: block_rows 64 -> BLOCK_R 64 rows = 8 tokens x 8 heads, block_n 64; rails
     args = dict(q_ptr="*bf16", k_ptr=kv, v_ptr=kv, ksf_ptr=sf, vsf_ptr=sf, lens_ptr="*i32", index_ptr="*i32",
                 stride_index_row=0, qo_indptr_ptr="*i32", block_req_ptr="*i32", block_row_ptr="*i32",
-                rel_bias_ptr="*bf16", sinks_ptr="*bf16", out_ptr="*bf16",
-                stride_qt=HQ * D, stride_qh=D, stride_k_slot=HKV * D, stride_k_head=D, stride_v_slot=HKV * D,
+                rel_bias_ptr="*bf16", sinks_ptr="*bf16", out_ptr="*bf16", tree_mask_ptr="*u8",
+                mask_indptr_ptr="*i64", depth_ptr="*i64", stride_qt=HQ * D, stride_qh=D, stride_k_slot=HKV * D, stride_k_head=D, stride_v_slot=HKV * D,
                 stride_v_head=D, stride_rb_row=0, stride_rb_head=0, rel_extent=0, stride_ot=HQ * D, stride_oh=D,
                 sm_scale=D ** -0.5, k_scale=1.0, v_scale=1.0, logit_cap=0.0, window=0,
                 G=G, BLOCK_M=8, BLOCK_R=64, D=D, HKV=HKV, BLOCK_N=64, KV_FORMAT=KV_FORMAT[pool],
                 PAGE=128 if pool == "mxfp8" else 1, INTERLEAVED=pool == "mxfp8", DOT_DTYPE=tl.bfloat16,
-                HAS_REL_BIAS=False, HAS_WINDOW=False, HAS_CAP=False, HAS_SINKS=False, PAGE_TABLE=False, KV_PAGE=0)
+                HAS_REL_BIAS=False, HAS_WINDOW=False, HAS_CAP=False, HAS_SINKS=False, PAGE_TABLE=False, KV_PAGE=0,
+                HAS_TREE=tree)
     return compile_launch(extend_kernel, args, target, {"num_warps": 4, "num_stages": 2})
 
 
@@ -270,6 +271,9 @@ def _cases() -> list:
     for pool in ("mxfp8", "fp8", "bf16"):
         cases.append(Case("extend", "BLOCK_R 64 (8 tokens x 8 heads), BLOCK_N 64, 4 warps, 2 stages, rails", pool,
                           _extend))
+    for pool in ("mxfp8", "bf16"):
+        cases.append(Case("extend", "the same with a verify step's tree mask (HAS_TREE)", pool,
+                          functools.partial(_extend, tree=True)))
     cases.append(Case("kv_store", "1 warp, interleaved scales (page 128)", "mxfp8", _kv_store, reads_e4m3=False))
     for pool in ("mxfp8", "fp8", "bf16"):
         cases.append(Case("gather_kv", "BLOCK_N 32, bf16 out, default warps and stages", pool, _gather))
