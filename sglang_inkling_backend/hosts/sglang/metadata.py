@@ -23,6 +23,7 @@ from typing import Iterable, Optional
 
 import torch
 
+from sglang_inkling_backend.attention_inputs import SpecVerify
 from sglang_inkling_backend.checks import PADDING_SLOT
 from sglang_inkling_backend.rails import (INDEX_DTYPE, KVPages, KVRails, check_host_lengths, check_token_table,
                                           gather_rails, gather_rails_host_lengths, page_table, translate_rails,
@@ -48,7 +49,7 @@ class InklingForwardMetadata:
     # This step's decode plans (the Triton route's), shared by its layers; a new metadata starts with an empty cache.
     decode_plans: DecodePlanCache = field(default_factory=DecodePlanCache, repr=False, compare=False)
     # A speculative target-verify step: the extend rows are draft tokens, one tree per request (SpecVerify)
-    verify: Optional[object] = None
+    verify: Optional[SpecVerify] = None
 
     # layer_step.StepKeys: an SGLang batch is all decode (one query row per request) or all extend.
     @property
