@@ -148,3 +148,14 @@ def test_bad_verify_input_is_refused():
     with pytest.raises(ValueError, match="reads per-token CSR keys"):
         kernels.paged_extend_attention(q, kv, qo_indptr=qo, params=params, page_table=table,
                                        seq_lens=rails.indptr.diff(), page_size=16, verify=verify)
+
+
+def test_the_gpu_check_script_runs_in_smoke_mode():
+    """gpu_tests/check_verify_gpu.py (the H200 check of this kernel at serving shapes) at tiny shapes here, so the
+    device call does not find a script error."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[2] / "gpu_tests" / "check_verify_gpu.py"
+    done = subprocess.run([sys.executable, str(script), "--smoke"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and '"failed": []' in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]

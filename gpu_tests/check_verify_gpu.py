@@ -1,0 +1,125 @@
+"""GPU check of the Triton extend kernel on a speculative verify step (``HAS_TREE``), at serving shapes: bf16 and
+MXFP8 pools, GQA 4 and 8 at head_dim 128, cached prefixes of 1k to 30k keys, 12 drafts per request in random
+branching trees (as NGRAM sends them, BFS order), full attention, a window and Inkling's relative bias, against
+the reference (``reference.attention.paged_extend_attention(..., verify=)`` in float32 on the same dequantized K/V).
+Bound: relative Frobenius error <= 4e-3. Also the kernel's time on the tree against the same call on a chain of the
+same drafts (a plain extend): the tree should cost about the same. One JSON line per check; exit 1 on a failure.
+
+    python gpu_tests/check_verify_gpu.py            # on the GPU machine
+    python gpu_tests/check_verify_gpu.py --smoke    # here, under TRITON_INTERPRET=1, tiny shapes (script errors)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+SMOKE = "--smoke" in sys.argv
+if SMOKE:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from sglang_inkling_backend import mxfp8  # noqa: E402
+from sglang_inkling_backend import triton as kernels  # noqa: E402
+from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV, SpecVerify  # noqa: E402
+from sglang_inkling_backend.reference.attention import paged_extend_attention as reference  # noqa: E402
+from sglang_inkling_backend.scale_layout import ScaleLayout  # noqa: E402
+
+BOUND = 4e-3
+failures = []
+
+
+def tree(n, g):
+    parents = [-1] + [0] * min(2, n - 1)
+    parents += [int(torch.randint(0, i, (1,), generator=g)) for i in range(len(parents), n)]
+    mask, depths = torch.zeros(n, n, dtype=torch.bool), torch.zeros(n, dtype=torch.int64)
+    for i in range(n):
+        j = i
+        while j >= 0:
+            mask[i, j], j = True, parents[j]
+            depths[i] += 1
+    return mask, depths - 1
+
+
+def verify_of(trees, dev):
+    masks, depths = zip(*trees)
+    counts = [m.numel() for m in masks]
+    return SpecVerify(torch.cat([m.reshape(-1) for m in masks]).to(dev), torch.tensor([0, *counts]).cumsum(0).to(dev),
+                      torch.cat(depths).to(dev))
+
+
+def pool(fmt, slots, hkv, d, g, dev):
+    k, v = torch.randn(slots, hkv, d, generator=g), torch.randn(slots, hkv, d, generator=g)
+    if fmt == "bf16":
+        return PagedKV(k.bfloat16().to(dev), v.bfloat16().to(dev))
+    layout = ScaleLayout.for_pool(slots, hkv, d, 128)
+    (kd, ks), (vd, vs) = mxfp8.quantize(k.bfloat16()), mxfp8.quantize(v.bfloat16())
+    k_sf, v_sf = layout.empty("cpu"), layout.empty("cpu")
+    layout.scatter(k_sf, torch.arange(slots), ks)
+    layout.scatter(v_sf, torch.arange(slots), vs)
+    return PagedKV(kd.to(dev), vd.to(dev), k_sf.to(dev), v_sf.to(dev), layout)
+
+
+def timed(fn, reps):
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    tic = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return (time.perf_counter() - tic) / reps * 1e3
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--seed", type=int, default=5)
+    args = ap.parse_args()
+    dev = "cpu" if SMOKE else "cuda"
+    g = torch.Generator().manual_seed(args.seed)
+    d_head, drafts = (64, 5) if SMOKE else (128, 12)
+    prefixes = (9, 40) if SMOKE else (1024, 8192, 30000, 3000, 17, 12000, 500, 4096)
+    shapes = ((4, 2),) if SMOKE else ((32, 8), (64, 8))  # (Hq, Hkv): GQA 4 and 8
+    for fmt in ("bf16", "mxfp8"):
+        for hq, hkv in shapes:
+            lens = [p + drafts for p in prefixes]
+            slots = -(-(sum(lens) + 128) // 128) * 128
+            kv = pool(fmt, slots, hkv, d_head, g, dev)
+            indptr = torch.tensor([0, *lens]).cumsum(0).to(dev)
+            indices = torch.randperm(slots, generator=g)[:sum(lens)].to(dev)
+            qo = (torch.arange(len(prefixes) + 1) * drafts).to(dev)
+            q = torch.randn(len(prefixes) * drafts, hq, d_head, generator=g).bfloat16().to(dev)
+            verify = verify_of([tree(drafts, g) for _ in prefixes], dev)
+            chain = verify_of([(torch.ones(drafts, drafts, dtype=torch.bool).tril(), torch.arange(drafts))
+                               for _ in prefixes], dev)
+            variants = {"full": AttentionParams(d_head ** -0.5), "window 256": AttentionParams(d_head ** -0.5,
+                                                                                                window=256),
+                        "inkling bias": AttentionParams(1.0 / d_head, rel_bias=torch.randn(
+                            q.shape[0], hq, 64, generator=g).to(dev))}
+            for name, params in variants.items():
+                def run(v=verify, p=params):
+                    return kernels.paged_extend_attention(q, kv, indptr, indices, qo, p, verify=v, validate=False,
+                                                          out=torch.empty(q.shape, dtype=torch.float32, device=dev))
+                got = run()
+                want = reference(q.float(), kv, indptr, indices, qo, params, verify=verify)
+                err = float((got - want).norm() / want.norm())
+                ok = err <= BOUND
+                record = {"check": f"{fmt} {hq}/{hkv} {name}", "ok": ok, "rel_err": err}
+                if not SMOKE:
+                    record["tree_ms"] = timed(run, 20)
+                    record["chain_ms"] = timed(lambda: run(chain), 20)
+                print(json.dumps(record), flush=True)
+                if not ok:
+                    failures.append(record["check"])
+    print(json.dumps({"failed": failures}), flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
