@@ -293,9 +293,11 @@ def test_the_q_bf16_diagnostic_passes_only_the_inkling_attention_q_through():
 
 
 ALLOW_NGRAM_CHECK = r"""
+import os
 from types import SimpleNamespace
 from sglang_inkling_backend.hosts.sglang import hooks
-cfg = lambda algo: SimpleNamespace(speculative_algorithm=algo, kv_cache_dtype="auto", enable_hierarchical_cache=False)
+cfg = lambda algo, hicache=False: SimpleNamespace(speculative_algorithm=algo, kv_cache_dtype="mxfp8",
+                                                  enable_hierarchical_cache=hicache)
 hooks.validate_server_args(cfg("NGRAM"), None, prefill=True, decode=True)
 try:
     hooks.validate_server_args(cfg("EAGLE"), None, prefill=True, decode=True)
@@ -303,17 +305,26 @@ except ValueError as e:
     assert "does not support speculative decoding (--speculative-algorithm EAGLE)" in str(e), e
 else:
     raise AssertionError("EAGLE got through")
+try:
+    hooks.validate_server_args(cfg(None, hicache=True), None, prefill=True, decode=True)
+except ValueError as e:
+    assert os.environ.get("INKLING_TEST_ALLOW_HICACHE") != "1" and "--enable-hierarchical-cache" in str(e), e
+else:
+    assert os.environ.get("INKLING_TEST_ALLOW_HICACHE") == "1", "HiCache with mxfp8 got through without the knob"
 print("ok")
 """
 
 
-@pytest.mark.parametrize("allow", [True, False])
-def test_the_ngram_knob_lets_only_ngram_past_the_start_up_refusal(allow):
+@pytest.mark.parametrize("allow, hicache", [(True, False), (True, True), (False, False)])
+def test_the_ngram_knob_lets_only_ngram_past_the_start_up_refusal(allow, hicache):
     """patches/sitecustomize.py's INKLING_TEST_ALLOW_NGRAM (run_parity.sh's ngram tag): NGRAM passes the inkling
-    start-up check, EAGLE is still refused; without the knob NGRAM is refused too."""
+    start-up check, EAGLE is still refused; without the knob NGRAM is refused too. INKLING_TEST_ALLOW_HICACHE (the
+    hicache tag) lets HiCache with MXFP8 through, which is refused without it."""
     env = {"PYTHONPATH": f"{HARNESS / 'patches'}:{HARNESS.parents[1]}", "PATH": "/usr/bin:/bin"}
     if allow:
         env["INKLING_TEST_ALLOW_NGRAM"] = "1"
+    if hicache:
+        env["INKLING_TEST_ALLOW_HICACHE"] = "1"
     done = subprocess.run([sys.executable, "-c", ALLOW_NGRAM_CHECK], env=env, capture_output=True, text=True,
                           timeout=300)
     if allow:

@@ -10,7 +10,10 @@
 # (INKLING_MXFP8_QUERY=bf16, the default: the backend's fused prologues keep the Inkling model's Q in bf16),
 # querymxfp8 (INKLING_MXFP8_QUERY=mxfp8: Q rounded to MXFP8, FA4's contract), ngram (--speculative-algorithm NGRAM,
 # BFS breadth 1 as a page-128 pool needs, graphs off, past the start-up refusal: patches/sitecustomize.py;
-# compare.py against the same entry with nograph: greedy tokens must agree). Tags
+# compare.py against the same entry with nograph: greedy tokens must agree), hicache (--enable-hierarchical-cache
+# past the start-up refusal for quantized KV, a device pool of PARITY_HICACHE_TOKENS (8192) tokens so the workload's
+# ~10k prompt tokens evict pages to host memory and its prefix hit loads them back; compare.py against the same
+# entry without it). Tags
 # combine with "+", e.g. inkling-swa:triton:auto:tp2+noprefillgraph.
 # PARITY_SERVE_ARGS: more serve_check.py flags for every entry (e.g. "--prompt-logprobs --rescore").
 # FlashInfer: with the trimmed 0.7.2 tree carried in ../.fi072 (carry ".fi072") it is importable for EVERY entry, as
@@ -50,8 +53,10 @@ for entry in "$@"; do
       querymxfp8) envs+=(INKLING_MXFP8_QUERY=mxfp8) ;;
       ngram) envs+=(INKLING_TEST_ALLOW_NGRAM=1)
              extra+=(--speculative-algorithm NGRAM --speculative-ngram-max-bfs-breadth 1 --disable-cuda-graph) ;;
+      hicache) envs+=(INKLING_TEST_ALLOW_HICACHE=1)
+               extra+=(--enable-hierarchical-cache --max-total-tokens ${PARITY_HICACHE_TOKENS:-8192}) ;;
       *) echo "entry $entry: unknown tag $t (nograph, noprefillgraph, broken, tp2, noprologue, qbf16, querybf16," \
-           "querymxfp8, ngram)"
+           "querymxfp8, ngram, hicache)"
          exit 2 ;;
     esac
   done
