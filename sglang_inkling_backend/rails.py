@@ -87,7 +87,8 @@ def window_start(seq_lens: torch.Tensor, query_lens: torch.Tensor, window: int) 
 def gather_rails(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
                  start: Optional[torch.Tensor] = None, *, out_indptr: Optional[torch.Tensor] = None,
                  out_indices: Optional[torch.Tensor] = None) -> KVRails:
-    """Rails over positions ``[start[b], seq_lens[b])`` of ``req_to_token[req_pool_indices[b]]``.
+    """Rails over positions ``[start[b], seq_lens[b])`` of ``req_to_token[req_pool_indices[b]]``, every input
+    checked (device reads), then gathered as ``gather_rails_host_lengths`` gathers them.
 
     With ``out_indptr`` / ``out_indices`` the result is written into them (CUDA-graph buffers) and views of them are
     returned; ``out_indices`` must hold every index.
@@ -98,34 +99,15 @@ def gather_rails(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq
         if start.shape != seq_lens.shape:
             raise ValueError(f"start must have one entry per request, like seq_lens {tuple(seq_lens.shape)}, got "
                              f"{tuple(start.shape)}")
-    device = req_to_token.device
-    seq_lens = seq_lens.to(device=device, dtype=INDEX_DTYPE)
-    rows = req_pool_indices.to(device=device, dtype=INDEX_DTYPE)
-    start = torch.zeros_like(seq_lens) if start is None else start.to(device=device, dtype=INDEX_DTYPE)
-    lens = seq_lens - start
-    if lens.numel():
-        min_len, min_start = torch.stack((lens.min(), start.min())).tolist()  # one read, as before
-        if min_start < 0:
-            raise ValueError(f"start must be >= 0 (a rail's first position), got {min_start}")
-        if min_len < 0:
+    seq_host = seq_lens.to("cpu", INDEX_DTYPE)
+    start_host = torch.zeros_like(seq_host) if start is None else start.to("cpu", INDEX_DTYPE)
+    if seq_host.numel():
+        if int(start_host.min()) < 0:
+            raise ValueError(f"start must be >= 0 (a rail's first position), got {int(start_host.min())}")
+        if bool((start_host > seq_host).any()):
             raise ValueError("rail start must not exceed seq_len")
-    bs = seq_lens.numel()
-    indptr = torch.zeros(bs + 1, dtype=INDEX_DTYPE, device=device)
-    torch.cumsum(lens, dim=0, out=indptr[1:])
-    nnz = int(indptr[-1])
-    max_len = int(lens.max()) if bs else 0
-    offsets = torch.arange(max_len, dtype=INDEX_DTYPE, device=device)
-    keep = offsets.unsqueeze(0) < lens.unsqueeze(1)
-    positions = torch.clamp(start.unsqueeze(1) + offsets.unsqueeze(0), max=max(req_to_token.shape[1] - 1, 0))
-    indices = req_to_token[rows.unsqueeze(1), positions][keep].to(INDEX_DTYPE)
-    if out_indptr is None:
-        return KVRails(indptr, indices)
-    if out_indptr.numel() < bs + 1 or out_indices is None or out_indices.numel() < nnz:
-        raise ValueError(f"graph buffers too small: need indptr >= {bs + 1} and indices >= {nnz} entries, have "
-                         f"{out_indptr.numel()} and {None if out_indices is None else out_indices.numel()}")
-    out_indptr[: bs + 1].copy_(indptr)
-    out_indices[:nnz].copy_(indices)
-    return KVRails(out_indptr[: bs + 1], out_indices)
+    return gather_rails_host_lengths(req_to_token, req_pool_indices, seq_host, start_host, out_indptr=out_indptr,
+                                     out_indices=out_indices)
 
 def check_host_lengths(seq_lens_host: torch.Tensor, batch: int, max_len: int) -> None:
     """A host's key counts for a decode batch: a 1-D int32/int64 CPU tensor of ``batch`` entries in
@@ -143,23 +125,27 @@ def check_host_lengths(seq_lens_host: torch.Tensor, batch: int, max_len: int) ->
 
 
 def gather_rails_host_lengths(req_to_token: torch.Tensor, rows: torch.Tensor, seq_lens_host: torch.Tensor,
-                              start_host: Optional[torch.Tensor] = None, *, out_indptr: torch.Tensor,
-                              out_indices: torch.Tensor) -> KVRails:
-    """``gather_rails`` written into CUDA-graph buffers without reading the device: the lengths come from the host
-    (``seq_lens_host``, ``start_host``: CPU tensors, checked by the caller with ``check_host_lengths``), so the
-    indptr is summed on the host and copied once, and each of the ``nnz`` slots is gathered by its own index.
-    ``rows`` (device) are not range-checked (that would be a device read): the caller's. A decode step's metadata
-    under CUDA graphs is rebuilt so before every replay, and a device read there would stall the GPU."""
+                              start_host: Optional[torch.Tensor] = None, *, out_indptr: Optional[torch.Tensor] = None,
+                              out_indices: Optional[torch.Tensor] = None) -> KVRails:
+    """``gather_rails`` without reading the device: the lengths come from the host (``seq_lens_host``,
+    ``start_host``: CPU tensors, checked by the caller, e.g. with ``check_host_lengths``), so the indptr is summed on
+    the host and copied once, and each of the ``nnz`` slots is gathered by its own index. ``rows`` (device) are not
+    range-checked (that would be a device read): the caller's. A decode step's metadata under CUDA graphs is rebuilt
+    so before every replay, where a device read would stall the GPU. Without ``out_indptr`` / ``out_indices`` the
+    rails are new tensors."""
     bs = seq_lens_host.numel()
     start = torch.zeros(bs, dtype=INDEX_DTYPE) if start_host is None else start_host.to(INDEX_DTYPE)
     lens = seq_lens_host.to(INDEX_DTYPE) - start
     indptr = torch.zeros(bs + 1, dtype=INDEX_DTYPE)
     torch.cumsum(lens, 0, out=indptr[1:])
     nnz = int(indptr[-1])
-    if out_indptr.numel() < bs + 1 or out_indices.numel() < nnz:
-        raise ValueError(f"graph buffers too small: need indptr >= {bs + 1} and indices >= {nnz} entries, have "
-                         f"{out_indptr.numel()} and {out_indices.numel()}")
     device = req_to_token.device
+    if out_indptr is None:
+        out_indptr = torch.empty(bs + 1, dtype=INDEX_DTYPE, device=device)
+        out_indices = torch.empty(nnz, dtype=INDEX_DTYPE, device=device)
+    if out_indptr.numel() < bs + 1 or out_indices is None or out_indices.numel() < nnz:
+        raise ValueError(f"graph buffers too small: need indptr >= {bs + 1} and indices >= {nnz} entries, have "
+                         f"{out_indptr.numel()} and {None if out_indices is None else out_indices.numel()}")
     host = torch.cat([indptr, start])  # one copy to the device
     dev = host.to(device, non_blocking=True)
     indptr_dev, start_dev = dev[: bs + 1], dev[bs + 1:]

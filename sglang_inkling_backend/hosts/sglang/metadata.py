@@ -194,39 +194,29 @@ class DecodeGraphBuffers:
             got = None if out_cache_loc is None else tuple(out_cache_loc.shape)
             raise ValueError(f"out_cache_loc must hold one slot per real request (at most {bs}, the padding "
                              f"rows last) with a hybrid SWA pool, got {got}")
-        host = seq_lens_host is not None
-        if host:
+        if seq_lens_host is None:  # the rows and lengths read back and checked, the lengths kept on the host
+            check_token_table(req_to_token, req_pool_indices, seq_lens)
+            seq_lens_host = seq_lens.to("cpu", INDEX_DTYPE)
+        else:
             check_host_lengths(seq_lens_host, bs, min(req_to_token.shape[1], self.max_context_len))
             check_token_table(req_to_token, req_pool_indices, seq_lens, ranges=False)
         seq_lens = seq_lens.to(device=req_to_token.device, dtype=INDEX_DTYPE)
         full = pages = None
         if self.page_size is None:
-            if host:
-                full = gather_rails_host_lengths(req_to_token, req_pool_indices, seq_lens_host,
-                                                 out_indptr=self.full_indptr, out_indices=self.full_indices)
-            else:
-                full = gather_rails(req_to_token, req_pool_indices, seq_lens, out_indptr=self.full_indptr,
-                                    out_indices=self.full_indices)
-        else:  # the table has a fixed width: no batch size is read back (the input checks read seq_lens once)
-            if not host:
-                check_token_table(req_to_token, req_pool_indices, seq_lens)
+            full = gather_rails_host_lengths(req_to_token, req_pool_indices, seq_lens_host,
+                                             out_indptr=self.full_indptr, out_indices=self.full_indices)
+        else:  # the table has a fixed width: no batch size is read back
             self.page_table[:bs].copy_(page_table(req_to_token, req_pool_indices, self.page_size,
                                                   self.page_table.shape[1], check=False))
             self.seq_lens[:bs].copy_(seq_lens)
             pages = KVPages(self.page_table[:bs], self.seq_lens[:bs], self.page_size)
-        ones = torch.ones_like(seq_lens)
         windows = {}
         for w in self.windows:
-            if host:
-                start = window_start(seq_lens_host, torch.ones_like(seq_lens_host), w)
-                rails = gather_rails_host_lengths(req_to_token, req_pool_indices, seq_lens_host, start,
-                                                  out_indptr=self.window_indptr[w], out_indices=self.window_indices[w])
-                nnz = int((seq_lens_host - start).sum())
-            else:
-                rails = gather_rails(req_to_token, req_pool_indices, seq_lens, window_start(seq_lens, ones, w),
-                                     out_indptr=self.window_indptr[w], out_indices=self.window_indices[w])
-                nnz = int(rails.indptr[-1]) if full_to_swa is not None else 0
+            start = window_start(seq_lens_host, torch.ones_like(seq_lens_host), w)
+            rails = gather_rails_host_lengths(req_to_token, req_pool_indices, seq_lens_host, start,
+                                              out_indptr=self.window_indptr[w], out_indices=self.window_indices[w])
             if full_to_swa is not None:
+                nnz = int((seq_lens_host - start).sum())
                 rails.indices[:nnz].copy_(full_to_swa[rails.indices[:nnz]])
             windows[w] = rails
         swa_loc = None
