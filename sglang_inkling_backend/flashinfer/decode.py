@@ -30,7 +30,7 @@ import torch
 from ..attention_inputs import AttentionParams, PagedKV
 from ..checks import stream_capturing
 from ..rails import KVRails
-from .install import HEAD_DIMS, float_workspace, kernel_setting, load_flashinfer
+from .install import HEAD_DIMS, find_flashinfer, float_workspace
 
 DECODE_KERNEL_ENV = "INKLING_DECODE_KERNEL"  # auto (default): FlashInfer where it serves; triton; flashinfer
 SERVED_FORMATS = ("bf16", "fp16")
@@ -38,23 +38,13 @@ TENSOR_CORE_MIN_GROUP = 4  # SGLang's should_use_tensor_core for 16-bit KV
 PLAN_TAG = "flashinfer decode"
 
 
-def decode_kernel_setting() -> str:
-    """``INKLING_DECODE_KERNEL`` (auto when unset); a ValueError naming the variable for anything else."""
-    return kernel_setting(DECODE_KERNEL_ENV)
-
-
 def decode_family(device: torch.device, workspace: Optional[torch.Tensor] = None
                   ) -> tuple[Optional["FlashInferDecode"], str]:
     """``(FlashInferDecode, note)`` where FlashInfer serves decodes on ``device`` and ``INKLING_DECODE_KERNEL``
     allows it, else ``(None, why)``. ``INKLING_DECODE_KERNEL=flashinfer`` raises (ValueError) when it cannot.
     ``workspace``: the route's float workspace, allocated here when None."""
-    setting = decode_kernel_setting()
-    if setting == "triton":
-        return None, f"{DECODE_KERNEL_ENV}=triton"
-    flashinfer, why = load_flashinfer(device, "BatchDecodeWithPagedKVCacheWrapper")
+    flashinfer, why = find_flashinfer(DECODE_KERNEL_ENV, "BatchDecodeWithPagedKVCacheWrapper", device)
     if flashinfer is None:
-        if setting == "flashinfer":
-            raise ValueError(f"{DECODE_KERNEL_ENV}=flashinfer, but {why}")
         return None, why
     family = FlashInferDecode(flashinfer, device, workspace)
     return family, f"FlashInfer {family.version} paged decode"

@@ -26,17 +26,11 @@ import torch
 
 from ..attention_inputs import AttentionParams, PagedKV
 from ..rails import KVRails
-from .install import HEAD_DIMS, KERNEL_CHOICES, QUERY_DTYPES, float_workspace, kernel_setting, load_flashinfer
+from .install import HEAD_DIMS, QUERY_DTYPES, find_flashinfer, float_workspace
 
 logger = logging.getLogger(__name__)
 
 EXTEND_KERNEL_ENV = "INKLING_EXTEND_KERNEL"  # auto (default): FlashInfer where it serves; triton; flashinfer
-EXTEND_KERNEL_CHOICES = KERNEL_CHOICES
-
-
-def extend_kernel_setting() -> str:
-    """``INKLING_EXTEND_KERNEL`` (auto when unset); a ValueError naming the variable for anything else."""
-    return kernel_setting(EXTEND_KERNEL_ENV)
 
 
 def extend_family(device: torch.device, workspace: Optional[torch.Tensor] = None
@@ -44,13 +38,8 @@ def extend_family(device: torch.device, workspace: Optional[torch.Tensor] = None
     """``(FlashInferExtend, note)`` where FlashInfer serves extends on ``device`` and ``INKLING_EXTEND_KERNEL``
     allows it, else ``(None, why)``. ``INKLING_EXTEND_KERNEL=flashinfer`` raises (ValueError) when it cannot.
     ``workspace``: the route's float workspace (``install.float_workspace``), allocated here when None."""
-    setting = extend_kernel_setting()
-    if setting == "triton":
-        return None, f"{EXTEND_KERNEL_ENV}=triton"
-    flashinfer, why = load_flashinfer(device, "BatchPrefillWithRaggedKVCacheWrapper")
+    flashinfer, why = find_flashinfer(EXTEND_KERNEL_ENV, "BatchPrefillWithRaggedKVCacheWrapper", device)
     if flashinfer is None:
-        if setting == "flashinfer":
-            raise ValueError(f"{EXTEND_KERNEL_ENV}=flashinfer, but {why}")
         return None, why
     family = FlashInferExtend(flashinfer, device, workspace)
     return family, f"FlashInfer {family.version} ragged prefill"

@@ -49,6 +49,18 @@ def load_flashinfer(device: torch.device, wrapper: Optional[str] = None):
     return flashinfer, ""
 
 
+def find_flashinfer(env: str, wrapper: str, device: torch.device):
+    """``(flashinfer module, "")`` where the family set by ``env`` (auto, triton, flashinfer) may run FlashInfer's
+    class ``wrapper`` on ``device``, else ``(None, why)``; ``env=flashinfer`` raises (ValueError) when it cannot."""
+    setting = kernel_setting(env)
+    if setting == "triton":
+        return None, f"{env}=triton"
+    flashinfer, why = load_flashinfer(device, wrapper)
+    if flashinfer is None and setting == "flashinfer":
+        raise ValueError(f"{env}=flashinfer, but {why}")
+    return flashinfer, why
+
+
 def float_workspace(device: torch.device) -> torch.Tensor:
     """The float workspace the route's FlashInfer wrappers share: their kernels run one after another on one
     stream (SGLang's flashinfer backend shares one the same way)."""

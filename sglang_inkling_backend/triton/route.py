@@ -210,17 +210,12 @@ def route_for(device: torch.device) -> tuple[TritonRoute, str]:
     """The route for ``device`` with the FlashInfer families it found (``flashinfer.extend_family``,
     ``flashinfer.decode_family``; one float workspace between them), and a note for the start-up log line."""
     from sglang_inkling_backend.flashinfer import decode_family, extend_family
-    from sglang_inkling_backend.flashinfer.decode import decode_kernel_setting
-    from sglang_inkling_backend.flashinfer.extend import extend_kernel_setting
-    from sglang_inkling_backend.flashinfer.install import float_workspace, load_flashinfer
     from sglang_inkling_backend.triton.plan import route_note
 
-    wanted = (extend_kernel_setting(), decode_kernel_setting()) != ("triton", "triton")
-    workspace = float_workspace(device) if wanted and load_flashinfer(device)[0] is not None else None
-    family, note = extend_family(device, workspace)
+    family, note = extend_family(device)  # allocates the route's float workspace; the decode family shares it
+    decoder, decode_note = decode_family(device, family.workspace if family is not None else None)
     extend = (f"{note} where a layer's semantics are FlashInfer's, else the Triton kernel" if family is not None
               else f"the Triton kernel ({note})")
-    decoder, decode_note = decode_family(device, workspace)
     decode = (f"{decode_note} for 16-bit pools where it serves the layer" if decoder is not None
               else f"the Triton kernels ({decode_note})")
     return (TritonRoute(extend_family=family, decode_family=decoder),

@@ -21,6 +21,7 @@ pytest.importorskip("triton")
 from sglang_inkling_backend import triton as kernels  # noqa: E402
 from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV  # noqa: E402
 from sglang_inkling_backend.flashinfer import decode as fi_decode  # noqa: E402
+from sglang_inkling_backend.flashinfer import extend as fi_extend  # noqa: E402
 from sglang_inkling_backend.layer_plan import LayerSpec  # noqa: E402
 from sglang_inkling_backend.rails import KVPages, gather_rails, window_start  # noqa: E402
 from sglang_inkling_backend.reference.attention import paged_decode_attention as reference_decode  # noqa: E402
@@ -270,16 +271,20 @@ def test_a_first_call_failure_falls_back_once_and_later_failures_raise(caplog):
         step(route, q, kv, rails, params, DecodePlanCache())
 
 
-def test_decode_family_setting(monkeypatch):
+@pytest.mark.parametrize("family_of, env", [(fi_decode.decode_family, fi_decode.DECODE_KERNEL_ENV),
+                                             (fi_extend.extend_family, fi_extend.EXTEND_KERNEL_ENV)])
+def test_family_settings(monkeypatch, family_of, env):
+    """INKLING_DECODE_KERNEL and INKLING_EXTEND_KERNEL (install.find_flashinfer): triton turns the family off, an
+    unknown value and flashinfer without FlashInfer raise naming the variable, auto says why not."""
     cpu = torch.device("cpu")
-    monkeypatch.setenv(fi_decode.DECODE_KERNEL_ENV, "xqa")
-    with pytest.raises(ValueError, match="INKLING_DECODE_KERNEL must be one of"):
-        fi_decode.decode_family(cpu)
-    monkeypatch.setenv(fi_decode.DECODE_KERNEL_ENV, "triton")
-    assert fi_decode.decode_family(cpu) == (None, "INKLING_DECODE_KERNEL=triton")
-    monkeypatch.delenv(fi_decode.DECODE_KERNEL_ENV)
-    fam, why = fi_decode.decode_family(cpu)
+    monkeypatch.setenv(env, "xqa")
+    with pytest.raises(ValueError, match=f"{env} must be one of"):
+        family_of(cpu)
+    monkeypatch.setenv(env, "triton")
+    assert family_of(cpu) == (None, f"{env}=triton")
+    monkeypatch.delenv(env)
+    fam, why = family_of(cpu)
     assert fam is None and "NVIDIA GPUs only" in why
-    monkeypatch.setenv(fi_decode.DECODE_KERNEL_ENV, "flashinfer")
-    with pytest.raises(ValueError, match="INKLING_DECODE_KERNEL=flashinfer, but FlashInfer runs on NVIDIA GPUs only"):
-        fi_decode.decode_family(cpu)
+    monkeypatch.setenv(env, "flashinfer")
+    with pytest.raises(ValueError, match=f"{env}=flashinfer, but FlashInfer runs on NVIDIA GPUs only"):
+        family_of(cpu)

@@ -181,21 +181,6 @@ def test_a_first_call_failure_falls_back_once_and_later_failures_raise(caplog):
         route.extend(q, kv, rails, qo, params, plans=DecodePlanCache())
 
 
-def test_extend_family_setting(monkeypatch):
-    cpu = torch.device("cpu")
-    monkeypatch.setenv(fi_extend.EXTEND_KERNEL_ENV, "cutlass")
-    with pytest.raises(ValueError, match="INKLING_EXTEND_KERNEL must be one of"):
-        fi_extend.extend_family(cpu)
-    monkeypatch.setenv(fi_extend.EXTEND_KERNEL_ENV, "triton")
-    assert fi_extend.extend_family(cpu) == (None, "INKLING_EXTEND_KERNEL=triton")
-    monkeypatch.delenv(fi_extend.EXTEND_KERNEL_ENV)
-    family, why = fi_extend.extend_family(cpu)
-    assert family is None and "NVIDIA GPUs only" in why
-    monkeypatch.setenv(fi_extend.EXTEND_KERNEL_ENV, "flashinfer")
-    with pytest.raises(ValueError, match="INKLING_EXTEND_KERNEL=flashinfer, but FlashInfer runs on NVIDIA GPUs only"):
-        fi_extend.extend_family(cpu)
-
-
 @pytest.mark.parametrize("fmt", ["mxfp8", "fp8"])
 @pytest.mark.parametrize("family", [False, True])
 @pytest.mark.parametrize("prefixes", [(0, 30, 9), (0, 0, 0)])
