@@ -28,29 +28,11 @@ from sglang_inkling_backend import mxfp8  # noqa: E402
 from sglang_inkling_backend import triton as kernels  # noqa: E402
 from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV, SpecVerify  # noqa: E402
 from sglang_inkling_backend.reference.attention import paged_extend_attention as reference  # noqa: E402
+from sglang_inkling_backend.reference.draft_trees import chain_tree, random_tree  # noqa: E402
 from sglang_inkling_backend.scale_layout import ScaleLayout  # noqa: E402
 
 BOUND = 4e-3
 failures = []
-
-
-def tree(n, g):
-    parents = [-1] + [0] * min(2, n - 1)
-    parents += [int(torch.randint(0, i, (1,), generator=g)) for i in range(len(parents), n)]
-    mask, depths = torch.zeros(n, n, dtype=torch.bool), torch.zeros(n, dtype=torch.int64)
-    for i in range(n):
-        j = i
-        while j >= 0:
-            mask[i, j], j = True, parents[j]
-            depths[i] += 1
-    return mask, depths - 1
-
-
-def verify_of(trees, dev):
-    masks, depths = zip(*trees)
-    counts = [m.numel() for m in masks]
-    return SpecVerify(torch.cat([m.reshape(-1) for m in masks]).to(dev), torch.tensor([0, *counts]).cumsum(0).to(dev),
-                      torch.cat(depths).to(dev))
 
 
 def pool(fmt, slots, hkv, d, g, dev):
@@ -95,9 +77,8 @@ def main() -> int:
             indices = torch.randperm(slots, generator=g)[:sum(lens)].to(dev)
             qo = (torch.arange(len(prefixes) + 1) * drafts).to(dev)
             q = torch.randn(len(prefixes) * drafts, hq, d_head, generator=g).bfloat16().to(dev)
-            verify = verify_of([tree(drafts, g) for _ in prefixes], dev)
-            chain = verify_of([(torch.ones(drafts, drafts, dtype=torch.bool).tril(), torch.arange(drafts))
-                               for _ in prefixes], dev)
+            verify = SpecVerify.from_trees([random_tree(drafts, g) for _ in prefixes], dev)
+            chain = SpecVerify.from_trees([chain_tree(drafts) for _ in prefixes], dev)
             variants = {"full": AttentionParams(d_head ** -0.5), "window 256": AttentionParams(d_head ** -0.5,
                                                                                                 window=256),
                         "inkling bias": AttentionParams(1.0 / d_head, rel_bias=torch.randn(

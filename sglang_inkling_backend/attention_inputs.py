@@ -208,6 +208,17 @@ class SpecVerify:
     def num_requests(self) -> int:
         return len(self.draft_lens)
 
+    @classmethod
+    def from_trees(cls, trees, device=None) -> "SpecVerify":
+        """From each request's ``(mask [D_b, D_b] bool, depths [D_b])``, in request order (checked as always)."""
+        trees = list(trees)
+        if not trees:
+            raise ValueError("from_trees needs at least one request's tree")
+        masks, depths = zip(*trees)
+        counts = torch.tensor([0] + [m.numel() for m in masks]).cumsum(0)
+        parts = (torch.cat([m.reshape(-1) for m in masks]), counts, torch.cat(depths))
+        return cls(*(t if device is None else t.to(device) for t in parts))
+
     def check_queries(self, qo_indptr: torch.Tensor) -> None:
         """ValueError unless the extend has one request per tree and request b ``D_b`` query rows."""
         qlens = qo_indptr.diff().tolist()

@@ -18,6 +18,7 @@ from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV, Sp
 from sglang_inkling_backend.layer_plan import LayerSpec
 from sglang_inkling_backend.rails import KVRails, window_start
 from sglang_inkling_backend.reference.attention import paged_extend_attention
+from sglang_inkling_backend.reference.draft_trees import chain_tree as chain, random_parents, tree_from_parents as tree_of
 from sglang_inkling_backend.routes import TorchRoute
 from sglang_inkling_backend.step_plans import DecodePlanCache
 
@@ -26,37 +27,8 @@ PREFIX, DRAFTS = [9, 3, 14], [7, 5, 6]  # per request: cached keys, draft tokens
 REL_EXTENT = 8
 
 
-def random_parents(n: int, g: torch.Generator) -> list[int]:
-    """A tree of ``n`` drafts as parent pointers (-1: the root, draft 0), each parent an earlier draft; drafts 1 and
-    2 are both children of the root, so every tree branches."""
-    parents = [-1] + [0] * min(2, n - 1)
-    parents += [int(torch.randint(0, i, (1,), generator=g)) for i in range(len(parents), n)]
-    return parents
-
-
-def tree_of(parents: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mask ``[n, n]`` (ancestors and self) and depths ``[n]`` from parent pointers."""
-    n = len(parents)
-    mask = torch.zeros(n, n, dtype=torch.bool)
-    depths = torch.zeros(n, dtype=torch.int64)
-    for i in range(n):
-        j, depth = i, 0
-        while j >= 0:
-            mask[i, j] = True
-            j = parents[j]
-            depth += 1
-        depths[i] = depth - 1
-    return mask, depths
-
-
 def spec_verify(masks, depths) -> SpecVerify:
-    counts = [m.numel() for m in masks]
-    return SpecVerify(torch.cat([m.reshape(-1) for m in masks]), torch.tensor([0] + counts).cumsum(0),
-                      torch.cat(depths))
-
-
-def chain(n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.ones(n, n, dtype=torch.bool).tril(), torch.arange(n)
+    return SpecVerify.from_trees(zip(masks, depths))
 
 
 def dense_float64(q, k, v, prefix, mask, depths, scale, window=None, rel=None):

@@ -21,6 +21,7 @@ from sglang_inkling_backend import triton as kernels  # noqa: E402
 from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV, SpecVerify  # noqa: E402
 from sglang_inkling_backend.rails import KVRails  # noqa: E402
 from sglang_inkling_backend.reference.attention import paged_extend_attention as reference_extend  # noqa: E402
+from sglang_inkling_backend.reference.draft_trees import chain_tree, random_tree  # noqa: E402
 from sglang_inkling_backend.scale_layout import ScaleLayout  # noqa: E402
 from sglang_inkling_backend.step_plans import DecodePlanCache  # noqa: E402
 from sglang_inkling_backend.triton.route import TritonRoute  # noqa: E402
@@ -32,26 +33,8 @@ PREFIX, DRAFTS = (9, 0, 40), (7, 5, 6)
 TOL = 1e-2
 
 
-def tree(n, g):
-    """A random branching tree of n drafts (BFS order: every parent earlier): mask [n, n] of ancestors and self,
-    depths [n]."""
-    parents = [-1] + [0] * min(2, n - 1)
-    parents += [int(torch.randint(0, i, (1,), generator=g)) for i in range(len(parents), n)]
-    mask = torch.zeros(n, n, dtype=torch.bool)
-    depths = torch.zeros(n, dtype=torch.int64)
-    for i in range(n):
-        j, depth = i, 0
-        while j >= 0:
-            mask[i, j], j, depth = True, parents[j], depth + 1
-        depths[i] = depth - 1
-    return mask, depths
-
-
 def spec_verify(trees):
-    masks, depths = zip(*trees)
-    counts = [m.numel() for m in masks]
-    return SpecVerify(torch.cat([m.reshape(-1) for m in masks]).to(DEV), torch.tensor([0, *counts]).cumsum(0).to(DEV),
-                      torch.cat(depths).to(DEV))
+    return SpecVerify.from_trees(trees, DEV)
 
 
 def make_case(fmt, seed):
@@ -71,7 +54,7 @@ def make_case(fmt, seed):
     rails = KVRails(torch.tensor([0, *lens]).cumsum(0).to(DEV), torch.randperm(SLOTS, generator=g)[:sum(lens)].to(DEV))
     qo = torch.tensor([0, *DRAFTS]).cumsum(0).to(DEV)
     q = torch.randn(sum(DRAFTS), HQ, D, generator=g).bfloat16().to(DEV)
-    return g, kv, rails, qo, q, spec_verify([tree(n, g) for n in DRAFTS])
+    return g, kv, rails, qo, q, spec_verify([random_tree(n, g) for n in DRAFTS])
 
 
 def rel_err(got, want):
@@ -99,7 +82,7 @@ def test_verify_matches_the_reference(fmt, variant):
     assert rel_err(got, want) < TOL
     # The tolerance tells the tree apart: another tree of the same sizes differs by more, and where positions matter
     # (a window, the relative bias) so do positions by row instead of depth.
-    others = [spec_verify([tree(n, torch.Generator().manual_seed(99 + n)) for n in DRAFTS])]
+    others = [spec_verify([random_tree(n, torch.Generator().manual_seed(99 + n)) for n in DRAFTS])]
     if variant in ("window", "inkling"):
         others.append(SpecVerify(verify.tree_mask, verify.mask_indptr,
                                  torch.cat([torch.arange(n) for n in DRAFTS]).to(DEV)))
@@ -111,7 +94,7 @@ def test_verify_matches_the_reference(fmt, variant):
 def test_a_chain_is_the_plain_extend():
     g, kv, rails, qo, q, _ = make_case("mxfp8", seed=13)
     params = AttentionParams(D ** -0.5, window=5)
-    chain = spec_verify([(torch.ones(n, n, dtype=torch.bool).tril(), torch.arange(n)) for n in DRAFTS])
+    chain = spec_verify([chain_tree(n) for n in DRAFTS])
     got = triton_verify(q, kv, rails, qo, params, chain)
     plain = kernels.paged_extend_attention(q, kv, rails.indptr, rails.indices, qo, params, out=torch.empty(
         q.shape, dtype=torch.float32, device=q.device), block_rows=16, block_n=16)
@@ -141,7 +124,7 @@ def test_bad_verify_input_is_refused():
     params = AttentionParams(D ** -0.5)
     with pytest.raises(TypeError, match="verify must be None or a SpecVerify"):
         kernels.paged_extend_attention(q, kv, rails.indptr, rails.indices, qo, params, verify="tree")
-    short = spec_verify([tree(n, g) for n in (7, 5, 5)])
+    short = spec_verify([random_tree(n, g) for n in (7, 5, 5)])
     with pytest.raises(ValueError, match=r"request 2 has 5 draft tokens \(mask_indptr\) but 6 query rows"):
         kernels.paged_extend_attention(q, kv, rails.indptr, rails.indices, qo, params, verify=short)
     table = torch.zeros(3, 4, dtype=torch.int32, device=DEV)

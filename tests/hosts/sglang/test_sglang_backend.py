@@ -34,6 +34,7 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E4
 from sglang_inkling_backend import mxfp8  # noqa: E402
 from sglang_inkling_backend.hosts.sglang.backend import InklingAttnBackend  # noqa: E402
 from sglang_inkling_backend.hosts.sglang.pool import inkling_pool_class  # noqa: E402
+from sglang_inkling_backend.reference.draft_trees import chain_tree, random_tree  # noqa: E402
 
 HQ, HKV, D = 4, 2, 32
 WINDOW_SIZE = 3  # RadixAttention.sliding_window_size: 4 visible keys
@@ -397,19 +398,6 @@ def test_unsupported_calls_fail_clearly():
         ours.init_cuda_graph_state(4, 4)
 
 
-def draft_tree(n, gen):
-    """A random branching tree of n drafts in BFS order (each parent earlier): ancestors-and-self mask, depths."""
-    parents = [-1] + [0] * min(2, n - 1)
-    parents += [int(torch.randint(0, i, (1,), generator=gen)) for i in range(len(parents), n)]
-    mask, depths = torch.zeros(n, n, dtype=torch.bool), torch.zeros(n, dtype=torch.int64)
-    for i in range(n):
-        j = i
-        while j >= 0:
-            mask[i, j], j = True, parents[j]
-            depths[i] += 1
-    return mask, depths - 1
-
-
 def target_verify_batch(h, rows, d, trees, full_layout):
     """SGLang's TARGET_VERIFY batch: d draft slots per request after its cached keys, seq_lens excluding them,
     positions seq_len + depth, custom_mask in the FULL layout ([d, seq_len + d] per request) or the tree alone."""
@@ -464,7 +452,7 @@ def test_target_verify_batches_attend_their_draft_trees(route, full_layout):
     ours = InklingAttnBackend(h.runner) if route == "torch" else triton_backend(h)
     run_script(h, [ours], steps=3)  # requests 0-3 prefilled
     d, rows = 5, [0, 1, 3]
-    trees = [draft_tree(d, h.gen) for _ in rows]
+    trees = [random_tree(d, h.gen) for _ in rows]
     fb = target_verify_batch(h, rows, d, trees, full_layout)
     ours.init_forward_metadata(fb)
     assert ours.forward_metadata.verify is not None and ours.forward_metadata.verify.draft_lens == (d, d, d)
@@ -472,7 +460,7 @@ def test_target_verify_batches_attend_their_draft_trees(route, full_layout):
         q, k, v = h.qkv(fb, layer)
         out = ours.forward(q, k, v, layer, fb)
         want = dense_verify(h, fb, layer, q, k, v, trees)
-        chain = dense_verify(h, fb, layer, q, k, v, [(torch.ones(d, d, dtype=torch.bool).tril(), torch.arange(d))] * 3)
+        chain = dense_verify(h, fb, layer, q, k, v, [chain_tree(d)] * 3)
         assert float((out.float() - want).abs().max()) <= 2e-2
         assert float((out.float() - chain).abs().max()) > 0.1
 
@@ -482,7 +470,7 @@ def test_target_verify_input_is_checked_naming_it():
     h = Harness(layers, bf16_pool())
     ours = InklingAttnBackend(h.runner)
     run_script(h, [ours], steps=1)  # requests 0 and 1 prefilled
-    trees = [draft_tree(3, h.gen) for _ in range(2)]
+    trees = [random_tree(3, h.gen) for _ in range(2)]
     fb = target_verify_batch(h, [0, 1], 3, trees, full_layout=True)
     hidden = SimpleNamespace(**vars(fb.spec_info))
     hidden.custom_mask = fb.spec_info.custom_mask.clone()
