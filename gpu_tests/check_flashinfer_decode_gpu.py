@@ -114,7 +114,7 @@ def main():
         lens = [int(x) for x in torch.randint(1, CTX + 1, (bs,), generator=gen)]
         rails, _ = batch(gen, lens, windows, dev)
         keys = Step(rails, CTX)
-        route.plan_graph_step(keys, layers, torch.tensor(lens), kv_dtype=torch.bfloat16, max_bs=MAX_BS,
+        route.plan_graph_step(keys, layers, torch.tensor(lens), kv_format="bf16", max_bs=MAX_BS,
                               max_seq_len=CTX)
         for buf, s in zip(q_bufs, layers):
             buf.copy_(torch.randn(bs, s.num_q_heads, D, generator=gen).bfloat16().to(dev))

@@ -88,23 +88,27 @@ class FlashInferDecode:
     def plan_key(window: Optional[int], hq: int, hkv: int, d: int, dtype: torch.dtype, params: AttentionParams):
         return (PLAN_TAG, window, hq, hkv, d, dtype, params.logit_cap, params.softmax_scale)
 
-    def serves_layer(self, kv_dtype: torch.dtype, head_dim: int, params: AttentionParams) -> bool:
-        """Whether a layer's static facts allow this family (the call may still carry a bias or sinks)."""
-        return (kv_dtype in (torch.bfloat16, torch.float16) and head_dim in HEAD_DIMS and params.rel_bias is None
-                and params.sinks is None)
-
-    def why_not(self, q: torch.Tensor, kv: PagedKV, keys, params: AttentionParams, plans) -> str:
-        """"" when this family serves the layer's decode now, else the reason (a phrase for a log line)."""
-        if kv.kv_format not in SERVED_FORMATS:
-            return f"a {kv.kv_format} pool (this package's kernels read 8-bit pools)"
-        if not isinstance(keys, KVRails):
-            return "a page table (FlashInfer's decode here reads per-token rails)"
+    @staticmethod
+    def layer_why_not(kv_format: str, head_dim: int, params: AttentionParams) -> str:
+        """"" when a layer's pool and parameters allow this family, else the reason (the call's keys and query are
+        ``why_not``'s)."""
+        if kv_format not in SERVED_FORMATS:
+            return f"a {kv_format} pool (this package's kernels read 8-bit pools)"
         if params.rel_bias is not None:
             return "a relative bias (FlashInfer's decode adds none)"
         if params.sinks is not None:
             return "attention sinks"
-        if kv.head_dim not in HEAD_DIMS:
-            return f"head_dim {kv.head_dim} (FlashInfer's decode serves {HEAD_DIMS})"
+        if head_dim not in HEAD_DIMS:
+            return f"head_dim {head_dim} (FlashInfer's decode serves {HEAD_DIMS})"
+        return ""
+
+    def why_not(self, q: torch.Tensor, kv: PagedKV, keys, params: AttentionParams, plans) -> str:
+        """"" when this family serves the layer's decode now, else the reason (a phrase for a log line)."""
+        why = self.layer_why_not(kv.kv_format, kv.head_dim, params)
+        if why:
+            return why
+        if not isinstance(keys, KVRails):
+            return "a page table (FlashInfer's decode here reads per-token rails)"
         if q.dtype != kv.k_buffer.dtype:
             return f"a {q.dtype} query over a {kv.k_buffer.dtype} pool"
         key = self.plan_key(params.window, q.shape[1], kv.num_kv_heads, kv.head_dim, q.dtype, params)

@@ -17,6 +17,7 @@ from typing import Optional, Union
 
 import torch
 
+from sglang_inkling_backend import mxfp8
 from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV
 from sglang_inkling_backend.checks import stream_capturing, triton_head_dim_ok
 from sglang_inkling_backend.layer_plan import LayerSpec, attention_params
@@ -102,7 +103,7 @@ class TritonRoute:
         return self.kernels.run_decode(plan, q, kv, *csr, params, check=False, page_table=table[0],
                                        seq_lens=table[1])
 
-    def plan_graph_step(self, keys, layers, seq_lens_host: torch.Tensor, *, kv_dtype: torch.dtype, max_bs: int,
+    def plan_graph_step(self, keys, layers, seq_lens_host: torch.Tensor, *, kv_format: str, max_bs: int,
                         max_seq_len: int) -> None:
         """Before a decode CUDA graph is captured or replayed, outside the capture: plan what a layer cannot plan
         inside one. This package's kernels plan from host ints inside the capture; FlashInfer's decode (the decode
@@ -122,12 +123,13 @@ class TritonRoute:
             if not isinstance(spec, LayerSpec) or not spec.has_attention or spec.rel_extent is not None:
                 continue  # a relative bias comes with every call: this package's kernels serve it
             params = attention_params(spec, rows=bs)
-            if not family.serves_layer(kv_dtype, spec.head_dim, params):
+            if family.layer_why_not(kv_format, spec.head_dim, params):
                 continue
             rails = keys.decode_keys(spec.window, self.reads_page_tables)
             if not isinstance(rails, KVRails):
                 continue
-            key = family.plan_key(spec.window, spec.num_q_heads, spec.num_kv_heads, spec.head_dim, kv_dtype, params)
+            key = family.plan_key(spec.window, spec.num_q_heads, spec.num_kv_heads, spec.head_dim,
+                                  mxfp8.STORAGE_DTYPE[kv_format], params)
             if keys.plans.has(key):
                 continue
             max_keys = max_seq_len if spec.window is None else min(spec.window, max_seq_len)

@@ -224,7 +224,7 @@ def test_graph_step_plans_per_batch_size_over_stable_buffers():
         q, full, lens = decode_batch(gen, seq_lens)
         _, local, _ = decode_batch(torch.Generator().manual_seed(sum(seq_lens)), seq_lens, window=11)
         keys = Step({None: full, 11: local})
-        route.plan_graph_step(keys, layers, lens.cpu(), kv_dtype=torch.bfloat16, max_bs=8, max_seq_len=64)
+        route.plan_graph_step(keys, layers, lens.cpu(), kv_format="bf16", max_bs=8, max_seq_len=64)
         assert len(keys.plans) == 2  # the full and the windowed key; the biased layer plans nothing
         for spec, rails in ((layers[0], full), (layers[1], local)):
             params = AttentionParams(D ** -0.5, window=spec.window)
@@ -237,18 +237,18 @@ def test_graph_step_plans_per_batch_size_over_stable_buffers():
     assert PagedDecode.made == 2 and PagedDecode.plans == 6  # batch size 4: one wrapper per key, planned per step
     assert fam._graph_rails[None].indices.numel() == 8 * 64 and fam._graph_rails[11].indices.numel() == 8 * 11
     with pytest.raises(ValueError, match=r"seq_lens_host must lie in \[1, 64\]"):
-        route.plan_graph_step(Step({}), layers, torch.tensor([65]), kv_dtype=torch.bfloat16, max_bs=8,
+        route.plan_graph_step(Step({}), layers, torch.tensor([65]), kv_format="bf16", max_bs=8,
                               max_seq_len=64)
     with pytest.raises(ValueError, match=r"seq_lens_host must hold 1 to 8 requests \(max_bs\), got 9"):
-        route.plan_graph_step(Step({}), layers, torch.ones(9, dtype=torch.int64), kv_dtype=torch.bfloat16, max_bs=8,
+        route.plan_graph_step(Step({}), layers, torch.ones(9, dtype=torch.int64), kv_format="bf16", max_bs=8,
                               max_seq_len=64)
     with pytest.raises(TypeError, match="seq_lens_host must be a 1-D int32/int64 CPU tensor"):
-        route.plan_graph_step(Step({}), layers, torch.tensor([1.0]), kv_dtype=torch.bfloat16, max_bs=8,
+        route.plan_graph_step(Step({}), layers, torch.tensor([1.0]), kv_format="bf16", max_bs=8,
                               max_seq_len=64)
     with pytest.raises(ValueError, match="graph buffers of window None hold 8 requests of 64 keys; asked for 9"):
         fam.graph_rails(None, 9, 64)
     mx = Step({})
-    route.plan_graph_step(mx, layers, torch.tensor([3]), kv_dtype=torch.float8_e4m3fn, max_bs=8, max_seq_len=64)
+    route.plan_graph_step(mx, layers, torch.tensor([3]), kv_format="mxfp8", max_bs=8, max_seq_len=64)
     assert len(mx.plans) == 0  # an 8-bit pool: this package's kernels
 
 

@@ -218,7 +218,7 @@ class InklingAttnBackend(AttentionBackend):
         md.max_seq_len = self.max_context_len
         plan_graph_step = getattr(self.route, "plan_graph_step", None)
         if plan_graph_step is not None:  # what the route cannot plan inside the graph (FlashInfer's decode)
-            plan_graph_step(md, self.attention_specs, host, kv_dtype=mxfp8.STORAGE_DTYPE[self.kv_format],
+            plan_graph_step(md, self.attention_specs, host, kv_format=self.kv_format,
                             max_bs=self._graph_buffers.max_bs, max_seq_len=self.max_context_len)
         self.forward_metadata = md
 

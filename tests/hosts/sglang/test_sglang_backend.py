@@ -771,7 +771,7 @@ def test_graph_metadata_plans_the_route_outside_the_graph_with_the_host_lengths(
     keys, specs, host, kw = calls[-1]
     assert keys is ours.forward_metadata and host.device.type == "cpu"
     assert host.tolist() == fb.seq_lens.tolist() + [1]
-    assert kw == {"kv_dtype": torch.bfloat16, "max_bs": 8, "max_seq_len": 600}
+    assert kw == {"kv_format": "bf16", "max_bs": 8, "max_seq_len": 600}
     assert [s.window for s in specs] == [ours.layer_plan.window(i) for i in ours.layer_plan.attention_layer_ids]
     ours.init_forward_metadata_out_graph(SimpleNamespace(**{**vars(view), "seq_lens_cpu": None}))
     assert calls[-1][2].tolist() == fb.seq_lens.tolist() + [1] and calls[-1][2].device.type == "cpu"
