@@ -32,7 +32,7 @@ from sglang_inkling_backend.hosts.sglang.layers import layer_plan_of, radix_laye
 from sglang_inkling_backend.hosts.sglang.metadata import (DecodeGraphBuffers, InklingForwardMetadata,
                                                           build_forward_metadata)
 from sglang_inkling_backend.hosts.sglang.pool import InklingMHATokenToKVPool
-from sglang_inkling_backend.hosts.sglang.spec_verify import draft_count, spec_verify_of
+from sglang_inkling_backend.hosts.sglang.spec_verify import spec_verify_of
 from sglang_inkling_backend.hosts.sglang.version import check_sglang_version
 from sglang_inkling_backend.layer_plan import LayerSpec
 from sglang_inkling_backend.routes import choose_route
@@ -168,7 +168,7 @@ class InklingAttnBackend(AttentionBackend):
             # An extend of D draft tokens per request over its seq_lens cached keys (SGLang's seq_lens exclude them)
             host = seq_lens_cpu if seq_lens_cpu is not None else seq_lens.cpu()
             verify = spec_verify_of(forward_batch.spec_info, host)
-            d = draft_count(forward_batch.spec_info)
+            d = verify.draft_lens[0]  # spec_info.draft_token_num, the same for every request
             seq_lens = seq_lens + d
             seq_lens_cpu = host + d
             extend_seq_lens = torch.full_like(seq_lens, d)
