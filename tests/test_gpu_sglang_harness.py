@@ -292,42 +292,19 @@ def test_the_q_bf16_diagnostic_passes_only_the_inkling_attention_q_through():
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
 
 
-ALLOW_NGRAM_CHECK = r"""
-import os
-from types import SimpleNamespace
-from sglang_inkling_backend.hosts.sglang import hooks
-cfg = lambda algo, hicache=False: SimpleNamespace(speculative_algorithm=algo, kv_cache_dtype="mxfp8",
-                                                  enable_hierarchical_cache=hicache)
-hooks.validate_server_args(cfg("NGRAM"), None, prefill=True, decode=True)
-try:
-    hooks.validate_server_args(cfg("EAGLE"), None, prefill=True, decode=True)
-except ValueError as e:
-    assert "does not support speculative decoding (--speculative-algorithm EAGLE)" in str(e), e
-else:
-    raise AssertionError("EAGLE got through")
-try:
-    hooks.validate_server_args(cfg(None, hicache=True), None, prefill=True, decode=True)
-except ValueError as e:
-    assert os.environ.get("INKLING_TEST_ALLOW_HICACHE") != "1" and "--enable-hierarchical-cache" in str(e), e
-else:
-    assert os.environ.get("INKLING_TEST_ALLOW_HICACHE") == "1", "HiCache with mxfp8 got through without the knob"
-print("ok")
-"""
-
-
-@pytest.mark.parametrize("allow, hicache", [(True, False), (True, True), (False, False)])
-def test_the_ngram_knob_lets_only_ngram_past_the_start_up_refusal(allow, hicache):
-    """patches/sitecustomize.py's INKLING_TEST_ALLOW_NGRAM (run_parity.sh's ngram tag): NGRAM passes the inkling
-    start-up check, EAGLE is still refused; without the knob NGRAM is refused too. INKLING_TEST_ALLOW_HICACHE (the
-    hicache tag) lets HiCache with MXFP8 through, which is refused without it."""
-    env = {"PYTHONPATH": f"{HARNESS / 'patches'}:{HARNESS.parents[1]}", "PATH": "/usr/bin:/bin"}
-    if allow:
-        env["INKLING_TEST_ALLOW_NGRAM"] = "1"
-    if hicache:
-        env["INKLING_TEST_ALLOW_HICACHE"] = "1"
-    done = subprocess.run([sys.executable, "-c", ALLOW_NGRAM_CHECK], env=env, capture_output=True, text=True,
-                          timeout=300)
-    if allow:
-        assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
-    else:
-        assert done.returncode != 0 and "(--speculative-algorithm NGRAM)" in done.stderr, done.stderr[-2000:]
+def test_compare_adds_the_evict_phase_requests_when_either_run_has_them():
+    """serve_check --evict-tokens: the documents' first and second requests are compared after the rest; a run
+    without the phase shows them missing instead of dropping them."""
+    compare = _compare_module()
+    ref = _record([1, 2, 3, 4], [1.0] * 4)
+    doc = {"output_ids": [5, 6], "logprobs": [-0.5, -0.5], "top2": [[[5, -0.5], [6, -2.0]], [[6, -0.5], [7, -2.0]]],
+           "cached_tokens": 2048, "cached_tokens_details": {"device": 0, "host": 2048}}
+    with_phase = dict(ref, evict_reload={"first": [doc, doc], "second": [doc, dict(doc, output_ids=[5, 9])]})
+    same = compare.compare(with_phase, with_phase)
+    assert same["requests"] == 7 and same["requests_identical"] == 5 and same["missing"] == 2  # text, prefix_hit
+    other = dict(ref, evict_reload={"first": [doc, doc], "second": [doc, doc]})
+    diverged = compare.compare(with_phase, other)
+    assert diverged["requests_diverged"] == 1 and diverged["rows"][-1]["first_divergence"] == 1
+    assert diverged["rows"][-1]["cached_tokens_details"][1] == {"device": 0, "host": 2048}
+    assert compare.compare(with_phase, ref)["missing"] == 6  # text, prefix_hit and the other run's 4
+    assert compare.compare(ref, ref)["requests"] == 3  # neither has the phase: as before

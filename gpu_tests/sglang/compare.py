@@ -21,13 +21,21 @@ from pathlib import Path
 NEAR_TIE_NATS = 0.125
 
 
-def requests_of(record: dict) -> list[dict]:
-    return list(record.get("concurrent") or []) + [record.get("text"), record.get("prefix_hit")]
+def requests_of(record: dict, evict_phase: bool = False) -> list[dict]:
+    """The requests in a fixed order: the concurrent ones, the text prompt, the prefix hit, then with
+    ``evict_phase`` (serve_check ``--evict-tokens``) the two documents' first and second requests (None where the
+    record has no such phase)."""
+    out = list(record.get("concurrent") or []) + [record.get("text"), record.get("prefix_hit")]
+    if evict_phase:
+        phase = record.get("evict_reload") or {}
+        out += list(phase.get("first") or [None, None]) + list(phase.get("second") or [None, None])
+    return out
 
 
 def compare(ref: dict, other: dict) -> dict:
     rows = []
-    for i, (a, b) in enumerate(zip(requests_of(ref), requests_of(other))):
+    evict_phase = bool(ref.get("evict_reload") or other.get("evict_reload"))
+    for i, (a, b) in enumerate(zip(requests_of(ref, evict_phase), requests_of(other, evict_phase))):
         if a is None or b is None:
             rows.append({"request": i, "missing": True})
             continue
@@ -42,7 +50,8 @@ def compare(ref: dict, other: dict) -> dict:
                "divergence_is_near_tie": (first is not None and first < len(gaps) and gaps[first] <= NEAR_TIE_NATS),
                "near_ties_ref": len(near_ties), "min_gap_ref": min(gaps) if gaps else None,
                "mean_abs_dlogprob": sum(dlp) / len(dlp) if dlp else None,
-               "cached_tokens": [a.get("cached_tokens"), b.get("cached_tokens")]}
+               "cached_tokens": [a.get("cached_tokens"), b.get("cached_tokens")],
+               "cached_tokens_details": [a.get("cached_tokens_details"), b.get("cached_tokens_details")]}
         rows.append(row)
     ok = [r for r in rows if not r.get("missing")]
     total = sum(r["tokens"] for r in ok)

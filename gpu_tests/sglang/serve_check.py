@@ -5,6 +5,11 @@ Workload (seeded, the same for every backend): ``len(PROMPT_LENS)`` prompts of r
 (concurrent requests of mixed lengths; the longest cross the 256-token window of gemma3-swa and, with
 ``--chunked-prefill-size 512``, are prefilled in chunks); then a text prompt through the real tokenizer; then a
 prompt sharing a cached prefix with an earlier one (SGLang reports ``cached_tokens`` > 0: a prefix-cache hit).
+``--evict-tokens N`` adds a phase for the hierarchical cache: two documents (``EVICT_DOC_TOKENS`` tokens each) are
+prefilled one request at a time, then distinct prompts of ``N`` tokens in all, one at a time, push them out of a
+device pool smaller than N; then each document again with a new tail, one at a time: with HiCache its pages come back
+from host memory (``cached_tokens_details`` says how many from the device and from the host), without it they are
+computed again. Every request of the phase runs alone, so its tokens do not depend on what it was batched with.
 
     python gpu_tests/sglang/serve_check.py --model DIR --backend inkling --kv-cache-dtype mxfp8 --out run.json \
         [--log server.log] [-- extra server args]
@@ -30,6 +35,8 @@ NEW_TOKENS = 48
 SEED = 1234
 VOCAB_LOW, VOCAB_HIGH = 100, 49000
 TEXT_PROMPT = "The capital of France is"
+EVICT_DOC_TOKENS = 2048  # a multiple of the 512-token prefill chunk and of the 128-token page
+EVICT_FLOOD_PROMPT = 2000
 
 
 def free_port() -> int:
@@ -59,6 +66,7 @@ def generate(url: str, input_ids=None, text=None, new_tokens=NEW_TOKENS) -> dict
             "logprobs": [e[0] for e in meta["output_token_logprobs"]],
             "top2": [[[t[1], t[0]] for t in pos] for pos in meta["output_top_logprobs"]],
             "cached_tokens": meta.get("cached_tokens"), "prompt_tokens": meta.get("prompt_tokens"),
+            "cached_tokens_details": meta.get("cached_tokens_details"), "e2e_s": meta.get("e2e_latency"),
             "text": out.get("text")}
 
 
@@ -119,8 +127,29 @@ class Server:
             pass
 
 
+def evict_and_reload(url: str, evict_tokens: int, new_tokens=NEW_TOKENS) -> dict:
+    """The hierarchical-cache phase (module docstring): per document, its first request, then (after the flood) its
+    second, timed (``ttft_s``: the same prompt with one new token first would cache it on the device, so the time to
+    first token is the second request's with ``max_new_tokens`` 1, sent as a third document's reload)."""
+    rng = random.Random(SEED + 1)
+    docs = [[rng.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(EVICT_DOC_TOKENS)] for _ in range(3)]
+    first = [generate(url, input_ids=d + [111, 222, 333], new_tokens=new_tokens if i < 2 else 1)
+             for i, d in enumerate(docs)]
+    flood, sent = [], 0
+    while sent < evict_tokens:
+        prompt = [rng.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(EVICT_FLOOD_PROMPT)]
+        flood.append(generate(url, input_ids=prompt, new_tokens=1)["cached_tokens"])
+        sent += len(prompt)
+    started = time.monotonic()
+    ttft = generate(url, input_ids=docs[2] + [444, 555, 666], new_tokens=1)
+    ttft_s = time.monotonic() - started
+    second = [generate(url, input_ids=d + [444, 555, 666], new_tokens=new_tokens) for d in docs[:2]]
+    return {"first": first[:2], "second": second, "ttft_request": ttft, "ttft_s": ttft_s,
+            "flood_prompts": len(flood), "flood_tokens": sent, "flood_cached_tokens": flood}
+
+
 def run_workload(url: str, lens=PROMPT_LENS, new_tokens=NEW_TOKENS, with_prompt_logprobs=False,
-                 with_rescore=False) -> dict:
+                 with_rescore=False, evict_tokens=0) -> dict:
     ps = prompts(lens)
     results: list = [None] * len(ps)
     errors: list = []
@@ -149,6 +178,8 @@ def run_workload(url: str, lens=PROMPT_LENS, new_tokens=NEW_TOKENS, with_prompt_
         record["prompt_logprobs"] = [prompt_logprobs(url, p) for p in ps]
     if with_rescore:  # each concurrent request's prompt + greedy output again, as one extend (compare.py --self)
         record["rescored"] = [prompt_logprobs(url, p + r["output_ids"]) if r else None for p, r in zip(ps, results)]
+    if evict_tokens:
+        record["evict_reload"] = evict_and_reload(url, evict_tokens, new_tokens)
     return record
 
 
@@ -175,6 +206,9 @@ def main(argv=None) -> int:
     parser.add_argument("--rescore", action="store_true",
                         help="also score each request's prompt + its own greedy output in one extend pass: the "
                              "decode steps' logprobs against the prefill's on the same tokens (compare.py --self)")
+    parser.add_argument("--evict-tokens", type=int, default=0,
+                        help="the hierarchical-cache phase: this many flood tokens after two documents, then the "
+                             "documents again (more than the device pool holds; module docstring)")
     args = parser.parse_args(argv)
     lens = [int(x) for x in args.lens.split(",")]
     if not lens or min(lens) < 1 or args.new_tokens < 1:
@@ -197,7 +231,8 @@ def main(argv=None) -> int:
               "server_args": server_args}
     try:
         record["startup_s"] = server.start()
-        record.update(run_workload(server.url, lens, args.new_tokens, args.prompt_logprobs, args.rescore))
+        record.update(run_workload(server.url, lens, args.new_tokens, args.prompt_logprobs, args.rescore,
+                                   args.evict_tokens))
         rc = 0 if not record["errors"] else 1
     except Exception as exc:
         record["error"] = repr(exc)
