@@ -9,11 +9,15 @@
 # (INKLING_TEST_Q_BF16=1: with noprologue, the Inkling model's Q is not rounded to MXFP8, see patches/), querybf16
 # (INKLING_MXFP8_QUERY=bf16, the default: the backend's fused prologues keep the Inkling model's Q in bf16),
 # querymxfp8 (INKLING_MXFP8_QUERY=mxfp8: Q rounded to MXFP8, FA4's contract), ngram (--speculative-algorithm NGRAM,
-# BFS breadth 1 as a page-128 pool needs, graphs off, past the start-up refusal: patches/sitecustomize.py;
-# compare.py against the same entry with nograph: greedy tokens must agree), hicache (--enable-hierarchical-cache
-# past the start-up refusal for quantized KV, a device pool of PARITY_HICACHE_TOKENS (8192) tokens so the workload's
-# ~10k prompt tokens evict pages to host memory and its prefix hit loads them back; compare.py against the same
-# entry without it). Tags
+# BFS breadth 1 (SGLang refuses wider trees on a paged pool, page 128 for MXFP8, for every backend but flashinfer),
+# graphs off; compare.py against the same entry with nograph), ngramtree (NGRAM with SGLang's default BFS breadth
+# 10: draft trees, a page-1 (bf16) pool only), smallpool (a device pool of PARITY_SMALL_POOL_TOKENS (8192) tokens),
+# hicache (--enable-hierarchical-cache with smallpool and a host pool of 4x its tokens; with
+# PARITY_SERVE_ARGS="--evict-tokens 16000" the workload's documents (3 x 2051 tokens) are pushed out of the device
+# pool but stay in the host pool (a flood beyond it evicts them there too: no host hit) and are loaded back, see
+# serve_check.py; compare.py against the
+# same entry with smallpool, whose documents are computed again, and without it, whose documents stay on the device).
+# Tags
 # combine with "+", e.g. inkling-swa:triton:auto:tp2+noprefillgraph.
 # PARITY_SERVE_ARGS: more serve_check.py flags for every entry (e.g. "--prompt-logprobs --rescore").
 # FlashInfer: with the trimmed 0.7.2 tree carried in ../.fi072 (carry ".fi072") it is importable for EVERY entry, as
@@ -51,12 +55,12 @@ for entry in "$@"; do
       qbf16) envs+=(INKLING_TEST_Q_BF16=1) ;;
       querybf16) envs+=(INKLING_MXFP8_QUERY=bf16) ;;
       querymxfp8) envs+=(INKLING_MXFP8_QUERY=mxfp8) ;;
-      ngram) envs+=(INKLING_TEST_ALLOW_NGRAM=1)
-             extra+=(--speculative-algorithm NGRAM --speculative-ngram-max-bfs-breadth 1 --disable-cuda-graph) ;;
-      hicache) envs+=(INKLING_TEST_ALLOW_HICACHE=1)
-               extra+=(--enable-hierarchical-cache --max-total-tokens ${PARITY_HICACHE_TOKENS:-8192}) ;;
+      ngram) extra+=(--speculative-algorithm NGRAM --speculative-ngram-max-bfs-breadth 1 --disable-cuda-graph) ;;
+      ngramtree) extra+=(--speculative-algorithm NGRAM --disable-cuda-graph) ;;
+      smallpool) extra+=(--max-total-tokens ${PARITY_SMALL_POOL_TOKENS:-8192}) ;;
+      hicache) extra+=(--enable-hierarchical-cache --hicache-ratio 4 --max-total-tokens ${PARITY_SMALL_POOL_TOKENS:-8192}) ;;
       *) echo "entry $entry: unknown tag $t (nograph, noprefillgraph, broken, tp2, noprologue, qbf16, querybf16," \
-           "querymxfp8, ngram, hicache)"
+           "querymxfp8, ngram, ngramtree, smallpool, hicache)"
          exit 2 ;;
     esac
   done

@@ -43,11 +43,6 @@ are quantized as before. It separates Q's rounding from K/V's in the drift from 
 
 A deliberately broken inkling backend, to show that the parity check can fail:
 
-``INKLING_TEST_ALLOW_NGRAM=1``: the inkling start-up check lets ``--speculative-algorithm NGRAM`` through (it refuses
-speculative decoding until an H200 run shows NGRAM's verify steps served right; the backend serves TARGET_VERIFY
-eagerly, so run_parity.sh's ``ngram`` tag also turns CUDA graphs off). ``INKLING_TEST_ALLOW_HICACHE=1``: the same for
-``--enable-hierarchical-cache`` with a quantized KV cache (run_parity.sh's ``hicache`` tag).
-
 With ``INKLING_TEST_BREAK_SCALE=eps`` set, every attention call of ``--attention-backend inkling`` uses a softmax
 scale ``(1 + eps)`` times the layer's (the class of bug a wrong ``query_pre_attn_scalar`` or head-dim scale is).
 Unset (every other run): this file does nothing. It patches the class when ``sglang_inkling_backend.hosts.sglang.backend``
@@ -214,35 +209,6 @@ if _EPS:
 
     sys.meta_path.insert(0, _PatchOnImport("sglang_inkling_backend.hosts.sglang.backend", _patch))
 
-
-_ALLOW_NGRAM = os.environ.get("INKLING_TEST_ALLOW_NGRAM") == "1"
-_ALLOW_HICACHE = os.environ.get("INKLING_TEST_ALLOW_HICACHE") == "1"
-if _ALLOW_NGRAM or _ALLOW_HICACHE:
-    def _allow_untested(module):
-        original = module.validate_server_args
-
-        class _Without:
-            def __init__(self, cfg, hidden):
-                self._cfg, self._hidden = cfg, hidden
-
-            def __getattr__(self, name):
-                return self._hidden[name] if name in self._hidden else getattr(self._cfg, name)
-
-        def validate_server_args(cfg, model_config, **kwargs):
-            hidden = {}
-            if _ALLOW_NGRAM and str(getattr(cfg, "speculative_algorithm", None)).upper().endswith("NGRAM"):
-                hidden["speculative_algorithm"] = None
-            if _ALLOW_HICACHE and getattr(cfg, "enable_hierarchical_cache", False):
-                hidden["enable_hierarchical_cache"] = False
-            if hidden:
-                print(f"[sitecustomize] past the inkling start-up refusal (test knobs): {sorted(hidden)}",
-                      file=sys.stderr)
-                cfg = _Without(cfg, hidden)
-            return original(cfg, model_config, **kwargs)
-
-        module.validate_server_args = validate_server_args
-
-    sys.meta_path.insert(0, _PatchOnImport("sglang_inkling_backend.hosts.sglang.hooks", _allow_untested))
 
 
 def _run_next_sitecustomize():

@@ -8,9 +8,10 @@ Server-argument resolution hooks (``sglang.srt.arg_groups.resolution_hooks``; th
   both prefill and decode must be inkling, and the page size is 128 (set when unset; a forced other value is an
   error naming ``--page-size``).
 - ``handle_attention_backend_compatibility``: start-up validation of combinations this backend cannot serve
-  (speculative decoding, MLA, cross attention, unsupported ``--kv-cache-dtype``, head_dim not a multiple of 32 with
-  MXFP8, quantized KV shared with another backend), prefill CUDA graphs off, and decode CUDA graphs off when there is
-  no graph-capturable (Triton) route.
+  (speculative algorithms other than NGRAM, MLA, cross attention, unsupported ``--kv-cache-dtype``, head_dim not a
+  multiple of 32 with MXFP8, quantized KV shared with another backend, HiCache with quantized KV outside SGLang's
+  host-pool rules), prefill CUDA graphs off, and decode CUDA graphs off with NGRAM (verify steps run eagerly) or
+  when there is no graph-capturable (Triton) route.
 - ``apply_inkling_prefill_cuda_graph_default``: the Inkling model's FULL prefill graph needs FA4-only metadata; skip
   it when inkling serves attention.
 
@@ -111,7 +112,13 @@ def handle_attention_backend_compatibility(server_args: Any, previous: Callable[
     # Prefill graphs (FULL or breakable) need metadata this backend does not build.
     graph_config = with_phase(graph_config, Phase.PREFILL, backend=Backend.DISABLED)
     head_dim = getattr(model_config_of(server_args), "head_dim", None)
-    if decode and not decode_graph_capturable(cfg.device, head_dim):
+    if decode and cfg.speculative_algorithm is not None:
+        # The decode graph runner would capture NGRAM's TARGET_VERIFY batches, whose metadata (a draft tree per
+        # request) this backend builds eagerly only.
+        logger.warning("inkling: decode CUDA graphs disabled with --speculative-algorithm %s: verify steps run "
+                       "eagerly", cfg.speculative_algorithm)
+        graph_config = with_phase(graph_config, Phase.DECODE, backend=Backend.DISABLED)
+    elif decode and not decode_graph_capturable(cfg.device, head_dim):
         if cfg.device == "cpu":
             # SGLang builds its CPU graph runner from --enable-torch-compile alone; the backend implements its hooks
             # and keeps attention out of the compiled graphs (torch.compiler.disable).
@@ -144,13 +151,20 @@ def decode_graph_capturable(device: str | None, head_dim: int | None = None) -> 
     return accelerated_route_possible(() if head_dim is None else (head_dim,))[0]
 
 
+# Speculative algorithms this backend serves: NGRAM's target verify steps (several draft tokens per request, a tree
+# mask) run on the Triton route; algorithms with a draft model also need draft extend and draft decode steps, which it
+# does not serve. NGRAM against the same server without it on the H200, bf16 and MXFP8, chains and trees:
+# bench/results/current/sglang-h200/spec-hicache/.
+SPECULATIVE_ALGORITHMS = ("NGRAM",)
+# The in-tree Inkling model runs its own verify prologue (FA4's, chain-only short conv), which this backend does not
+# hook: speculative decoding stays refused for it.
+_OWN_VERIFY_PROLOGUE_ARCHITECTURES = ("InklingForConditionalGeneration",)
+
+
 def validate_server_args(cfg: Any, model_config: Any, *, prefill: bool, decode: bool) -> None:
     """Start-up validation: each error names the flag and the allowed values."""
-    if cfg.speculative_algorithm is not None:
-        raise ValueError(
-            f"--attention-backend inkling does not support speculative decoding (--speculative-algorithm "
-            f"{cfg.speculative_algorithm}); leave --speculative-algorithm unset or choose another backend")
     kv_cache_dtype = cfg.kv_cache_dtype
+    _validate_speculative(cfg, model_config)
     if kv_cache_dtype not in KV_CACHE_DTYPE_TO_FORMAT:
         raise ValueError(
             f"--attention-backend inkling does not support --kv-cache-dtype {kv_cache_dtype}; allowed values: "
@@ -161,10 +175,7 @@ def validate_server_args(cfg: Any, model_config: Any, *, prefill: bool, decode: 
             f"--kv-cache-dtype {kv_cache_dtype} with the inkling backend needs inkling for both prefill and decode "
             f"(the quantized pool is this backend's); got {_flag_pair(cfg)}")
     if quantized and getattr(cfg, "enable_hierarchical_cache", False):
-        raise ValueError(
-            f"--enable-hierarchical-cache is not supported with --kv-cache-dtype {kv_cache_dtype} on "
-            "--attention-backend inkling yet (no run has shown this pool's pages, scales included, coming back "
-            "byte-identical from SGLang's host tier); drop the flag or use --kv-cache-dtype auto/bf16")
+        _validate_quantized_hicache(cfg, kv_cache_dtype)
     if model_config is None:
         return
     if getattr(model_config, "is_encoder_decoder", False):
@@ -185,6 +196,49 @@ def validate_server_args(cfg: Any, model_config: Any, *, prefill: bool, decode: 
         raise ValueError(
             f"--kv-cache-dtype mxfp8 needs head_dim to be a multiple of 32 (one UE8M0 scale per 32 channels); this "
             f"model has head_dim {head_dim}. Allowed --kv-cache-dtype values for it: auto, bf16, fp8_e4m3")
+
+
+def _validate_speculative(cfg: Any, model_config: Any) -> None:
+    algorithm = cfg.speculative_algorithm
+    if algorithm is None:
+        return
+    name = str(getattr(algorithm, "name", algorithm)).upper()
+    if name not in SPECULATIVE_ALGORITHMS:
+        raise ValueError(
+            f"--attention-backend inkling does not support speculative decoding with --speculative-algorithm "
+            f"{algorithm} (its draft model's extend and decode steps are not served); allowed: "
+            f"{', '.join(SPECULATIVE_ALGORITHMS)}, or leave --speculative-algorithm unset")
+    if cfg.device != "cuda":
+        raise ValueError(
+            f"--speculative-algorithm {algorithm} with --attention-backend inkling is served on CUDA/ROCm devices "
+            f"(the Triton route's verify kernel); got --device {cfg.device}")
+    hf_config = getattr(model_config, "hf_config", None)
+    architectures = set(getattr(hf_config, "architectures", None) or ())
+    if architectures & set(_OWN_VERIFY_PROLOGUE_ARCHITECTURES):
+        raise ValueError(
+            f"--speculative-algorithm {algorithm} with --attention-backend inkling is not supported for "
+            f"{', '.join(sorted(architectures))}: the model runs its own speculative-verify attention prologue, "
+            "which this backend does not serve; leave --speculative-algorithm unset")
+
+
+def _validate_quantized_hicache(cfg: Any, kv_cache_dtype: str) -> None:
+    """HiCache with an 8-bit pool: SGLang's MXFP8 host pool moves the scale bytes with their pages only through its
+    CUDA/HIP kernels in the page_first layout, and has no storage (L3) pages; a per-tensor fp8 pool's pages are
+    plain bytes, but an L3 key does not name the KV dtype (sglang#33268), so another run's pages could be read."""
+    flag = f"--enable-hierarchical-cache with --kv-cache-dtype {kv_cache_dtype} on --attention-backend inkling"
+    if cfg.device != "cuda":
+        raise ValueError(f"{flag} needs a CUDA/ROCm device (SGLang's host-pool transfer kernels); got --device "
+                         f"{cfg.device}")
+    if getattr(cfg, "hicache_storage_backend", None):
+        raise ValueError(f"{flag} keeps pages in host memory only; got --hicache-storage-backend "
+                         f"{cfg.hicache_storage_backend} (MXFP8 host pages have no storage form, and storage keys do "
+                         "not name the KV dtype); leave it unset")
+    if KV_CACHE_DTYPE_TO_FORMAT[kv_cache_dtype] == "mxfp8":
+        layout = getattr(cfg, "hicache_mem_layout", "page_first")
+        io_backend = getattr(cfg, "hicache_io_backend", "kernel")
+        if layout != "page_first" or io_backend != "kernel":
+            raise ValueError(f"{flag} needs --hicache-mem-layout page_first and --hicache-io-backend kernel (SGLang's "
+                             f"MXFP8 host pool moves the scales only so); got {layout} and {io_backend}")
 
 
 # ---------------------------------------------------------------------------------------------------------------

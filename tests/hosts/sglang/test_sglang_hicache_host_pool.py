@@ -2,8 +2,8 @@
 transfers themselves are CUDA kernels, so the round trip here is SGLang's row layout done with torch indexing):
 SGLang picks its MXFP8 host pool (``MHATokenToKVPoolMXFP8Host``) from the pool's own description, and a page
 moved the way that host pool moves it (K/V payload per slot, each layer's scales as one row of bytes per page)
-reads back bit for bit in another page. HiCache with MXFP8 stays refused at start-up until an H200 run shows the
-same through the real server."""
+reads back bit for bit in another page. The same with SGLang's CUDA transfer kernels, and documents reloaded through
+the real server: ``gpu_tests/sglang/check_hicache_pages_gpu.py``, bench/results/current/sglang-h200/spec-hicache/."""
 from __future__ import annotations
 
 import pytest
@@ -14,7 +14,7 @@ from sglang_inkling_backend.hosts.sglang.cpu_testing import prepare_sglang_cpu_i
 prepare_sglang_cpu_import()
 pytest.importorskip("sglang")
 
-from sglang.srt.mem_cache.pool_host.mha import get_mha_host_pool_cls  # noqa: E402
+from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost, get_mha_host_pool_cls  # noqa: E402
 from sglang.srt.mem_cache.pool_host.mha_mxfp8 import MHATokenToKVPoolMXFP8Host  # noqa: E402
 from sglang.srt.layers.radix_attention import RadixAttention  # noqa: E402
 
@@ -30,8 +30,11 @@ def mxfp8_pool():
 def test_sglang_picks_its_mxfp8_host_pool_for_this_pool():
     info = mxfp8_pool().get_device_pool_infos()[0].buffer_info
     assert get_mha_host_pool_cls(info) is MHATokenToKVPoolMXFP8Host
-    bf16 = inkling_pool_class("bf16")(4 * PAGE, 1, torch.bfloat16, HKV, D, LAYERS, "cpu", False)
-    assert get_mha_host_pool_cls(bf16.get_device_pool_infos()[0].buffer_info) is not MHATokenToKVPoolMXFP8Host
+    # 16-bit and per-tensor fp8 pages are plain bytes: SGLang's MHA host pool, the pool's own dtype
+    for fmt, dtype in (("bf16", torch.bfloat16), ("fp8_e4m3", torch.float8_e4m3fn)):
+        other = inkling_pool_class(fmt)(4 * PAGE, 1, dtype, HKV, D, LAYERS, "cpu", False).get_device_pool_infos()
+        assert get_mha_host_pool_cls(other[0].buffer_info) is MHATokenToKVPoolHost
+        assert other[0].buffer_info.scales is None
 
 
 def test_a_page_moved_as_the_mxfp8_host_pool_moves_it_reads_back_bit_for_bit():

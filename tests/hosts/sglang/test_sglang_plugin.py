@@ -177,12 +177,13 @@ def _model_dir(tmp_path, head_dim=64):
     return str(tmp_path)
 
 
-def _resolve(tmp_path, head_dim=64, **kwargs):
+def _resolve(tmp_path, head_dim=64, device="cpu", **kwargs):
+    """SGLang's start-up resolution of these server args (with ``device="cuda"`` too: resolution reads no GPU)."""
     from sglang.srt.arg_groups.overrides import resolved_view
     from sglang.srt.server_args import ServerArgs
 
     entry.register()
-    server_args = ServerArgs(model_path=_model_dir(tmp_path, head_dim), device="cpu", skip_tokenizer_init=True,
+    server_args = ServerArgs(model_path=_model_dir(tmp_path, head_dim), device=device, skip_tokenizer_init=True,
                              **kwargs)
     server_args.resolve_once()
     return resolved_view(server_args)
@@ -226,9 +227,59 @@ def test_tp_size_that_does_not_split_the_heads_fails(tmp_path):
         _resolve(tmp_path, attention_backend="inkling", tp_size=3)
 
 
-def test_hierarchical_cache_with_quantized_kv_fails(tmp_path):
-    with pytest.raises(ValueError, match="--enable-hierarchical-cache is not supported with --kv-cache-dtype mxfp8"):
-        _resolve(tmp_path, attention_backend="inkling", kv_cache_dtype="mxfp8", enable_hierarchical_cache=True)
+def test_hierarchical_cache_with_quantized_kv_follows_the_host_pool_rules(tmp_path):
+    """HiCache with MXFP8 or fp8 KV: served on CUDA with SGLang's defaults (page_first, kernel transfers: the MXFP8
+    host pool moves scales only so; H200 round trip in bench/results/current/sglang-h200/spec-hicache/); refused,
+    naming the flag, on a CPU, with a storage tier, or (MXFP8) another layout or transfer backend."""
+    for kv in ("mxfp8", "fp8_e4m3"):
+        view = _resolve(tmp_path, device="cuda", attention_backend="inkling", kv_cache_dtype=kv,
+                        enable_hierarchical_cache=True)
+        assert view.enable_hierarchical_cache and view.hicache_mem_layout == "page_first"
+        with pytest.raises(ValueError, match=rf"--enable-hierarchical-cache with --kv-cache-dtype {kv} .* needs a "
+                                             r"CUDA/ROCm device .*got --device cpu"):
+            _resolve(tmp_path, attention_backend="inkling", kv_cache_dtype=kv, enable_hierarchical_cache=True)
+        with pytest.raises(ValueError, match=r"keeps pages in host memory only; got --hicache-storage-backend file"):
+            _resolve(tmp_path, device="cuda", attention_backend="inkling", kv_cache_dtype=kv,
+                     enable_hierarchical_cache=True, hicache_storage_backend="file")
+    with pytest.raises(ValueError, match=r"needs --hicache-mem-layout page_first and --hicache-io-backend kernel .*"
+                                         r"got layer_first and kernel"):
+        _resolve(tmp_path, device="cuda", attention_backend="inkling", kv_cache_dtype="mxfp8",
+                 enable_hierarchical_cache=True, hicache_mem_layout="layer_first")
+    view = _resolve(tmp_path, device="cuda", attention_backend="inkling", kv_cache_dtype="fp8_e4m3",
+                    enable_hierarchical_cache=True, hicache_mem_layout="layer_first")  # plain bytes: any layout
+    assert view.hicache_mem_layout == "layer_first"
+
+
+def test_ngram_is_served_with_decode_graphs_off_and_draft_model_algorithms_are_refused(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="sglang_inkling_backend.hosts.sglang.hooks"):
+        view = _resolve(tmp_path, device="cuda", attention_backend="inkling", speculative_algorithm="NGRAM")
+    assert view.speculative_algorithm == "NGRAM" and view.speculative_eagle_topk == 10  # a bf16 pool: page 1, trees
+    assert view.cuda_graph_config.decode.backend == "disabled"
+    assert "decode CUDA graphs disabled with --speculative-algorithm NGRAM" in caplog.text
+    view = _resolve(tmp_path, device="cuda", attention_backend="inkling", kv_cache_dtype="mxfp8",
+                    speculative_algorithm="NGRAM", speculative_ngram_max_bfs_breadth=1)
+    assert view.page_size == 128 and view.cuda_graph_config.decode.backend == "disabled"
+    view = _resolve(tmp_path, device="cuda", attention_backend="inkling")
+    assert view.cuda_graph_config.decode.backend != "disabled"  # without speculation the decode graphs stay on
+    with pytest.raises(ValueError, match=r"does not support speculative decoding with --speculative-algorithm "
+                                         r"EAGLE .*allowed: NGRAM"):
+        _resolve(tmp_path, device="cuda", attention_backend="inkling", speculative_algorithm="EAGLE",
+                 speculative_draft_model_path=_model_dir(tmp_path))
+    with pytest.raises(ValueError, match=r"NGRAM with --attention-backend inkling is served on CUDA/ROCm devices .*"
+                                         r"got --device cpu"):
+        _resolve(tmp_path, attention_backend="inkling", speculative_algorithm="NGRAM")
+
+
+def test_ngram_is_refused_for_a_model_with_its_own_verify_prologue():
+    from types import SimpleNamespace
+
+    cfg = SimpleNamespace(speculative_algorithm="NGRAM", device="cuda", kv_cache_dtype="auto")
+    inkling = SimpleNamespace(hf_config=SimpleNamespace(architectures=["InklingForConditionalGeneration"]))
+    with pytest.raises(ValueError, match=r"not supported for InklingForConditionalGeneration: the model runs its own "
+                                         r"speculative-verify attention prologue"):
+        hooks.validate_server_args(cfg, inkling, prefill=True, decode=True)
+    llama = SimpleNamespace(hf_config=SimpleNamespace(architectures=["LlamaForCausalLM"]))
+    hooks.validate_server_args(cfg, llama, prefill=True, decode=True)
 
 
 def test_graphs_resolved_off_on_cpu(tmp_path):
