@@ -40,11 +40,14 @@ class TritonRoute:
         if kernels is None:
             from sglang_inkling_backend import triton as kernels
         self.kernels = kernels  # this package's API (a test may pass a wrapped copy to count calls)
-        self.mxfp8_store = kernels.store_kv_mxfp8
+        self.fused_store = kernels.store_kv  # MXFP8 and 16-bit pools: one kernel for K and V
         self.extend_family = extend_family  # flashinfer.FlashInferExtend, or None: the Triton extend kernel only
         self.decode_family = decode_family  # flashinfer.FlashInferDecode, or None: the Triton decode kernels only
         self._extend_notes: set = set()  # the reasons already logged for running the Triton extend kernel
         self._decode_notes: set = set()  # the same for the Triton decode kernels, where a decode family is present
+        # plan_graph_step's keys, worked out once per (family, layers object, (kv_format, max_seq_len)): its
+        # [(window, key, max_keys)]. It runs before every replay, where host time delays the graph.
+        self._graph_step_keys: Optional[tuple] = None
 
     def make_workspace(self, *, max_batch: int, geometries, max_seq_len: int, device):
         """One ``DecodeWorkspace`` for every layer shape of the model (``geometries``: ``(Hq, Hkv, D)`` per layer):
@@ -119,20 +122,15 @@ class TritonRoute:
         check_host_lengths(seq_lens_host, bs, max_seq_len)
         if not 1 <= bs <= max_bs:
             raise ValueError(f"seq_lens_host must hold 1 to {max_bs} requests (max_bs), got {bs}")
-        for spec in layers:
-            if not isinstance(spec, LayerSpec) or not spec.has_attention or spec.rel_extent is not None:
-                continue  # a relative bias comes with every call: this package's kernels serve it
-            params = attention_params(spec, rows=bs)
-            if family.layer_why_not(kv_format, spec.head_dim, params):
+        cached = self._graph_step_keys
+        if cached is None or cached[0] is not family or cached[1] is not layers or cached[2] != (kv_format,
+                                                                                                max_seq_len):
+            entries = self._graph_plan_keys(family, layers, kv_format, max_seq_len)
+            cached = self._graph_step_keys = (family, layers, (kv_format, max_seq_len), entries)
+        for window, key, max_keys in cached[3]:
+            rails = keys.decode_keys(window, self.reads_page_tables)
+            if not isinstance(rails, KVRails) or keys.plans.has(key):
                 continue
-            rails = keys.decode_keys(spec.window, self.reads_page_tables)
-            if not isinstance(rails, KVRails):
-                continue
-            key = family.plan_key(spec.window, spec.num_q_heads, spec.num_kv_heads, spec.head_dim,
-                                  mxfp8.STORAGE_DTYPE[kv_format], params)
-            if keys.plans.has(key):
-                continue
-            max_keys = max_seq_len if spec.window is None else min(spec.window, max_seq_len)
             try:
                 family.plan_graph(keys.plans, key, rails, seq_lens_host, max_bs, max_keys)
             except Exception as err:
@@ -142,6 +140,24 @@ class TritonRoute:
                 logger.warning("inkling: decode: %s failed to plan on its first step (%s: %s); the Triton decode "
                                "kernels serve every decode from now on", family.name, type(err).__name__, err)
                 return
+
+    @staticmethod
+    def _graph_plan_keys(family, layers, kv_format: str, max_seq_len: int) -> list:
+        """The distinct ``(window, plan key, max keys)`` the decode family plans for ``layers`` on a ``kv_format``
+        pool: the layers it serves, in order (a relative bias comes with every call: this package's kernels)."""
+        out, seen = [], set()
+        for spec in layers:
+            if not isinstance(spec, LayerSpec) or not spec.has_attention or spec.rel_extent is not None:
+                continue
+            params = attention_params(spec, rows=1)
+            if family.layer_why_not(kv_format, spec.head_dim, params):
+                continue
+            key = family.plan_key(spec.window, spec.num_q_heads, spec.num_kv_heads, spec.head_dim,
+                                  mxfp8.STORAGE_DTYPE[kv_format], params)
+            if key not in seen:
+                seen.add(key)
+                out.append((spec.window, key, max_seq_len if spec.window is None else min(spec.window, max_seq_len)))
+        return out
 
     def _check_decode_keys(self, kv: PagedKV, keys: Union[KVRails, KVPages], window: Optional[int],
                            max_seq_len: int) -> None:

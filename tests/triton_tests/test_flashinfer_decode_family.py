@@ -252,6 +252,31 @@ def test_graph_step_plans_per_batch_size_over_stable_buffers():
     assert len(mx.plans) == 0  # an 8-bit pool: this package's kernels
 
 
+def test_graph_step_works_out_the_layers_keys_once(monkeypatch):
+    """plan_graph_step runs before every replay: the layers' keys are worked out at its first call for a layers
+    object and pool format, then reused (the same plans); another layers object or format works them out again."""
+    fam = family()
+    route = TritonRoute(kernels, decode_family=fam)
+    calls = []
+    real = fam.layer_why_not
+    monkeypatch.setattr(fam, "layer_why_not", lambda *a: calls.append(a) or real(*a))
+    layers = [LayerSpec(window=None, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D) for _ in range(6)]
+    layers.append(LayerSpec(window=None, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D, rel_extent=8))
+    gen = torch.Generator().manual_seed(3)
+    for step in range(3):
+        q, full, lens = decode_batch(gen)
+        keys = Step({None: full})
+        route.plan_graph_step(keys, layers, lens.cpu(), kv_format="bf16", max_bs=8, max_seq_len=64)
+        assert len(keys.plans) == 1  # six layers of one key; the biased one plans nothing
+        assert len(calls) == 6  # the six unbiased layers, looked at on the first step only
+    keys = Step({None: full})
+    route.plan_graph_step(keys, list(layers), lens.cpu(), kv_format="bf16", max_bs=8, max_seq_len=64)
+    assert len(calls) == 12 and len(keys.plans) == 1
+    keys = Step({None: full})
+    route.plan_graph_step(keys, list(layers), lens.cpu(), kv_format="mxfp8", max_bs=8, max_seq_len=64)
+    assert len(calls) == 18 and len(keys.plans) == 0  # an 8-bit pool: this package's kernels
+
+
 def test_a_first_call_failure_falls_back_once_and_later_failures_raise(caplog):
     gen = torch.Generator().manual_seed(8)
     kv = bf16_pool(gen)
