@@ -72,10 +72,10 @@ class InklingKVPool:
                 from err
         self.k_scale, self.v_scale = float(k_scale), float(v_scale)
         self.store_dtype = mxfp8.STORAGE_DTYPE[kv_format]
-        # A route's fused quantize-and-store (``mxfp8_store(kv, loc, k, v, validate=False)``, e.g. the Triton
-        # ``store_kv_mxfp8``), given by the host that serves this pool: MXFP8 writes on its device go through it, the
-        # same bytes as the torch quantizer in one kernel instead of several passes. None: the torch quantizer.
-        self.mxfp8_store: Optional[Callable[..., None]] = None
+        # A route's fused store (``fused_store(kv, loc, k, v, validate=False)``, e.g. the Triton ``store_kv``), given
+        # by the host that serves this pool: MXFP8 and unquantized writes on its device go through it, one kernel for
+        # K and V (MXFP8: the same bytes as the torch quantizer). None, and per-tensor fp8: torch.
+        self.fused_store: Optional[Callable[..., None]] = None
         self.layers: dict[int, LayerKV] = {}
         for layer_id in plan.attention_layer_ids:
             spec = plan.spec(layer_id)
@@ -166,8 +166,8 @@ class InklingKVPool:
                              f"{self.kv_format!r} (None or 1.0 expected)")
         shape = (loc.numel(), *buf.k.shape[1:])
         k, v = cache_k.reshape(shape).to(self.device), cache_v.reshape(shape).to(self.device)
-        if self.kv_format == "mxfp8" and self.mxfp8_store is not None:
-            self.mxfp8_store(self.paged_kv(layer_id), loc, k, v, validate=False)
+        if self.kv_format != "fp8_e4m3" and self.fused_store is not None:
+            self.fused_store(self.paged_kv(layer_id), loc, k, v, validate=False)
         elif self.kv_format == "mxfp8":
             kd, ks = mxfp8.quantize(k)
             vd, vs = mxfp8.quantize(v)

@@ -80,12 +80,14 @@ def paged_kv(kv_format: str, k_buffer: torch.Tensor, v_buffer: torch.Tensor, *, 
 def store_kv_unchecked(kv: PagedKV, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                        k_block_scales: Optional[torch.Tensor] = None,
                        v_block_scales: Optional[torch.Tensor] = None,
-                       mxfp8_store: Optional[Callable[..., None]] = None) -> None:
+                       fused_store: Optional[Callable[..., None]] = None) -> None:
     """Write K/V at ``loc`` with no host sync (CUDA-graph capture). The caller guarantees valid slots; shapes are
-    still checked (host metadata, no sync). ``mxfp8_store(kv, loc, k, v, validate=False)`` quantizes and stores
-    bf16 K/V into an MXFP8 pool in one kernel (the route's, e.g. the Triton ``store_kv_mxfp8``); without it the
-    torch quantizer runs (the same bytes away from e4m3 ties: ``tests/triton_tests/test_triton_decode_attention.py::
-    test_store_bytes_identical_to_quantize_and_scatter``, ``gpu_tests/check_triton_gpu.py``)."""
+    still checked (host metadata, no sync). ``fused_store(kv, loc, k, v, validate=False)`` (the route's, e.g. the
+    Triton ``store_kv``) stores K and V into an MXFP8 pool (quantizing) or an unquantized one in one kernel; without
+    it torch does (the torch quantizer: the same bytes away from e4m3 ties,
+    ``tests/triton_tests/test_triton_decode_attention.py::test_store_bytes_identical_to_quantize_and_scatter``,
+    ``gpu_tests/check_triton_gpu.py``; two indexed writes for an unquantized pool). A per-tensor fp8 pool (divide by
+    its scale, saturate) is stored by torch."""
     n, hkv, d = loc.numel(), kv.num_kv_heads, kv.head_dim
     k, v = k.reshape(n, hkv, d), v.reshape(n, hkv, d)
     loc = loc.long()
@@ -98,8 +100,8 @@ def store_kv_unchecked(kv: PagedKV, loc: torch.Tensor, k: torch.Tensor, v: torch
         kv.layout.scatter(kv.k_scales, loc, k_block_scales.view(torch.uint8).reshape(n, hkv, nb), check=False)
         kv.layout.scatter(kv.v_scales, loc, v_block_scales.view(torch.uint8).reshape(n, hkv, nb), check=False)
     elif kv.is_mxfp8:
-        if mxfp8_store is not None:
-            mxfp8_store(kv, loc, k, v, validate=False)
+        if fused_store is not None:
+            fused_store(kv, loc, k, v, validate=False)
         else:
             for buf, sf, x in ((kv.k_buffer, kv.k_scales, k), (kv.v_buffer, kv.v_scales, v)):
                 data, scales = mxfp8.quantize(x)
@@ -108,6 +110,8 @@ def store_kv_unchecked(kv: PagedKV, loc: torch.Tensor, k: torch.Tensor, v: torch
     elif kv.k_buffer.dtype == mxfp8.DATA_DTYPE:  # per-tensor fp8: divide by the scale, saturate
         kv.k_buffer[loc] = mxfp8.quantize_per_tensor(k, kv.k_scale)
         kv.v_buffer[loc] = mxfp8.quantize_per_tensor(v, kv.v_scale)
+    elif fused_store is not None:
+        fused_store(kv, loc, k, v, validate=False)
     else:
         kv.k_buffer[loc] = k.to(kv.k_buffer.dtype)
         kv.v_buffer[loc] = v.to(kv.v_buffer.dtype)

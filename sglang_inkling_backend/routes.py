@@ -12,7 +12,8 @@ Hosts read a route's capabilities, never its name (``name`` is for log lines):
 - ``query_in_model_dtype``: the kernels multiply the query in the model's dtype, so a float32 query (one dequantized
   from fp8) is cast to it first; the torch route computes in float32 and takes any float query;
 - ``runs_triton``: the route's device runs Triton, so the host's own helpers may use Triton there too;
-- ``mxfp8_store``: the fused MXFP8 K/V store, or None (``kv_views`` quantizes with the torch reference);
+- ``fused_store``: one kernel storing K and V into an MXFP8 or unquantized pool (``fused_store(kv, loc, k, v,
+  validate=False)``), or None (``kv_views`` stores with torch: indexed writes, the torch quantizer);
 - ``serves_verify``: ``extend`` takes a speculative verify step (``verify``, an ``attention_inputs.SpecVerify``:
   draft trees); a route without it (Triton and FlashInfer today) refuses one.
 
@@ -52,7 +53,7 @@ class TorchRoute:
     reads_page_tables = False  # it reads per-token rails
     query_in_model_dtype = False
     runs_triton = False
-    mxfp8_store = None  # kv_views.store_kv_unchecked quantizes with the torch reference
+    fused_store = None  # kv_views.store_kv_unchecked stores with torch
     serves_verify = True  # the reference takes draft trees
 
     def make_workspace(self, **limits):

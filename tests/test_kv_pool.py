@@ -159,7 +159,7 @@ def test_bytes_and_capacity_bf16_vs_mxfp8():
 
 
 def test_mxfp8_writes_go_through_a_routes_fused_store_after_the_checks():
-    """``mxfp8_store`` (the host sets its route's kernel): called with the layer's PagedKV and the checked slots,
+    """``fused_store`` (the host sets its route's kernel): called with the layer's PagedKV and the checked slots,
     never for a write the checks refuse."""
     pool = _pool()
     calls = []
@@ -169,7 +169,7 @@ def test_mxfp8_writes_go_through_a_routes_fused_store_after_the_checks():
         kd, ks = mxfp8.quantize(k)
         kv.k_buffer[loc] = kd
 
-    pool.mxfp8_store = fused
+    pool.fused_store = fused
     k = torch.randn(2, 2, 128).bfloat16()
     pool.set_kv_buffer(SimpleLayer(1), torch.tensor([5, 9]), k, k)
     assert calls == [(pool.get_key_buffer(1).data_ptr(), pool.get_kv_scale_buffer(1)[0].data_ptr(), [5, 9], False)]

@@ -256,7 +256,7 @@ def store_case(id, defect, mutate, names=("slot_mapping", ), kind="bad", fmt="bf
         if fmt == "fp8_e4m3":
             att.bind_fp8_scales(0.5, 0.5)
         S = SimpleNamespace(att=att, cache=cache, key=kv_rows(3, 1), value=kv_rows(3, 2),
-                            slot_mapping=torch.tensor([17, 18, 40]), mxfp8_store=None, pre=None)
+                            slot_mapping=torch.tensor([17, 18, 40]), fused_store=None, pre=None)
         if fmt == "mxfp8":
             S.slot_mapping = torch.tensor([130, 131, 300])
         mutate(S)
@@ -264,7 +264,7 @@ def store_case(id, defect, mutate, names=("slot_mapping", ), kind="bad", fmt="bf
             S.pre(S)
 
         def run():
-            S.att.store(S.key, S.value, S.cache, S.slot_mapping, mxfp8_store=S.mxfp8_store)
+            S.att.store(S.key, S.value, S.cache, S.slot_mapping, fused_store=S.fused_store)
             return S.cache
 
         def expect(_):

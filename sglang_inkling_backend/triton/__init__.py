@@ -14,7 +14,7 @@ int32 page ids, ``seq_lens [B]``, ``page_size``; positions absolute, page-aligne
     out = run_decode(plan, q, kv, kv_indptr, kv_indices, params)                       # CSR (page_size: whole pages)
     out = paged_decode_attention(q, kv, params=params, page_table=pt, seq_lens=lens, page_size=P)  # one shot
     out = paged_extend_attention(q, kv, qo_indptr=qo, params=params, page_table=pt, seq_lens=lens, page_size=P)
-    store_kv_mxfp8(kv, loc, k, v)
+    store_kv(kv, loc, k, v)   # MXFP8: quantize and store; bf16/fp16/fp32: copy, one kernel for K and V
 
 ``plan_decode`` reads nothing from the device (host ints) and allocates nothing with a workspace, so a plan made
 while capturing a CUDA graph is valid for every replay. ``check_decode_inputs`` (no sync) and
@@ -30,12 +30,14 @@ run), ``decode_merge``, ``decode_attention`` (the launcher), ``inputs``,
 from .decode_attention import paged_decode_attention, run_decode
 from .extend_attention import paged_extend_attention
 from .inputs import check_decode_inputs, validate_page_table, validate_slots
-from .kv_store import store_kv_mxfp8
+from .kv_store import (FUSED_STORE_FORMATS, store_kv, store_kv_mxfp8,
+                       store_kv_unquantized)
 from .plan import (DecodeConfig, DecodePlan, DecodeWorkspace, decode_workspace_shape, decode_workspace_splits,
                    hopper_decode_status, plan_decode, route_note)
 
-__all__ = ["DecodeConfig", "DecodePlan", "DecodeWorkspace", "check_decode_inputs", "decode_workspace_shape",
+__all__ = ["FUSED_STORE_FORMATS", "DecodeConfig", "DecodePlan", "DecodeWorkspace", "check_decode_inputs",
+           "decode_workspace_shape",
            "decode_workspace_splits", "hopper_decode_status",
            "paged_decode_attention", "paged_extend_attention", "plan_decode", "route_note", "run_decode",
-           "store_kv_mxfp8",
+           "store_kv", "store_kv_mxfp8", "store_kv_unquantized",
            "validate_page_table", "validate_slots"]

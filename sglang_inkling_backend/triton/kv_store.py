@@ -1,7 +1,10 @@
-"""Fused quantize-and-store of K/V rows into an MXFP8 pool (one kernel for K and V, data and scales).
+"""Fused K/V stores, one kernel for K and V: ``store_kv_mxfp8`` quantizes into an MXFP8 pool (data and scales),
+``store_kv_unquantized`` copies (and casts) into a bf16/fp16/fp32 pool; ``store_kv`` picks by the pool's format
+(``FUSED_STORE_FORMATS``). The torch path they replace (``kv_views.store_kv_unchecked`` without a fused store) is two
+indexed writes per layer for an unquantized pool and several passes for MXFP8.
 
-Byte-identical to ``mxfp8.quantize`` followed by ``ScaleLayout.scatter`` (what ``InklingKVPool.set_kv_buffer``
-does), including the non-finite rule: a block holding a NaN or an infinity gets the UE8M0 NaN byte and e4m3 NaNs.
+The MXFP8 store is byte-identical to ``mxfp8.quantize`` followed by ``ScaleLayout.scatter`` (what
+``InklingKVPool.set_kv_buffer`` does), including the non-finite rule: a block holding a NaN or an infinity gets the UE8M0 NaN byte and e4m3 NaNs.
 The scale exponent comes from the float's exponent and mantissa bits and e4m3 is encoded with integer operations
 (round to nearest even), never through the dtype cast: exact on the GPU and under the Triton interpreter alike
 (the interpreter's fp32 -> e4m3 cast is wrong at ties); the encoder is ``encode.mxfp8_encode_blocks``, shared with
@@ -51,16 +54,48 @@ def quantize_store_kernel(
         tl.store(ksf_ptr + sf_off, e)
 
 
-def store_kv_mxfp8(kv: PagedKV, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   validate: bool = True) -> None:
-    """Quantize ``k``, ``v`` (``[N, Hkv, D]`` or ``[N, Hkv * D]``, bf16/fp16/fp32) and store them at slots ``loc``
-    of the MXFP8 pool ``kv`` (data and scale bytes), in one kernel. ``validate`` range-checks ``loc`` and refuses a
-    slot named twice (one sync); every check runs before anything is written."""
+@triton.jit
+def copy_store_kernel(
+    k_ptr, v_ptr, loc_ptr, kbuf_ptr, vbuf_ptr,
+    stride_kt, stride_kh, stride_vt, stride_vh, stride_buf_slot, stride_buf_head,
+    HKV: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    t = tl.program_id(0)
+    is_v = tl.program_id(1) == 1
+    h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, D)
+    mask = (h < HKV)[:, None]
+    slot = tl.load(loc_ptr + t).to(tl.int64)
+    dst = slot * stride_buf_slot + h[:, None] * stride_buf_head + offs_d[None, :]
+    if is_v:
+        x = tl.load(v_ptr + t * stride_vt + h[:, None] * stride_vh + offs_d[None, :], mask=mask)
+        tl.store(vbuf_ptr + dst, x, mask=mask)
+    else:
+        x = tl.load(k_ptr + t * stride_kt + h[:, None] * stride_kh + offs_d[None, :], mask=mask)
+        tl.store(kbuf_ptr + dst, x, mask=mask)
+
+
+# The pool formats ``store_kv`` writes in one kernel (per-tensor fp8 divides by its scale and saturates: torch).
+UNQUANTIZED_FORMATS = ("bf16", "fp16", "fp32")
+FUSED_STORE_FORMATS = ("mxfp8",) + UNQUANTIZED_FORMATS
+
+
+def store_kv(kv: PagedKV, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor, validate: bool = True) -> None:
+    """Store ``k``, ``v`` at slots ``loc`` of ``kv`` in one kernel: ``store_kv_mxfp8`` for an MXFP8 pool,
+    ``store_kv_unquantized`` for a bf16/fp16/fp32 one (``FUSED_STORE_FORMATS``); a per-tensor fp8 pool is refused
+    (``kv_views.store_kv_unchecked`` quantizes it with torch)."""
     if not isinstance(kv, PagedKV):
         raise TypeError(f"kv must be a PagedKV, got {type(kv).__name__}")
-    if not kv.is_mxfp8:
-        raise ValueError("store_kv_mxfp8 needs an MXFP8 PagedKV (k_scales, v_scales and layout); use "
-                         "InklingKVPool.set_kv_buffer for other pools")
+    if kv.kv_format == "mxfp8":
+        store_kv_mxfp8(kv, loc, k, v, validate=validate)
+    elif kv.kv_format in UNQUANTIZED_FORMATS:
+        store_kv_unquantized(kv, loc, k, v, validate=validate)
+    else:
+        raise ValueError(f"store_kv writes {FUSED_STORE_FORMATS} pools, this one is {kv.kv_format}")
+
+
+def _check_store_inputs(kv: PagedKV, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor, validate: bool):
+    """The checks both stores make, before anything is written: ``k``/``v`` as ``[N, Hkv, D]`` views."""
     if not isinstance(loc, torch.Tensor) or loc.dim() != 1 or loc.dtype not in (torch.int32, torch.int64):
         raise TypeError("loc must be a 1-D int32/int64 tensor of slot ids")
     n, hkv, d = loc.numel(), kv.num_kv_heads, kv.head_dim
@@ -87,9 +122,46 @@ def store_kv_mxfp8(kv: PagedKV, loc: torch.Tensor, k: torch.Tensor, v: torch.Ten
             raise ValueError(f"kv.{name} must be contiguous in head_dim with the same strides as k_buffer")
     if validate:  # range and distinct slots (slot 0, the padding sink, may repeat), as the core's writes
         require_slots(loc, "loc", kv.num_slots, distinct=True)
+    return views
+
+
+def store_kv_unquantized(kv: PagedKV, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         validate: bool = True) -> None:
+    """Copy ``k``, ``v`` (``[N, Hkv, D]`` or ``[N, Hkv * D]``, bf16/fp16/fp32) into the bf16/fp16/fp32 pool ``kv`` at
+    slots ``loc`` in one kernel (values of another dtype cast by ``Tensor.to`` first). ``validate``
+    range-checks ``loc`` and refuses a slot named twice (one sync); every check runs before anything is written."""
+    if not isinstance(kv, PagedKV):
+        raise TypeError(f"kv must be a PagedKV, got {type(kv).__name__}")
+    if kv.kv_format not in UNQUANTIZED_FORMATS:
+        raise ValueError(f"store_kv_unquantized needs a {UNQUANTIZED_FORMATS} pool, this one is {kv.kv_format}")
+    k3, v3 = _check_store_inputs(kv, loc, k, v, validate)
+    if loc.numel() == 0:
+        return
+    # A cast torch makes (round to nearest even): Triton's interpreter rounds fp32 -> bf16 otherwise. Models
+    # store their own dtype, so this is the rare case.
+    k3, v3 = (t if t.dtype == kv.k_buffer.dtype else t.to(kv.k_buffer.dtype) for t in (k3, v3))
+    hkv, d = kv.num_kv_heads, kv.head_dim
+    copy_store_kernel[(loc.numel(), 2)](
+        k3, v3, loc, kv.k_buffer, kv.v_buffer,
+        k3.stride(0), k3.stride(1), v3.stride(0), v3.stride(1), kv.k_buffer.stride(0), kv.k_buffer.stride(1),
+        HKV=hkv, D=d, BLOCK_H=triton.next_power_of_2(hkv), num_warps=4 if hkv * d >= 1024 else 1,
+    )
+
+
+def store_kv_mxfp8(kv: PagedKV, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   validate: bool = True) -> None:
+    """Quantize ``k``, ``v`` (``[N, Hkv, D]`` or ``[N, Hkv * D]``, bf16/fp16/fp32) and store them at slots ``loc``
+    of the MXFP8 pool ``kv`` (data and scale bytes), in one kernel. ``validate`` range-checks ``loc`` and refuses a
+    slot named twice (one sync); every check runs before anything is written."""
+    if not isinstance(kv, PagedKV):
+        raise TypeError(f"kv must be a PagedKV, got {type(kv).__name__}")
+    if not kv.is_mxfp8:
+        raise ValueError("store_kv_mxfp8 needs an MXFP8 PagedKV (k_scales, v_scales and layout); use "
+                         "InklingKVPool.set_kv_buffer for other pools")
+    k3, v3 = _check_store_inputs(kv, loc, k, v, validate)
+    n, hkv, d = loc.numel(), kv.num_kv_heads, kv.head_dim
     if n == 0:
         return
-    k3, v3 = views
     quantize_store_kernel[(n, 2 * hkv)](
         k3, v3, loc, kv.k_buffer.view(torch.uint8), kv.v_buffer.view(torch.uint8),
         kv.k_scales.view(torch.uint8), kv.v_scales.view(torch.uint8),

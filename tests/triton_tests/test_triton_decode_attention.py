@@ -28,7 +28,7 @@ from sglang_inkling_backend.reference.attention import paged_decode_attention as
 from sglang_inkling_backend.scale_layout import ScaleLayout  # noqa: E402
 from sglang_inkling_backend.triton.decode_attention import paged_decode_attention, run_decode  # noqa: E402
 from sglang_inkling_backend.triton.plan import DecodeConfig, choose_num_splits, plan_decode  # noqa: E402
-from sglang_inkling_backend.triton.kv_store import store_kv_mxfp8  # noqa: E402
+from sglang_inkling_backend.triton.kv_store import store_kv, store_kv_mxfp8, store_kv_unquantized  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TOL_FLOAT = 1e-5  # float pools: float32 arithmetic throughout under the interpreter
@@ -282,13 +282,57 @@ def test_store_rejects_bad_input_before_writing():
     assert torch.equal(before[0], pool.k_buffer.view(torch.uint8)) and torch.equal(before[1], pool.k_scales)
 
 
+@pytest.mark.parametrize("pool_dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("src_dtype", [torch.bfloat16, torch.float32])
+def test_unquantized_store_writes_what_indexed_writes_write(pool_dtype, src_dtype):
+    """store_kv_unquantized (one kernel for K and V) against the two indexed writes it replaces: the same bytes,
+    every other slot untouched, with 3 KV heads (not a power of two: the head block is masked), the flat
+    [N, Hkv * D] form and a strided K (a split of a fused qkv), values of another dtype cast as ``Tensor.to``
+    casts them."""
+    gen = torch.Generator().manual_seed(11)
+    slots, hkv, d, n = 300, 3, 64, 57
+    loc = torch.randperm(slots, generator=gen)[:n].to(DEV)
+    qkv = (torch.randn(n, 3 * hkv * d, generator=gen) * 1e3).to(src_dtype).to(DEV)
+    k, v = qkv[:, hkv * d:2 * hkv * d], qkv[:, 2 * hkv * d:].reshape(n, hkv, d)
+    fill = torch.randn(slots, hkv, d, generator=gen).to(pool_dtype).to(DEV)
+    pool, ref = PagedKV(fill.clone(), fill.clone()), PagedKV(fill.clone(), fill.clone())
+    store_kv(pool, loc, k, v)
+    ref.k_buffer[loc], ref.v_buffer[loc] = k.reshape(n, hkv, d).to(pool_dtype), v.to(pool_dtype)
+    for name in ("k_buffer", "v_buffer"):
+        got, want = getattr(pool, name), getattr(ref, name)
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), (name, int((got != want).sum()))
+    assert not torch.equal(pool.k_buffer, fill)  # it wrote
+
+
+def test_unquantized_store_rejects_bad_input_before_writing():
+    k = torch.randn(4, 2, 64).bfloat16().to(DEV)
+    pool = PagedKV(torch.zeros(64, 2, 64, dtype=torch.bfloat16, device=DEV), torch.zeros(64, 2, 64,
+                                                                                         dtype=torch.bfloat16,
+                                                                                         device=DEV))
+    loc = torch.tensor([1, 2, 3, 4]).to(DEV)
+    with pytest.raises(ValueError, match="loc must be slots"):
+        store_kv(pool, torch.tensor([1, 2, 3, 64]).to(DEV), k, k)
+    with pytest.raises(ValueError, match="loc must not name a slot twice"):
+        store_kv_unquantized(pool, torch.tensor([1, 2, 2, 4]).to(DEV), k, k)
+    with pytest.raises(ValueError, match="v must hold"):
+        store_kv(pool, loc, k, k[:3])
+    with pytest.raises(ValueError, match="needs a .* pool, this one is mxfp8"):
+        store_kv_unquantized(empty_mx_pool(256, 2, 64, 128), loc, k, k)
+    fp8 = PagedKV(torch.zeros(64, 2, 64, device=DEV).to(mxfp8.DATA_DTYPE),
+                  torch.zeros(64, 2, 64, device=DEV).to(mxfp8.DATA_DTYPE), k_scale=2.0, v_scale=2.0)
+    with pytest.raises(ValueError, match=r"store_kv writes \('mxfp8', 'bf16', 'fp16', 'fp32'\) pools, this one is "
+                                         r"fp8_e4m3"):
+        store_kv(fp8, loc, k, k)
+    assert not pool.k_buffer.any() and not pool.v_buffer.any()
+
+
 def test_a_pool_with_the_triton_store_writes_the_torch_quantizers_bytes():
-    """InklingKVPool.mxfp8_store = store_kv_mxfp8 (what the SGLang host sets for the Triton route): the same bytes
+    """InklingKVPool.fused_store = store_kv_mxfp8 (what the SGLang host sets for the Triton route): the same bytes
     and scales as the pool's torch quantizer, strided K (a split of a fused qkv) included."""
     from sglang_inkling_backend import InklingKVPool, LayerPlan
     plan = LayerPlan.from_windows({0: None}, num_q_heads=4, num_kv_heads=2, head_dim=64)
     fused, plain = (InklingKVPool(plan, size=256, page_size=128, kv_format="mxfp8", device=DEV) for _ in range(2))
-    fused.mxfp8_store = store_kv_mxfp8
+    fused.fused_store = store_kv_mxfp8
     g = torch.Generator().manual_seed(3)
     qkv = (torch.randn(40, 3 * 128, generator=g) * 5).bfloat16().to(DEV)
     k, v = qkv[:, 128:256], qkv[:, 256:]

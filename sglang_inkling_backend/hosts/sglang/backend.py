@@ -122,7 +122,7 @@ class InklingAttnBackend(AttentionBackend):
         self.route = route
         for pool in leaf_pools(self.token_to_kv_pool):  # eager MXFP8 writes through the route's fused store
             if isinstance(pool, InklingMHATokenToKVPool) and pool.core is not None:
-                pool.core.mxfp8_store = route.mxfp8_store
+                pool.core.fused_store = route.fused_store
         # Decode reads a page table where the route takes one and the pool hands out whole pages: SGLang's paged
         # allocator gives every request whole pages (the contract SGLang's own MXFP8 decode, FA4, relies on too),
         # and an MXFP8 pool is always paged (page 128, forced by hooks.py).
@@ -268,7 +268,7 @@ class InklingAttnBackend(AttentionBackend):
             in_swa = self.is_swa_pool and spec.window is not None
             loc = md.swa_out_cache_loc if in_swa else forward_batch.out_cache_loc
             kv_views.store_kv_unchecked(self._paged_kv(layer.layer_id, spec), loc, k, v, k_block_scales=k_desc,
-                                        v_block_scales=v_desc, mxfp8_store=self.route.mxfp8_store)
+                                        v_block_scales=v_desc, fused_store=self.route.fused_store)
             return
         loc = KVWriteLoc.for_layer(forward_batch, layer, swa_loc=md.swa_out_cache_loc)
         n, hkv, d = forward_batch.out_cache_loc.numel(), spec.num_kv_heads, spec.head_dim

@@ -158,7 +158,7 @@ def prologue_extend_around(original, *args, **kwargs):
         kv = kv_views.paged_kv("mxfp8", a["k_buf"], a["v_buf"], page_size=a["page_size"], k_scales=a["sfk"],
                                v_scales=a["sfv"])
         route = inkling_backend(get_attn_backend()).route
-        kv_views.store_kv_unchecked(kv, a["loc"], k, v, mxfp8_store=route.mxfp8_store)
+        kv_views.store_kv_unchecked(kv, a["loc"], k, v, fused_store=route.fused_store)
     return q, k, v, kv_views.UNROUNDED_QUERY
 
 

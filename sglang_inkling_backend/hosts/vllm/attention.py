@@ -84,7 +84,7 @@ class LayerAttention:
         return layout.paged_kv(kv_cache, k_scale=self.spec.k_scale, v_scale=self.spec.v_scale)
 
     def store(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
-              mxfp8_store=None) -> None:
+              fused_store=None) -> None:
         """Write the step's K/V at ``slot_mapping`` (one int32/int64 entry per token; -1 is padding, sent to the null
         block; ``key``/``value`` may have more rows, vLLM's padding, which are not written). Every argument is
         checked before the first write; the slots' values too (in the cache or -1, no slot twice) unless a CUDA graph
@@ -112,7 +112,7 @@ class LayerAttention:
             checks.require_slots(padded_slots(slot_mapping), "slot_mapping", kv.num_slots, distinct=True,
                                  padding_slots=kv_cache.shape[2])
             LayerAttention._slots_checked.add(seen)
-        kv_views.store_kv_unchecked(kv, padded_slots(slot_mapping), key[:n], value[:n], mxfp8_store=mxfp8_store)
+        kv_views.store_kv_unchecked(kv, padded_slots(slot_mapping), key[:n], value[:n], fused_store=fused_store)
 
     def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, batch: VllmBatch,
                 output: torch.Tensor, key: Optional[torch.Tensor] = None,

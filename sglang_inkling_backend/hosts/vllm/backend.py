@@ -223,7 +223,7 @@ class InklingVllmImpl(AttentionImpl[VllmBatch]):
                            slot_mapping: torch.Tensor) -> None:
         self._bind(layer)
         route = route_for(kv_cache.device, (self.spec.head_dim,))
-        self.attention.store(key, value, kv_cache, slot_mapping, mxfp8_store=route.mxfp8_store)
+        self.attention.store(key, value, kv_cache, slot_mapping, fused_store=route.fused_store)
 
     def forward(self, layer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                 attn_metadata: Optional[VllmBatch], output: torch.Tensor, output_scale=None,

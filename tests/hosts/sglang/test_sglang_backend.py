@@ -823,8 +823,8 @@ def test_triton_route_reads_a_page_table_for_every_layer_of_an_mxfp8_pool():
     reference = InklingAttnBackend(torch_runner)
     assert ours.decode_page_size == page and reference.route.name == "torch" and reference.decode_page_size is None
     # eager MXFP8 writes go through the route's fused store (the torch route has none: the pool's quantizer)
-    assert ours.token_to_kv_pool.core.mxfp8_store is ours.route.mxfp8_store is not None
-    assert reference.token_to_kv_pool.core.mxfp8_store is None
+    assert ours.token_to_kv_pool.core.fused_store is ours.route.fused_store is not None
+    assert reference.token_to_kv_pool.core.fused_store is None
     round_trip = lambda x: mxfp8.dequantize(*mxfp8.quantize(x), torch.float32)  # noqa: E731
     script = [([0, 1], [130, 5], False), ([2], [9], False), ([2], [121], False)] + [([0, 1, 2], [1, 1, 1], True)] * 3
     worst_route, worst_dense, decode_layers = 0.0, 0.0, 0

@@ -91,7 +91,7 @@ def check_decode_graph_capture_and_replay(kv_format, window, cached=False, max_b
     plans = md.decode_plans
 
     def body():
-        store_kv_unchecked(kv, static_loc, static_k, static_v, mxfp8_store=route.mxfp8_store)
+        store_kv_unchecked(kv, static_loc, static_k, static_v, fused_store=route.fused_store)
         out = route.decode(static_q, kv, keys, params, max_seq_len=ctx, plans=plans if cached else DecodePlanCache(),
                            workspace=workspace)
         if cached:  # a second layer reading the same pool: the step's plan serves it too

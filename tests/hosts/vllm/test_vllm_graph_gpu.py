@@ -54,7 +54,7 @@ def null_behind_window(table, seq_lens, query_lens, window):
     return table
 
 
-def fill_history(attention, cache, table, lens, g, dev, mxfp8_store):
+def fill_history(attention, cache, table, lens, g, dev, fused_store):
     slots = []
     for r in range(table.shape[0]):
         pos = torch.arange(int(lens[r]), device=dev)
@@ -62,7 +62,7 @@ def fill_history(attention, cache, table, lens, g, dev, mxfp8_store):
     slots = torch.cat(slots)
     k = torch.randn(slots.numel(), HKV, D, device=dev, generator=g).to(torch.bfloat16)
     v = torch.randn(slots.numel(), HKV, D, device=dev, generator=g).to(torch.bfloat16)
-    attention.store(k, v, cache, slots, mxfp8_store=mxfp8_store)
+    attention.store(k, v, cache, slots, fused_store=fused_store)
 
 
 def check_decode_graph_capture_and_replay(kv_format, window):
@@ -81,7 +81,7 @@ def check_decode_graph_capture_and_replay(kv_format, window):
     assert route.name == "triton"
     attention = layer(kv_format, window)
     tables = block_tables(max_bs, max_blocks, num_blocks, g, dev)
-    fill_history(attention, cache, tables, torch.full((max_bs,), ctx, device=dev), g, dev, route.mxfp8_store)
+    fill_history(attention, cache, tables, torch.full((max_bs,), ctx, device=dev), g, dev, route.fused_store)
     workspace = route.make_workspace(max_batch=max_bs, geometries={(HQ, HKV, D)}, max_seq_len=ctx, device=dev)
     # vLLM's persistent buffers; rows past the batch are CUDA-graph padding: seq_len 0, stale block-table rows.
     block_table = tables.clone()
@@ -97,7 +97,7 @@ def check_decode_graph_capture_and_replay(kv_format, window):
                       block_size=BS, max_seq_len=ctx, workspace=workspace, route=route)
 
     def step():
-        attention.store(key, value, cache, slot_mapping, mxfp8_store=route.mxfp8_store)
+        attention.store(key, value, cache, slot_mapping, fused_store=route.fused_store)
         attention.forward(query, cache, batch, output)
 
     torch.cuda.synchronize()
@@ -158,7 +158,7 @@ def check_eager_mixed_batch(kv_format, window):
     seq_lens = torch.tensor([700, 40, 300, 513], device=dev)
     query_lens = torch.tensor([1, 1, 130, 7], device=dev)
     tables = block_tables(4, ctx // BS, num_blocks, g, dev)
-    fill_history(attention, cache, tables, seq_lens, g, dev, route.mxfp8_store)
+    fill_history(attention, cache, tables, seq_lens, g, dev, route.fused_store)
     tables = null_behind_window(tables, seq_lens, query_lens, window)
     qsl = torch.zeros(5, dtype=torch.int32, device=dev)
     qsl[1:] = torch.cumsum(query_lens, 0)
