@@ -197,6 +197,15 @@ def _kv_store(target, as_bytes, pool):
     return compile_launch(quantize_store_kernel, args, target, {"num_warps": 1})
 
 
+def _copy_store(target, as_bytes, pool):
+    from sglang_inkling_backend.triton.kv_store import copy_store_kernel
+
+    args = dict(k_ptr="*bf16", v_ptr="*bf16", loc_ptr="*i64", kbuf_ptr="*bf16", vbuf_ptr="*bf16",
+                stride_kt=HKV * D, stride_kh=D, stride_vt=HKV * D, stride_vh=D, stride_buf_slot=HKV * D,
+                stride_buf_head=D, HKV=HKV, D=D, BLOCK_H=HKV)
+    return compile_launch(copy_store_kernel, args, target, {"num_warps": 1})
+
+
 def _gather(target, as_bytes, pool):
     import triton.language as tl
 
@@ -275,6 +284,8 @@ def _cases() -> list:
         cases.append(Case("extend", "the same with a verify step's tree mask (HAS_TREE)", pool,
                           functools.partial(_extend, tree=True)))
     cases.append(Case("kv_store", "1 warp, interleaved scales (page 128)", "mxfp8", _kv_store, reads_e4m3=False))
+    cases.append(Case("kv_store", "the 16-bit copy (copy_store_kernel), 1 warp", "bf16", _copy_store,
+                      reads_e4m3=False))
     for pool in ("mxfp8", "fp8", "bf16"):
         cases.append(Case("gather_kv", "BLOCK_N 32, bf16 out, default warps and stages", pool, _gather))
     for pool in ("mxfp8", "bf16"):
