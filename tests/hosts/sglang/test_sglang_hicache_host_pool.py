@@ -69,3 +69,18 @@ def test_a_page_moved_as_the_mxfp8_host_pool_moves_it_reads_back_bit_for_bit():
         data = getattr(info.buffers, kind)[0]
         data[1 * PAGE:2 * PAGE].copy_(data[src_page * PAGE:(src_page + 1) * PAGE].clone())
     assert not torch.equal(pool.core.read_kv(0, other)[0], before[0][0])
+
+
+def test_both_leaves_of_a_hybrid_sliding_window_pool_get_the_mxfp8_host_pool():
+    """A hybrid sliding-window model's pool (SGLang's SWAKVPool over this backend's MXFP8 pools): SGLang builds one
+    host pool per leaf (hybrid_pool_assembler.build_hybrid_swa_group; its shared page envelope is for its own
+    UnifiedMHATokenToKVPool only), and each leaf's description picks the MXFP8 host pool, scales included."""
+    from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+
+    pool = SWAKVPool(size=4 * PAGE, size_swa=2 * PAGE, page_size=PAGE, dtype=torch.float8_e4m3fn, head_num=HKV,
+                     head_dim=D, swa_attention_layer_ids=[0, 1], full_attention_layer_ids=[2], device="cpu",
+                     token_to_kv_pool_class=inkling_pool_class("mxfp8"), enable_kv_cache_copy=False)
+    for leaf, layers in ((pool.full_kv_pool, 1), (pool.swa_kv_pool, 2)):
+        info = leaf.get_device_pool_infos()[0].buffer_info
+        assert get_mha_host_pool_cls(info) is MHATokenToKVPoolMXFP8Host
+        assert len(info.scales.k) == len(info.scales.v) == layers
