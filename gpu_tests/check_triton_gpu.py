@@ -2,7 +2,8 @@
 
 Every check draws fresh random inputs (the seed is printed) and poisons outputs with NaN before each run:
   1. store_kv_mxfp8: every stored data and scale byte identical to ``mxfp8.quantize`` + ``ScaleLayout.scatter``
-     (interleaved page-128 and flat layouts; wide dynamic range, zero blocks, NaN/inf blocks, e4m3 ties).
+     (interleaved page-128 and flat layouts; wide dynamic range, zero blocks, NaN/inf blocks, e4m3 ties);
+     store_kv_unquantized: the bytes of two indexed writes (bf16 and fp16 pools, 2, 3 and 8 KV heads).
   2. decode over an MXFP8 pool against float64 attention on the same quantized K/V (``reference.attention.attend``
      in float64): Inkling mode (1/D, rel_bias, local window) and generic mode (1/sqrt(D), window, sinks, cap),
      one split and many, float32 output, for every configuration in DECODE_CONFIGS (per-token indices; whole pages
@@ -34,7 +35,8 @@ from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV  # 
 from sglang_inkling_backend.reference.attention import attend  # noqa: E402
 from sglang_inkling_backend.scale_layout import ScaleLayout  # noqa: E402
 from sglang_inkling_backend.triton import DecodeConfig, paged_decode_attention  # noqa: E402
-from sglang_inkling_backend.triton import paged_extend_attention, store_kv_mxfp8  # noqa: E402
+from sglang_inkling_backend.triton import (paged_extend_attention, store_kv_mxfp8,  # noqa: E402
+                                          store_kv_unquantized)
 
 # GPU_CHECKS_SMOKE=1: the same checks at tiny sizes on the CPU under TRITON_INTERPRET=1, to catch script errors
 # before spending device time (the interpreter dots in float32, so its errors are far under the bounds)
@@ -99,6 +101,20 @@ def check_store():
         bad = {name: int((getattr(pool, name).view(torch.uint8) != getattr(ref, name).view(torch.uint8)).sum())
                for name in ("k_buffer", "v_buffer", "k_scales", "v_scales")}
         record(f"store_kv_mxfp8 Hkv={hkv} D={d} page={page} N={n}", all(b == 0 for b in bad.values()),
+               mismatching_bytes=bad)
+    # the 16-bit copy store (store_kv_unquantized) against two indexed writes; 3 KV heads: the head block masked
+    for hkv, d, dtype in ((8, 128, torch.bfloat16), (3, 256, torch.float16), (2, 64, torch.bfloat16)):
+        slots, n = (1 << 17) // SHRINK, 50_000 // SHRINK
+        loc = torch.randperm(slots, device=DEV)[:n]
+        k, v = (torch.randn(n, hkv, d, device=DEV) * 7).to(dtype), (torch.randn(n, hkv, d, device=DEV) * 7).to(dtype)
+        fill = torch.randn(slots, hkv, d, device=DEV).to(dtype)
+        pool, ref = PagedKV(fill.clone(), fill.clone()), PagedKV(fill.clone(), fill.clone())
+        store_kv_unquantized(pool, loc, k, v)
+        sync()
+        ref.k_buffer[loc], ref.v_buffer[loc] = k, v
+        bad = {name: int((getattr(pool, name).view(torch.uint8) != getattr(ref, name).view(torch.uint8)).sum())
+               for name in ("k_buffer", "v_buffer")}
+        record(f"store_kv_unquantized {dtype} Hkv={hkv} D={d} N={n}", all(b == 0 for b in bad.values()),
                mismatching_bytes=bad)
 
 
