@@ -3,7 +3,8 @@
 Every check draws fresh random inputs (the seed is printed) and poisons outputs with NaN before each run:
   1. store_kv_mxfp8: every stored data and scale byte identical to ``mxfp8.quantize`` + ``ScaleLayout.scatter``
      (interleaved page-128 and flat layouts; wide dynamic range, zero blocks, NaN/inf blocks, e4m3 ties);
-     store_kv_unquantized: the bytes of two indexed writes (bf16 and fp16 pools, 2, 3 and 8 KV heads).
+     store_kv_unquantized: the bytes of two indexed writes (bf16 and fp16 pools, 2, 3 and 8 KV heads); the rail
+     gather kernel (gather_rails) against the torch gather.
   2. decode over an MXFP8 pool against float64 attention on the same quantized K/V (``reference.attention.attend``
      in float64): Inkling mode (1/D, rel_bias, local window) and generic mode (1/sqrt(D), window, sinks, cap),
      one split and many, float32 output, for every configuration in DECODE_CONFIGS (per-token indices; whole pages
@@ -116,6 +117,25 @@ def check_store():
                for name in ("k_buffer", "v_buffer")}
         record(f"store_kv_unquantized {dtype} Hkv={hkv} D={d} N={n}", all(b == 0 for b in bad.values()),
                mismatching_bytes=bad)
+
+
+def check_gather_rails():
+    """The rail gather kernel (the route's gather_rails, before every decode-graph replay) against the torch one, at
+    serving shapes: 128 requests of up to 4096 keys, full and a 1024-key window."""
+    from sglang_inkling_backend import rails
+    from sglang_inkling_backend.triton.gather_rails import gather_rails_host_lengths
+
+    bs, width = 128, 4096 // (SHRINK if SMOKE else 1)
+    req_to_token = torch.randint(1, 1 << 22, (bs + 8, width), dtype=torch.int32, device=DEV)
+    rows = torch.randperm(bs + 8, device=DEV)[:bs]
+    lens = torch.randint(1, width + 1, (bs,))
+    for window in (None, 1024 // (SHRINK if SMOKE else 1)):
+        start = None if window is None else rails.window_start(lens, torch.ones_like(lens), window)
+        got = gather_rails_host_lengths(req_to_token, rows, lens, start)
+        want = rails.gather_rails_host_lengths(req_to_token, rows, lens, start)
+        sync()
+        ok = torch.equal(got.indptr, want.indptr) and torch.equal(got.indices, want.indices)
+        record(f"gather_rails B={bs} width={width} window={window}", ok, keys=int(want.indptr[-1]))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -374,7 +394,7 @@ def main():
         DECODE_CONFIGS["table(hopper)"] = ("table", HOPPER)
     # GPU_CHECKS_ONLY=check_decode,check_store: only those checks
     only = [n for n in os.environ.get("GPU_CHECKS_ONLY", "").split(",") if n]
-    for fn in (check_store, check_decode, check_format_error, check_extend):
+    for fn in (check_store, check_gather_rails, check_decode, check_format_error, check_extend):
         if only and fn.__name__ not in only:
             continue
         try:

@@ -14,6 +14,7 @@ Hosts read a route's capabilities, never its name (``name`` is for log lines):
 - ``runs_triton``: the route's device runs Triton, so the host's own helpers may use Triton there too;
 - ``fused_store``: one kernel storing K and V into an MXFP8 or unquantized pool (``fused_store(kv, loc, k, v,
   validate=False)``), or None (``kv_views`` stores with torch: indexed writes, the torch quantizer);
+- ``gather_rails``: ``rails.gather_rails_host_lengths`` as one kernel (the same arguments and result), or None;
 - ``serves_verify``: ``extend`` takes a speculative verify step (``verify``, an ``attention_inputs.SpecVerify``:
   draft trees); a route without it (Triton and FlashInfer today) refuses one.
 
@@ -54,6 +55,7 @@ class TorchRoute:
     query_in_model_dtype = False
     runs_triton = False
     fused_store = None  # kv_views.store_kv_unchecked stores with torch
+    gather_rails = None  # rails.gather_rails_host_lengths gathers with torch
     serves_verify = True  # the reference takes draft trees
 
     def make_workspace(self, **limits):

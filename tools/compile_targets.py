@@ -7,7 +7,8 @@ Targets (``TARGETS``): NVIDIA sm_80, sm_86, sm_89, sm_90, sm_100, sm_120 and AMD
 Kernels (``CASES``, each in the configurations its launcher uses at head_dim 128, 16 query heads over 2 KV heads):
 decode stage 1 (``decode_blocks``, ``decode_tiles``: every configuration ``plan.choose_config`` returns;
 ``decode_hopper``, the Gluon kernel, on sm_90 only), the split merge (``decode_merge``), ``extend``, the MXFP8 K/V
-store (``kv_store``), the gather (``gather_kv``) and the fused decode prologue (``prologue``, head_dim 128 only).
+store and the 16-bit copy (``kv_store``), the rail gather (``gather_rails``), the gather (``gather_kv``) and the
+fused decode prologue (``prologue``, head_dim 128 only).
 8-bit pools are passed as the route passes them: as bytes (``*u8``) on NVIDIA before sm_89
 (``plan.e4m3_by_integers``), as ``float8e4nv`` everywhere else, AMD included (the ROCm route passes SGLang's
 float8_e4m3fn pool as it is).
@@ -206,6 +207,14 @@ def _copy_store(target, as_bytes, pool):
     return compile_launch(copy_store_kernel, args, target, {"num_warps": 1})
 
 
+def _gather_rails(target, as_bytes, pool):
+    from sglang_inkling_backend.triton.gather_rails import BLOCK, gather_rails_kernel
+
+    args = dict(table_ptr="*i32", stride_table_row=4096, rows_ptr="*i64", indptr_ptr="*i64", start_ptr="*i64",
+                out_ptr="*i64", BLOCK=BLOCK)
+    return compile_launch(gather_rails_kernel, args, target, {"num_warps": 4})
+
+
 def _gather(target, as_bytes, pool):
     import triton.language as tl
 
@@ -285,6 +294,8 @@ def _cases() -> list:
                           functools.partial(_extend, tree=True)))
     cases.append(Case("kv_store", "1 warp, interleaved scales (page 128)", "mxfp8", _kv_store, reads_e4m3=False))
     cases.append(Case("kv_store", "the 16-bit copy (copy_store_kernel), 1 warp", "bf16", _copy_store,
+                      reads_e4m3=False))
+    cases.append(Case("gather_rails", "BLOCK 1024, 4 warps (a graph step's rails)", "none", _gather_rails,
                       reads_e4m3=False))
     for pool in ("mxfp8", "fp8", "bf16"):
         cases.append(Case("gather_kv", "BLOCK_N 32, bf16 out, default warps and stages", pool, _gather))

@@ -213,7 +213,8 @@ class InklingAttnBackend(AttentionBackend):
         host = seq_lens_cpu[:bs] if seq_lens_cpu is not None else forward_batch.seq_lens[:bs].cpu()
         md = self._graph_buffers.refill(
             self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices[:bs], forward_batch.seq_lens[:bs],
-            full_to_swa=self._full_to_swa(), out_cache_loc=out_cache_loc, seq_lens_host=host)
+            full_to_swa=self._full_to_swa(), out_cache_loc=out_cache_loc, seq_lens_host=host,
+            gather=self.route.gather_rails)
         md.graph = True
         md.max_seq_len = self.max_context_len
         plan_graph_step = getattr(self.route, "plan_graph_step", None)

@@ -19,7 +19,7 @@ Decode plans: every metadata carries a ``DecodePlanCache``, so the Triton route 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 import torch
 
@@ -178,11 +178,14 @@ class DecodeGraphBuffers:
 
     def refill(self, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, *,
                full_to_swa: Optional[torch.Tensor] = None, out_cache_loc: Optional[torch.Tensor] = None,
-               seq_lens_host: Optional[torch.Tensor] = None) -> InklingForwardMetadata:
+               seq_lens_host: Optional[torch.Tensor] = None,
+               gather: Optional[Callable[..., KVRails]] = None) -> InklingForwardMetadata:
         """The batch's maps, written into the buffers. With ``seq_lens_host`` (the same lengths on the host: SGLang's
         ``seq_lens_cpu``) nothing reads the device: the lengths are checked and the rails summed on the host, and the
         rows and table entries are SGLang's own (its eager steps check them); without it the lengths and rows are
-        read back and checked (several syncs, each stalling the GPU until it drains)."""
+        read back and checked (several syncs, each stalling the GPU until it drains). ``gather`` builds the rails
+        (a route's ``gather_rails``: one kernel; None: ``rails.gather_rails_host_lengths``, in torch)."""
+        gather = gather or gather_rails_host_lengths
         bs = seq_lens.numel()
         if bs > self.max_bs:
             raise ValueError(f"batch of {bs} exceeds the graph buffers' max_bs {self.max_bs}")
@@ -203,7 +206,7 @@ class DecodeGraphBuffers:
         seq_lens = seq_lens.to(device=req_to_token.device, dtype=INDEX_DTYPE)
         full = pages = None
         if self.page_size is None:
-            full = gather_rails_host_lengths(req_to_token, req_pool_indices, seq_lens_host,
+            full = gather(req_to_token, req_pool_indices, seq_lens_host,
                                              out_indptr=self.full_indptr, out_indices=self.full_indices)
         else:  # the table has a fixed width: no batch size is read back
             self.page_table[:bs].copy_(page_table(req_to_token, req_pool_indices, self.page_size,
@@ -213,7 +216,7 @@ class DecodeGraphBuffers:
         windows = {}
         for w in self.windows:
             start = window_start(seq_lens_host, torch.ones_like(seq_lens_host), w)
-            rails = gather_rails_host_lengths(req_to_token, req_pool_indices, seq_lens_host, start,
+            rails = gather(req_to_token, req_pool_indices, seq_lens_host, start,
                                               out_indptr=self.window_indptr[w], out_indices=self.window_indices[w])
             if full_to_swa is not None:
                 nnz = int((seq_lens_host - start).sum())
