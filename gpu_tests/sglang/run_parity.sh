@@ -10,7 +10,8 @@
 # (INKLING_MXFP8_QUERY=bf16, the default: the backend's fused prologues keep the Inkling model's Q in bf16),
 # querymxfp8 (INKLING_MXFP8_QUERY=mxfp8: Q rounded to MXFP8, FA4's contract), ngram (--speculative-algorithm NGRAM,
 # BFS breadth 1 (SGLang refuses wider trees on a paged pool, page 128 for MXFP8, for every backend but flashinfer),
-# graphs off; compare.py against the same entry with nograph), ngramtree (NGRAM with SGLang's default BFS breadth
+# the backend turns decode graphs off itself (the runs in bench/results/current/sglang-h200/spec-hicache/ passed
+# --disable-cuda-graph); compare.py against the same entry with nograph), ngramtree (NGRAM with SGLang's default BFS breadth
 # 10: draft trees, a page-1 (bf16) pool only), smallpool (a device pool of PARITY_SMALL_POOL_TOKENS (8192) tokens),
 # hicache (--enable-hierarchical-cache with smallpool and a host pool of 4x its tokens; with
 # PARITY_SERVE_ARGS="--evict-tokens 16000" the workload's documents (3 x 2051 tokens) are pushed out of the device
@@ -55,8 +56,8 @@ for entry in "$@"; do
       qbf16) envs+=(INKLING_TEST_Q_BF16=1) ;;
       querybf16) envs+=(INKLING_MXFP8_QUERY=bf16) ;;
       querymxfp8) envs+=(INKLING_MXFP8_QUERY=mxfp8) ;;
-      ngram) extra+=(--speculative-algorithm NGRAM --speculative-ngram-max-bfs-breadth 1 --disable-cuda-graph) ;;
-      ngramtree) extra+=(--speculative-algorithm NGRAM --disable-cuda-graph) ;;
+      ngram) extra+=(--speculative-algorithm NGRAM --speculative-ngram-max-bfs-breadth 1) ;;
+      ngramtree) extra+=(--speculative-algorithm NGRAM) ;;
       smallpool) extra+=(--max-total-tokens ${PARITY_SMALL_POOL_TOKENS:-8192}) ;;
       hicache) extra+=(--enable-hierarchical-cache --hicache-ratio 4 --max-total-tokens ${PARITY_SMALL_POOL_TOKENS:-8192}) ;;
       *) echo "entry $entry: unknown tag $t (nograph, noprefillgraph, broken, tp2, noprologue, qbf16, querybf16," \
