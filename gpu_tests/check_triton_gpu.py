@@ -120,10 +120,10 @@ def check_store():
 
 
 def check_gather_rails():
-    """The rail gather kernel (the route's gather_rails, before every decode-graph replay) against the torch one, at
+    """The rail-slot gather kernel (the route's gather_rail_slots, before every decode-graph replay) against torch, at
     serving shapes: 128 requests of up to 4096 keys, full and a 1024-key window."""
     from sglang_inkling_backend import rails
-    from sglang_inkling_backend.triton.gather_rails import gather_rails_host_lengths
+    from sglang_inkling_backend.triton.gather_rails import gather_rail_slots
 
     bs, width = 128, 4096 // (SHRINK if SMOKE else 1)
     req_to_token = torch.randint(1, 1 << 22, (bs + 8, width), dtype=torch.int32, device=DEV)
@@ -131,7 +131,7 @@ def check_gather_rails():
     lens = torch.randint(1, width + 1, (bs,))
     for window in (None, 1024 // (SHRINK if SMOKE else 1)):
         start = None if window is None else rails.window_start(lens, torch.ones_like(lens), window)
-        got = gather_rails_host_lengths(req_to_token, rows, lens, start)
+        got = rails.gather_rails_host_lengths(req_to_token, rows, lens, start, gather_slots=gather_rail_slots)
         want = rails.gather_rails_host_lengths(req_to_token, rows, lens, start)
         sync()
         ok = torch.equal(got.indptr, want.indptr) and torch.equal(got.indices, want.indices)

@@ -19,7 +19,7 @@ out whole pages (SGLang's paged allocator, vLLM's block pool) has one already or
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -126,13 +126,16 @@ def check_host_lengths(seq_lens_host: torch.Tensor, batch: int, max_len: int) ->
 
 def gather_rails_host_lengths(req_to_token: torch.Tensor, rows: torch.Tensor, seq_lens_host: torch.Tensor,
                               start_host: Optional[torch.Tensor] = None, *, out_indptr: Optional[torch.Tensor] = None,
-                              out_indices: Optional[torch.Tensor] = None) -> KVRails:
+                              out_indices: Optional[torch.Tensor] = None,
+                              gather_slots: Optional[Callable[..., None]] = None) -> KVRails:
     """``gather_rails`` without reading the device: the lengths come from the host (``seq_lens_host``,
     ``start_host``: CPU tensors, checked by the caller, e.g. with ``check_host_lengths``), so the indptr is summed on
     the host and copied once, and each of the ``nnz`` slots is gathered by its own index. ``rows`` (device) are not
     range-checked (that would be a device read): the caller's. A decode step's metadata under CUDA graphs is rebuilt
     so before every replay, where a device read would stall the GPU. Without ``out_indptr`` / ``out_indices`` the
-    rails are new tensors."""
+    rails are new tensors. ``gather_slots(req_to_token, rows, indptr, start, out_indices, longest)`` (a route's
+    ``gather_rail_slots``: one kernel; device ``indptr`` and ``start``, ``longest`` the most keys of one request)
+    writes the slots in place of the torch ops here (an arange, a searchsorted and indexed reads, each a launch)."""
     bs = seq_lens_host.numel()
     start = torch.zeros(bs, dtype=INDEX_DTYPE) if start_host is None else start_host.to(INDEX_DTYPE)
     lens = seq_lens_host.to(INDEX_DTYPE) - start
@@ -150,6 +153,9 @@ def gather_rails_host_lengths(req_to_token: torch.Tensor, rows: torch.Tensor, se
     dev = host.to(device, non_blocking=True)
     indptr_dev, start_dev = dev[: bs + 1], dev[bs + 1:]
     out_indptr[: bs + 1].copy_(indptr_dev)
+    if gather_slots is not None:
+        gather_slots(req_to_token, rows.to(device), indptr_dev, start_dev, out_indices, int(lens.max()) if bs else 0)
+        return KVRails(out_indptr[: bs + 1], out_indices)
     i = torch.arange(nnz, dtype=INDEX_DTYPE, device=device)
     b = torch.searchsorted(indptr_dev[1:], i, right=True)
     positions = start_dev[b] + i - indptr_dev[b]

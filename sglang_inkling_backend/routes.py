@@ -14,7 +14,8 @@ Hosts read a route's capabilities, never its name (``name`` is for log lines):
 - ``runs_triton``: the route's device runs Triton, so the host's own helpers may use Triton there too;
 - ``fused_store``: one kernel storing K and V into an MXFP8 or unquantized pool (``fused_store(kv, loc, k, v,
   validate=False)``), or None (``kv_views`` stores with torch: indexed writes, the torch quantizer);
-- ``gather_rails``: ``rails.gather_rails_host_lengths`` as one kernel (the same arguments and result), or None;
+- ``gather_rail_slots``: the slot gather of ``rails.gather_rails_host_lengths`` as one kernel (its ``gather_slots``),
+  or None;
 - ``serves_verify``: ``extend`` takes a speculative verify step (``verify``, an ``attention_inputs.SpecVerify``:
   draft trees); a route without it (Triton and FlashInfer today) refuses one.
 
@@ -55,7 +56,7 @@ class TorchRoute:
     query_in_model_dtype = False
     runs_triton = False
     fused_store = None  # kv_views.store_kv_unchecked stores with torch
-    gather_rails = None  # rails.gather_rails_host_lengths gathers with torch
+    gather_rail_slots = None  # rails.gather_rails_host_lengths gathers with torch
     serves_verify = True  # the reference takes draft trees
 
     def make_workspace(self, **limits):

@@ -24,13 +24,13 @@ Modules: ``device`` (shared device helpers), ``encode`` (the MXFP8 encoder), ``p
 pages: ``plan_decode(kv_format="mxfp8")`` picks it where it is faster, ``hopper_decode_status`` says whether it can
 run), ``decode_merge``, ``decode_attention`` (the launcher), ``inputs``,
 ``extend_attention``, ``gather_kv`` (the rail's K/V gathered and dequantized for FlashInfer's ragged prefill:
-``sglang_inkling_backend.flashinfer``), ``gather_rails`` (a graph step's rails in one kernel), ``kv_store``,
+``sglang_inkling_backend.flashinfer``), ``gather_rails`` (a graph step's rail slots in one kernel), ``kv_store``,
 ``prologue``.
 """
 
 from .decode_attention import paged_decode_attention, run_decode
 from .extend_attention import paged_extend_attention
-from .gather_rails import gather_rails_host_lengths
+from .gather_rails import gather_rail_slots
 from .inputs import check_decode_inputs, validate_page_table, validate_slots
 from .kv_store import (FUSED_STORE_FORMATS, store_kv, store_kv_mxfp8,
                        store_kv_unquantized)
@@ -39,7 +39,7 @@ from .plan import (DecodeConfig, DecodePlan, DecodeWorkspace, decode_workspace_s
 
 __all__ = ["FUSED_STORE_FORMATS", "DecodeConfig", "DecodePlan", "DecodeWorkspace", "check_decode_inputs",
            "decode_workspace_shape",
-           "decode_workspace_splits", "gather_rails_host_lengths", "hopper_decode_status",
+           "decode_workspace_splits", "gather_rail_slots", "hopper_decode_status",
            "paged_decode_attention", "paged_extend_attention", "plan_decode", "route_note", "run_decode",
            "store_kv", "store_kv_mxfp8", "store_kv_unquantized",
            "validate_page_table", "validate_slots"]

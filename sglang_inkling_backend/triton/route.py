@@ -41,7 +41,7 @@ class TritonRoute:
             from sglang_inkling_backend import triton as kernels
         self.kernels = kernels  # this package's API (a test may pass a wrapped copy to count calls)
         self.fused_store = kernels.store_kv  # MXFP8 and 16-bit pools: one kernel for K and V
-        self.gather_rails = kernels.gather_rails_host_lengths  # a graph step's rails in one kernel
+        self.gather_rail_slots = kernels.gather_rail_slots  # a graph step's rail slots in one kernel
         self.extend_family = extend_family  # flashinfer.FlashInferExtend, or None: the Triton extend kernel only
         self.decode_family = decode_family  # flashinfer.FlashInferDecode, or None: the Triton decode kernels only
         self._extend_notes: set = set()  # the reasons already logged for running the Triton extend kernel

@@ -1,7 +1,6 @@
-"""The Triton rail gather (``triton.gather_rails``, the route's ``gather_rails``) against the torch one it stands in
-for (``rails.gather_rails_host_lengths``): the same indptr and slots, written into the same graph buffers, for full
-rails and windows, requests longer than one program's block, int32 and int64 rows; and the SGLang backend's graph
-metadata built through it."""
+"""The Triton rail-slot gather (``triton.gather_rail_slots``, the route's ``gather_rail_slots``) inside
+``rails.gather_rails_host_lengths`` against that function's torch gather: the same indptr and slots, written into the
+same graph buffers, for full rails and windows, requests longer than one program's block, int32 and int64 rows."""
 
 import os
 
@@ -14,9 +13,14 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from sglang_inkling_backend import rails  # noqa: E402
-from sglang_inkling_backend.triton.gather_rails import BLOCK, gather_rails_host_lengths  # noqa: E402
+from sglang_inkling_backend.triton.gather_rails import BLOCK, gather_rail_slots  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def gather_rails_host_lengths(*args, **kwargs):
+    """The core function with the kernel gathering the slots (what the Triton route's graph metadata runs)."""
+    return rails.gather_rails_host_lengths(*args, **kwargs, gather_slots=gather_rail_slots)
 
 
 def table(reqs, width, gen):

@@ -214,7 +214,7 @@ class InklingAttnBackend(AttentionBackend):
         md = self._graph_buffers.refill(
             self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices[:bs], forward_batch.seq_lens[:bs],
             full_to_swa=self._full_to_swa(), out_cache_loc=out_cache_loc, seq_lens_host=host,
-            gather=self.route.gather_rails)
+            gather_slots=self.route.gather_rail_slots)
         md.graph = True
         md.max_seq_len = self.max_context_len
         plan_graph_step = getattr(self.route, "plan_graph_step", None)

@@ -179,13 +179,12 @@ class DecodeGraphBuffers:
     def refill(self, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, *,
                full_to_swa: Optional[torch.Tensor] = None, out_cache_loc: Optional[torch.Tensor] = None,
                seq_lens_host: Optional[torch.Tensor] = None,
-               gather: Optional[Callable[..., KVRails]] = None) -> InklingForwardMetadata:
+               gather_slots: Optional[Callable[..., None]] = None) -> InklingForwardMetadata:
         """The batch's maps, written into the buffers. With ``seq_lens_host`` (the same lengths on the host: SGLang's
         ``seq_lens_cpu``) nothing reads the device: the lengths are checked and the rails summed on the host, and the
         rows and table entries are SGLang's own (its eager steps check them); without it the lengths and rows are
-        read back and checked (several syncs, each stalling the GPU until it drains). ``gather`` builds the rails
-        (a route's ``gather_rails``: one kernel; None: ``rails.gather_rails_host_lengths``, in torch)."""
-        gather = gather or gather_rails_host_lengths
+        read back and checked (several syncs, each stalling the GPU until it drains). ``gather_slots`` (a route's
+        ``gather_rail_slots``: one kernel; None: torch) gathers the rails' slots."""
         bs = seq_lens.numel()
         if bs > self.max_bs:
             raise ValueError(f"batch of {bs} exceeds the graph buffers' max_bs {self.max_bs}")
@@ -206,8 +205,9 @@ class DecodeGraphBuffers:
         seq_lens = seq_lens.to(device=req_to_token.device, dtype=INDEX_DTYPE)
         full = pages = None
         if self.page_size is None:
-            full = gather(req_to_token, req_pool_indices, seq_lens_host,
-                                             out_indptr=self.full_indptr, out_indices=self.full_indices)
+            full = gather_rails_host_lengths(req_to_token, req_pool_indices, seq_lens_host,
+                                             out_indptr=self.full_indptr, out_indices=self.full_indices,
+                                             gather_slots=gather_slots)
         else:  # the table has a fixed width: no batch size is read back
             self.page_table[:bs].copy_(page_table(req_to_token, req_pool_indices, self.page_size,
                                                   self.page_table.shape[1], check=False))
@@ -216,8 +216,9 @@ class DecodeGraphBuffers:
         windows = {}
         for w in self.windows:
             start = window_start(seq_lens_host, torch.ones_like(seq_lens_host), w)
-            rails = gather(req_to_token, req_pool_indices, seq_lens_host, start,
-                                              out_indptr=self.window_indptr[w], out_indices=self.window_indices[w])
+            rails = gather_rails_host_lengths(req_to_token, req_pool_indices, seq_lens_host, start,
+                                              out_indptr=self.window_indptr[w], out_indices=self.window_indices[w],
+                                              gather_slots=gather_slots)
             if full_to_swa is not None:
                 nnz = int((seq_lens_host - start).sum())
                 rails.indices[:nnz].copy_(full_to_swa[rails.indices[:nnz]])
