@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 
-from . import mxfp8
+from . import kv_views, mxfp8
 from .checks import require_positive_int, require_positive_real, require_slots
 from .layer_plan import LayerPlan
 from .attention_inputs import PagedKV
@@ -166,19 +166,9 @@ class InklingKVPool:
                              f"{self.kv_format!r} (None or 1.0 expected)")
         shape = (loc.numel(), *buf.k.shape[1:])
         k, v = cache_k.reshape(shape).to(self.device), cache_v.reshape(shape).to(self.device)
-        if self.kv_format != "fp8_e4m3" and self.fused_store is not None:
-            self.fused_store(self.paged_kv(layer_id), loc, k, v, validate=False)
-        elif self.kv_format == "mxfp8":
-            kd, ks = mxfp8.quantize(k)
-            vd, vs = mxfp8.quantize(v)
-            buf.k[loc], buf.v[loc] = kd, vd
-            buf.layout.scatter(buf.sfk, loc, ks, check=False)
-            buf.layout.scatter(buf.sfv, loc, vs, check=False)
-        elif self.kv_format == "fp8_e4m3":
-            buf.k[loc] = mxfp8.quantize_per_tensor(k, scales["k_scale"])
-            buf.v[loc] = mxfp8.quantize_per_tensor(v, scales["v_scale"])
-        else:
-            buf.k[loc], buf.v[loc] = k.to(self.store_dtype), v.to(self.store_dtype)
+        # the layer as a PagedKV with this call's per-tensor scales, stored as every other write is
+        kv = PagedKV(buf.k, buf.v, buf.sfk, buf.sfv, buf.layout, scales["k_scale"], scales["v_scale"])
+        kv_views.store_kv_unchecked(kv, loc, k, v, fused_store=self.fused_store)
 
     def set_mxfp8_kv_buffer(self, layer: Union[int, Any], loc: torch.Tensor, k_data: torch.Tensor,
                             k_scales: torch.Tensor, v_data: torch.Tensor, v_scales: torch.Tensor) -> None:
