@@ -210,8 +210,8 @@ def _copy_store(target, as_bytes, pool):
 def _gather_rails(target, as_bytes, pool):
     from sglang_inkling_backend.triton.gather_rails import BLOCK, gather_rails_kernel
 
-    args = dict(table_ptr="*i32", stride_table_row=4096, rows_ptr="*i64", indptr_ptr="*i64", start_ptr="*i64",
-                out_ptr="*i64", BLOCK=BLOCK)
+    args = dict(table_ptr="*i32", stride_table_row=4096, stride_table_col=1, rows_ptr="*i64", indptr_ptr="*i64",
+                start_ptr="*i64", out_ptr="*i64", BLOCK=BLOCK)
     return compile_launch(gather_rails_kernel, args, target, {"num_warps": 4})
 
 

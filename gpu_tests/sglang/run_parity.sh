@@ -11,8 +11,8 @@
 # querymxfp8 (INKLING_MXFP8_QUERY=mxfp8: Q rounded to MXFP8, FA4's contract), ngram (--speculative-algorithm NGRAM,
 # BFS breadth 1 (SGLang refuses wider trees on a paged pool, page 128 for MXFP8, for every backend but flashinfer),
 # the backend turns decode graphs off itself (the runs in bench/results/current/sglang-h200/spec-hicache/ passed
-# --disable-cuda-graph); compare.py against the same entry with nograph), ngramtree (NGRAM with SGLang's default BFS breadth
-# 10: draft trees, a page-1 (bf16) pool only), smallpool (a device pool of PARITY_SMALL_POOL_TOKENS (8192) tokens),
+# --disable-cuda-graph); compare.py against the same entry with nograph), ngramtree (NGRAM with SGLang's default BFS
+# breadth 10: draft trees, a page-1 (bf16) pool only), smallpool (a device pool of PARITY_SMALL_POOL_TOKENS (8192) tokens),
 # hicache (--enable-hierarchical-cache with smallpool and a host pool of 4x its tokens; with
 # PARITY_SERVE_ARGS="--evict-tokens 16000" the workload's documents (3 x 2051 tokens) are pushed out of the device
 # pool but stay in the host pool (a flood beyond it evicts them there too: no host hit) and are loaded back, see

@@ -13,7 +13,8 @@ BLOCK = 1024  # slots per program
 
 
 @triton.jit
-def gather_rails_kernel(table_ptr, stride_table_row, rows_ptr, indptr_ptr, start_ptr, out_ptr, BLOCK: tl.constexpr):
+def gather_rails_kernel(table_ptr, stride_table_row, stride_table_col, rows_ptr, indptr_ptr, start_ptr, out_ptr,
+                        BLOCK: tl.constexpr):
     b = tl.program_id(0)
     chunk = tl.program_id(1)
     row = tl.load(rows_ptr + b).to(tl.int64)
@@ -22,7 +23,7 @@ def gather_rails_kernel(table_ptr, stride_table_row, rows_ptr, indptr_ptr, start
     start = tl.load(start_ptr + b)
     offs = chunk * BLOCK + tl.arange(0, BLOCK)
     mask = offs < length
-    slots = tl.load(table_ptr + row * stride_table_row + start + offs, mask=mask)
+    slots = tl.load(table_ptr + row * stride_table_row + (start + offs) * stride_table_col, mask=mask)
     tl.store(out_ptr + begin + offs, slots.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -31,9 +32,8 @@ def gather_rail_slots(req_to_token: torch.Tensor, rows: torch.Tensor, indptr: to
     """Request b's keys ``req_to_token[rows[b], start[b]:start[b] + indptr[b+1] - indptr[b]]`` into
     ``out_indices[indptr[b]:indptr[b+1]]`` (every tensor on the device; ``longest`` the most keys of one request, from
     the host). The caller (``rails.gather_rails_host_lengths``) has sized and checked everything."""
-    if req_to_token.stride(1) != 1:
-        raise ValueError("req_to_token must be contiguous along the context (stride 1 in its second dimension)")
     bs = rows.numel()
     if bs and longest:
         gather_rails_kernel[(bs, triton.cdiv(longest, BLOCK))](
-            req_to_token, req_to_token.stride(0), rows, indptr, start, out_indices, BLOCK=BLOCK, num_warps=4)
+            req_to_token, req_to_token.stride(0), req_to_token.stride(1), rows, indptr, start, out_indices,
+            BLOCK=BLOCK, num_warps=4)

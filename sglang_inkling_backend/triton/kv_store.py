@@ -3,9 +3,9 @@
 (``FUSED_STORE_FORMATS``). The torch path they replace (``kv_views.store_kv_unchecked`` without a fused store) is two
 indexed writes per layer for an unquantized pool and several passes for MXFP8.
 
-The MXFP8 store is byte-identical to ``mxfp8.quantize`` followed by ``ScaleLayout.scatter`` (what
-``InklingKVPool.set_kv_buffer`` does), including the non-finite rule: a block holding a NaN or an infinity gets the UE8M0 NaN byte and e4m3 NaNs.
-The scale exponent comes from the float's exponent and mantissa bits and e4m3 is encoded with integer operations
+The MXFP8 store is byte-identical to ``mxfp8.quantize`` followed by ``ScaleLayout.scatter`` (the torch path),
+including the non-finite rule: a block holding a NaN or an infinity gets the UE8M0 NaN byte and e4m3 NaNs. The scale
+exponent comes from the float's exponent and mantissa bits and e4m3 is encoded with integer operations
 (round to nearest even), never through the dtype cast: exact on the GPU and under the Triton interpreter alike
 (the interpreter's fp32 -> e4m3 cast is wrong at ties); the encoder is ``encode.mxfp8_encode_blocks``, shared with
 the decode prologue.

@@ -50,6 +50,17 @@ def test_same_rails_as_the_torch_gather(window, rows_dtype):
     assert torch.equal(fresh.indices, want.indices[:nnz]) and torch.equal(fresh.indptr, want.indptr)
 
 
+def test_a_strided_table_reads_the_same_slots():
+    """A table that is a view with a column stride (e.g. every other column of a wider one) is read through it."""
+    gen = torch.Generator().manual_seed(8)
+    wide = table(3, 2 * 300, gen)
+    req_to_token = wide[:, ::2]
+    rows, seq_lens = torch.tensor([2, 0]).to(DEV), torch.tensor([300, 17])
+    got = gather_rails_host_lengths(req_to_token, rows, seq_lens)
+    want = rails.gather_rails_host_lengths(req_to_token, rows, seq_lens)
+    assert torch.equal(got.indices, want.indices) and got.indices.numel() == 317
+
+
 def test_a_wrong_slot_would_show():
     """The comparison can fail: a table changed after the torch gather gives other slots."""
     gen = torch.Generator().manual_seed(6)
