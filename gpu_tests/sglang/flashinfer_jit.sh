@@ -4,8 +4,10 @@
 # attempt-host-lengths/), and a machine given back loses them.
 # - a carried ../.fijit/flashinfer-jit.tar.xz (carry ".fijit") is unpacked there before the entries run;
 # - FI_SAVE_JIT=1: fi_jit_save packs them into $OUT/flashinfer-jit.tar.xz after the entries (copy it into .fijit/ to
-#   carry it next time; the carry limit is 64 MiB for everything). Not yet run on the GPU machine: whether FlashInfer
-#   loads the unpacked modules without rebuilding is to be seen in the first entry's start-up time.
+#   carry it next time; the carry limit is 64 MiB for everything). llama-gqa4-l16's modules: 4.0 MB packed, 24 MB
+#   unpacked; with them carried the first FlashInfer entry took 46-49 s instead of 202 s
+#   (bench/results/current/sglang-h200/speed/call-fused-store*/). Modules of other shapes (gemma3-swa's head_dim
+#   256) are still built at their first use.
 if [ -n "${FLASHINFER_WORKSPACE_BASE:-}" ] && ls ../.fijit/flashinfer-jit.tar.xz > /dev/null 2>&1; then
   mkdir -p "$FLASHINFER_WORKSPACE_BASE/.cache" && tar -xJf ../.fijit/flashinfer-jit.tar.xz -C "$FLASHINFER_WORKSPACE_BASE/.cache" \
     && echo "flashinfer JIT cache: unpacked $(du -sh "$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer" | cut -f1)"
