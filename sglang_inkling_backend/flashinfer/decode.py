@@ -30,7 +30,7 @@ import torch
 from ..attention_inputs import AttentionParams, PagedKV
 from ..checks import stream_capturing
 from ..rails import KVRails
-from .install import HEAD_DIMS, find_flashinfer, float_workspace
+from .install import HEAD_DIMS, find_flashinfer, float_workspace, plan_logging_first
 
 DECODE_KERNEL_ENV = "INKLING_DECODE_KERNEL"  # auto (default): FlashInfer where it serves; triton; flashinfer
 SERVED_FORMATS = ("bf16", "fp16")
@@ -130,8 +130,9 @@ class FlashInferDecode:
     def _plan(wrapper, indptr_host: torch.Tensor, indices: torch.Tensor, key) -> None:
         _, _, hq, hkv, d, dtype, cap, scale = key
         bs = indptr_host.numel() - 1
-        wrapper.plan(indptr_host, indices, torch.ones(bs, dtype=torch.int32), hq, hkv, d, 1,
-                     logits_soft_cap=cap if cap > 0 else None, q_data_type=dtype, kv_data_type=dtype, sm_scale=scale)
+        plan_logging_first("paged decode", (hq, hkv, d, dtype, cap), lambda: wrapper.plan(
+            indptr_host, indices, torch.ones(bs, dtype=torch.int32), hq, hkv, d, 1,
+            logits_soft_cap=cap if cap > 0 else None, q_data_type=dtype, kv_data_type=dtype, sm_scale=scale))
 
     def _plan_eager(self, key, rails: KVRails):
         wrapper = self._wrappers.get(key)

@@ -26,7 +26,7 @@ import torch
 
 from ..attention_inputs import AttentionParams, PagedKV
 from ..rails import KVRails
-from .install import HEAD_DIMS, QUERY_DTYPES, find_flashinfer, float_workspace
+from .install import HEAD_DIMS, QUERY_DTYPES, find_flashinfer, float_workspace, plan_logging_first
 
 logger = logging.getLogger(__name__)
 
@@ -82,10 +82,10 @@ class FlashInferExtend:
             wrapper = self._wrappers[key] = self._flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
                 self.workspace, "NHD")
         qo_host, kv_host = qo_indptr.to("cpu", torch.int32), kv_indptr.to("cpu", torch.int32)  # one sync
-        wrapper.plan(qo_host, kv_host, hq, hkv, d, causal=True,
-                     window_left=window - 1 if window is not None else -1,
-                     logits_soft_cap=logit_cap if logit_cap > 0 else None, sm_scale=sm_scale,
-                     q_data_type=dtype, kv_data_type=dtype)
+        plan_logging_first("ragged prefill", (hq, hkv, d, dtype, window, logit_cap), lambda: wrapper.plan(
+            qo_host, kv_host, hq, hkv, d, causal=True, window_left=window - 1 if window is not None else -1,
+            logits_soft_cap=logit_cap if logit_cap > 0 else None, sm_scale=sm_scale,
+            q_data_type=dtype, kv_data_type=dtype))
         return wrapper, int(kv_host[-1])
 
     def extend(self, q: torch.Tensor, kv: PagedKV, rails: KVRails, qo_indptr: torch.Tensor,

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import logging
 import os
-from typing import Optional
+import time
+from typing import Callable, Optional
 
 import torch
 
@@ -13,6 +15,9 @@ FLOAT_WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommended float workspace, o
 HEAD_DIMS = (64, 128, 256)
 QUERY_DTYPES = (torch.bfloat16, torch.float16)
 KERNEL_CHOICES = ("auto", "triton", "flashinfer")  # auto: FlashInfer where it serves the layer
+
+logger = logging.getLogger(__name__)
+_PLANNED_SHAPES: set = set()  # (family, shape) pairs whose first plan this process has run
 
 
 def version_tuple(text: str) -> tuple:
@@ -65,3 +70,20 @@ def float_workspace(device: torch.device) -> torch.Tensor:
     """The float workspace the route's FlashInfer wrappers share: their kernels run one after another on one
     stream (SGLang's flashinfer backend shares one the same way)."""
     return torch.empty(FLOAT_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+
+
+def plan_logging_first(family: str, shape: tuple, plan: Callable[[], None]) -> None:
+    """``plan()``, with an INFO line before and after the first one of ``(family, shape)`` in this process: FlashInfer
+    loads a shape's kernel module at its first plan, and JIT-builds it there where its cache lacks it, inside the
+    step that asked (SGLang's flashinfer server on a fresh H200 host started in 202 s, in 46 s with the cache
+    carried: bench/results/current/sglang-h200/speed/call-fused-store/README.md); the lines say why that step took
+    so long."""
+    if (family, shape) in _PLANNED_SHAPES:
+        plan()
+        return
+    logger.info("inkling: FlashInfer %s, first plan of %s: loading its kernel module (a JIT build where FlashInfer's "
+                "cache lacks it)", family, shape)
+    start = time.perf_counter()
+    plan()
+    _PLANNED_SHAPES.add((family, shape))
+    logger.info("inkling: FlashInfer %s, %s ready in %.1f s", family, shape, time.perf_counter() - start)

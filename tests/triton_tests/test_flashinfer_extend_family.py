@@ -138,6 +138,29 @@ def test_one_plan_per_key_per_step():
     assert RaggedPrefill.plans == 3
 
 
+
+def test_first_plan_of_a_shape_is_logged_with_its_time(caplog, monkeypatch):
+    """A shape's first plan is where FlashInfer loads or JIT-builds its module (minutes on a machine without its
+    cache): two INFO lines around that plan, none for the next plans of the shape; a new shape logs again."""
+    from sglang_inkling_backend.flashinfer import install
+    monkeypatch.setattr(install, "_PLANNED_SHAPES", set())
+    gen = torch.Generator().manual_seed(8)
+    kv = make_pool("bf16", gen)
+    q, rails, qo = make_batch(gen)
+    route = TritonRoute(kernels, fi_extend.FlashInferExtend(fake_flashinfer(), torch.device(DEV)))
+
+    def lines():
+        return [r.getMessage() for r in caplog.records if "FlashInfer ragged prefill" in r.getMessage()]
+    with caplog.at_level(logging.INFO):
+        route.extend(q, kv, rails, qo, AttentionParams(D ** -0.5), plans=DecodePlanCache())
+        first = lines()
+        assert len(first) == 2 and "first plan of" in first[0] and "ready in" in first[1]
+        assert f"({HQ}, {HKV}, {D}, torch.bfloat16, None, 0.0)" in first[0]
+        route.extend(q, kv, rails, qo, AttentionParams(D ** -0.5), plans=DecodePlanCache())
+        assert lines() == first and RaggedPrefill.plans == 2  # planned again, logged once
+        route.extend(q, kv, rails, qo, AttentionParams(D ** -0.5, window=11), plans=DecodePlanCache())
+        assert len(lines()) == 4 and ", 11, 0.0)" in lines()[2]
+
 def test_layers_it_does_not_serve_run_the_triton_kernel_logged_once(caplog):
     gen = torch.Generator().manual_seed(9)
     kv = make_pool("bf16", gen)
