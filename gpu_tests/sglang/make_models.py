@@ -7,6 +7,7 @@ Models (all bf16, vocab 49152 = the tokenizer's, max positions 40960 so 32k cont
 - ``gemma3-swa``: Gemma3ForCausalLM, 4 query / 1 KV head, head_dim 256, 6 layers (5 sliding : 1 full),
   sliding window 256;
 - ``inkling-swa``: SGLang's in-tree Inkling model (``inkling_config``);
+- ``llama-gqa4-eagle``: an EAGLE draft model for ``llama-gqa4`` (``eagle_draft_config``; run_parity.sh's eagle tags);
 - ``<model>-rank2`` for the three above: one rank's heads at tp 2 (``rank_shape``), for tp 2's per-rank geometry
   on one GPU at tp 1.
 
@@ -81,6 +82,18 @@ def inkling_config(tiny: bool) -> dict:
                 bos_token_id=1, eos_token_id=2)
 
 
+def eagle_draft_config(tiny: bool) -> dict:
+    """An EAGLE draft for ``llama-gqa4`` (SGLang's ``LlamaForCausalLMEagle``: one decoder layer over
+    ``fc(cat(embedding, target hidden))``, the target's embedding and output head): the target's widths and context
+    length (SGLang runs the draft at the target's), untied so SGLang's ``set_embed_and_head`` replaces two
+    parameters. Served with ``--speculative-draft-load-format dummy`` and the seeded initializer."""
+    return dict(architectures=["LlamaForCausalLMEagle"], model_type="llama", vocab_size=VOCAB,
+                hidden_size=256 if tiny else 1024, intermediate_size=512 if tiny else 2816, num_hidden_layers=1,
+                num_attention_heads=8, num_key_value_heads=2, head_dim=128, max_position_embeddings=40960,
+                rope_theta=10000.0, rms_norm_eps=1e-5, hidden_act="silu", tie_word_embeddings=False,
+                attention_bias=False, bos_token_id=1, eos_token_id=2, torch_dtype="bfloat16")
+
+
 def rank_shape(config: dict, tp: int) -> dict:
     """One tensor-parallel rank's attention heads of ``config`` at ``tp`` ranks, as SGLang splits them: query heads
     divided by tp, KV heads divided by tp, or one (replicated) where tp exceeds them. Served at tp 1 on one GPU,
@@ -104,13 +117,14 @@ def rank2_name(model: str) -> str:
 
 
 CONFIGS = {"llama-gqa4": llama_config, "gemma3-swa": gemma3_config,
-           "llama-gqa4-l16": lambda tiny: llama_config(tiny, layers=16), "inkling-swa": inkling_config}
+           "llama-gqa4-l16": lambda tiny: llama_config(tiny, layers=16), "inkling-swa": inkling_config,
+           "llama-gqa4-eagle": eagle_draft_config}
 # tp 2's per-rank shapes: llama 4 query / 1 KV head, gemma3 2 / 1 (its one KV head replicated), inkling 4 / 1
 CONFIGS.update({rank2_name(name): (lambda tiny, make=CONFIGS[name]: rank_shape(make(tiny), 2))
                 for name in ("llama-gqa4", "gemma3-swa", "inkling-swa")})
 # Served with --load-format dummy: weights come from sitecustomize.py's seeded initializer (INKLING_TEST_SEEDED_INIT),
 # so only the config and the tokenizer are written.
-DUMMY_LOAD = {"inkling-swa", rank2_name("inkling-swa")}
+DUMMY_LOAD = {"inkling-swa", rank2_name("inkling-swa"), "llama-gqa4-eagle"}
 DEFAULT_MODELS = ("llama-gqa4", "gemma3-swa")
 
 

@@ -156,6 +156,12 @@ def decode_graph_capturable(device: str | None, head_dim: int | None = None) -> 
 # does not serve. NGRAM against the same server without it on the H200, bf16 and MXFP8, chains and trees:
 # bench/results/current/sglang-h200/spec-hicache/.
 SPECULATIVE_ALGORITHMS = ("NGRAM",)
+# Draft-model algorithms, once allowed (in SPECULATIVE_ALGORITHMS): their draft runs on one of SGLang's own backends
+# (SGLang's DraftBackendFactory has no entry for this one) over a 16-bit draft pool, and this backend serves the
+# target's extends and verify steps, whose batches are NGRAM's (a [D, prefix + D] mask per request, SGLang 0.5.23
+# eagle_utils.build_tree_kernel_efficient). Not yet in SPECULATIVE_ALGORITHMS: no H200 run through the server yet.
+DRAFT_MODEL_ALGORITHMS = ("EAGLE", "EAGLE3")
+DRAFT_ATTENTION_BACKENDS = ("triton", "flashinfer", "fa3")
 # The in-tree Inkling model runs its own verify prologue (FA4's, chain-only short conv), which this backend does not
 # hook: speculative decoding stays refused for it.
 _OWN_VERIFY_PROLOGUE_ARCHITECTURES = ("InklingForConditionalGeneration",)
@@ -206,12 +212,15 @@ def _validate_speculative(cfg: Any, model_config: Any) -> None:
     if name not in SPECULATIVE_ALGORITHMS:
         raise ValueError(
             f"--attention-backend inkling does not support speculative decoding with --speculative-algorithm "
-            f"{algorithm} (its draft model's extend and decode steps are not served); allowed: "
+            f"{algorithm} (EAGLE and EAGLE3, with the draft on another backend, await a run through the server; "
+            f"other draft-model algorithms are not served); allowed: "
             f"{', '.join(SPECULATIVE_ALGORITHMS)}, or leave --speculative-algorithm unset")
     if cfg.device != "cuda":
         raise ValueError(
             f"--speculative-algorithm {algorithm} with --attention-backend inkling is served on CUDA/ROCm devices "
             f"(the Triton route's verify kernel); got --device {cfg.device}")
+    if name in DRAFT_MODEL_ALGORITHMS:
+        _validate_draft_model(cfg, algorithm)
     hf_config = getattr(model_config, "hf_config", None)
     architectures = set(getattr(hf_config, "architectures", None) or ())
     if architectures & set(_OWN_VERIFY_PROLOGUE_ARCHITECTURES):
@@ -219,6 +228,34 @@ def _validate_speculative(cfg: Any, model_config: Any) -> None:
             f"--speculative-algorithm {algorithm} with --attention-backend inkling is not supported for "
             f"{', '.join(sorted(architectures))}: the model runs its own speculative-verify attention prologue, "
             "which this backend does not serve; leave --speculative-algorithm unset")
+
+
+def _validate_draft_model(cfg: Any, algorithm: Any) -> None:
+    """The draft model's steps run on SGLang's own backend, which reads a 16-bit pool only: without
+    ``--speculative-draft-kv-cache-dtype bf16`` SGLang 0.5.23 gives the draft the target's dtype string (unset and
+    auto alike, model_runner.py's draft KV dtype), and an MXFP8 pool's bytes read without their scales."""
+    draft_backend = getattr(cfg, "speculative_draft_attention_backend", None)
+    if draft_backend not in DRAFT_ATTENTION_BACKENDS:
+        raise ValueError(
+            f"--speculative-algorithm {algorithm} with --attention-backend inkling runs the draft model on another "
+            f"backend: set --speculative-draft-attention-backend to one of {', '.join(DRAFT_ATTENTION_BACKENDS)} "
+            f"(got {draft_backend!r}; inkling serves the target's extend and verify steps)")
+    target_format = KV_CACHE_DTYPE_TO_FORMAT.get(cfg.kv_cache_dtype)
+    draft_dtype = getattr(cfg, "speculative_draft_kv_cache_dtype", None)
+    if target_format in QUANTIZED_KV_FORMATS and draft_dtype not in ("bf16", "bfloat16"):
+        raise ValueError(
+            f"--speculative-algorithm {algorithm} with --kv-cache-dtype {cfg.kv_cache_dtype} on --attention-backend "
+            f"inkling needs --speculative-draft-kv-cache-dtype bf16 (got {draft_dtype!r}): the draft's backend "
+            f"{draft_backend} reads a 16-bit pool, and SGLang gives an unset or auto draft dtype the target's")
+
+
+def _draft_on_its_own_backend(configurator: Any) -> bool:
+    """A draft runner's pool when its model runs on another backend (``_validate_draft_model``): SGLang's own."""
+    if not getattr(configurator, "is_draft_worker", False):
+        return False
+    from sglang.srt.runtime_context import get_spec
+
+    return getattr(get_spec(), "speculative_draft_attention_backend", None) not in (None, BACKEND_NAME)
 
 
 def _validate_quantized_hicache(cfg: Any, kv_cache_dtype: str) -> None:
@@ -278,7 +315,7 @@ def around_configure(original, self, *args, **kwargs):
 
 def around_build_token_to_kv_pool(original, self, *, sizes, is_dsa_model, is_dsv4_model, req_to_token_pool):
     prefill, decode = _runtime_inkling_backends()
-    if not (prefill or decode):
+    if not (prefill or decode) or _draft_on_its_own_backend(self):
         return original(self, sizes=sizes, is_dsa_model=is_dsa_model, is_dsv4_model=is_dsv4_model,
                         req_to_token_pool=req_to_token_pool)
     from sglang_inkling_backend.hosts.sglang import pool as inkling_pool
@@ -290,7 +327,7 @@ def around_build_token_to_kv_pool(original, self, *, sizes, is_dsa_model, is_dsv
 
 def around_hybrid_full_attention_pool_class(original, self, *, mha_pool_class, mla_pool_class, dsa_pool_class):
     prefill, decode = _runtime_inkling_backends()
-    if (prefill or decode) and not self.use_mla_backend:
+    if (prefill or decode) and not self.use_mla_backend and not _draft_on_its_own_backend(self):
         from sglang_inkling_backend.hosts.sglang.pool import inkling_pool_class
 
         return inkling_pool_class(pool_format_for(self.kv_cache_dtype_str, self.kv_cache_dtype))

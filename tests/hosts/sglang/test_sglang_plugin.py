@@ -270,6 +270,58 @@ def test_ngram_is_served_with_decode_graphs_off_and_draft_model_algorithms_are_r
         _resolve(tmp_path, attention_backend="inkling", speculative_algorithm="NGRAM")
 
 
+
+def test_draft_model_algorithms_once_allowed_need_another_draft_backend_and_a_16_bit_draft_pool(tmp_path,
+                                                                                                monkeypatch):
+    """The rules EAGLE/EAGLE3 run under once they join SPECULATIVE_ALGORITHMS (refused above until an H200 run):
+    the draft on one of SGLang's backends, its pool 16-bit when the target's is 8-bit."""
+    monkeypatch.setattr(hooks, "SPECULATIVE_ALGORITHMS", ("NGRAM", "EAGLE", "EAGLE3"))
+    eagle = dict(device="cuda", attention_backend="inkling", kv_cache_dtype="mxfp8", speculative_algorithm="EAGLE",
+                 speculative_draft_model_path=_model_dir(tmp_path), speculative_num_steps=3,
+                 speculative_eagle_topk=1, speculative_num_draft_tokens=4)
+    with pytest.raises(ValueError, match=r"set --speculative-draft-attention-backend to one of triton, flashinfer, "
+                                         r"fa3 \(got None"):
+        _resolve(tmp_path, **eagle)
+    with pytest.raises(ValueError, match=r"--kv-cache-dtype mxfp8 on --attention-backend inkling needs "
+                                         r"--speculative-draft-kv-cache-dtype bf16 \(got None\)"):
+        _resolve(tmp_path, speculative_draft_attention_backend="triton", **eagle)
+    with pytest.raises(ValueError, match=r"needs --speculative-draft-kv-cache-dtype bf16 \(got 'auto'\)"):
+        _resolve(tmp_path, speculative_draft_attention_backend="triton", speculative_draft_kv_cache_dtype="auto",
+                 **eagle)
+    view = _resolve(tmp_path, speculative_draft_attention_backend="triton", speculative_draft_kv_cache_dtype="bf16",
+                    **eagle)
+    assert view.speculative_algorithm == "EAGLE" and view.page_size == 128
+    assert view.cuda_graph_config.decode.backend == "disabled"
+    bf16_target = {**eagle, "kv_cache_dtype": "auto"}  # a 16-bit target pool: the draft's dtype may stay unset
+    assert _resolve(tmp_path, speculative_draft_attention_backend="flashinfer", **bf16_target).page_size == 1
+
+
+def test_a_draft_runner_on_another_backend_gets_sglangs_own_pool(monkeypatch):
+    """The pool hooks build this backend's pool for the target runner only when the draft has its own backend."""
+    from types import SimpleNamespace
+
+    from sglang.srt import runtime_context
+
+    draft_backend = {"speculative_draft_attention_backend": "triton"}
+    monkeypatch.setattr(runtime_context, "get_spec", lambda: SimpleNamespace(**draft_backend))
+    monkeypatch.setattr(hooks, "_runtime_inkling_backends", lambda: (True, True))
+    built = []
+
+    def original(self, **kwargs):
+        built.append("sglang")
+        return "sglang pool"
+    from sglang_inkling_backend.hosts.sglang import pool as inkling_pool
+    monkeypatch.setattr(inkling_pool, "build_token_to_kv_pool", lambda self, original, **kw: "inkling pool")
+    args = dict(sizes=None, is_dsa_model=False, is_dsv4_model=False, req_to_token_pool=None)
+    assert hooks.around_build_token_to_kv_pool(original, SimpleNamespace(is_draft_worker=True), **args) == \
+        "sglang pool"
+    assert hooks.around_build_token_to_kv_pool(original, SimpleNamespace(is_draft_worker=False), **args) == \
+        "inkling pool"
+    draft_backend["speculative_draft_attention_backend"] = None  # a draft on the target's backend: ours
+    assert hooks.around_build_token_to_kv_pool(original, SimpleNamespace(is_draft_worker=True), **args) == \
+        "inkling pool"
+    assert built == ["sglang"]
+
 def test_ngram_is_refused_for_a_model_with_its_own_verify_prologue():
     from types import SimpleNamespace
 
