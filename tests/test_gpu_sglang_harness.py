@@ -156,6 +156,10 @@ def test_one_batch_speed_points_and_server_args():
     assert int(argv[argv.index("--max-total-tokens") + 1]) >= 2 * 4 * (128 + 4 + 8 + 1)
     with pytest.raises(SystemExit):
         speed.parse_args(["--model", "m", "--attention-backend", "inkling", "--points", "4", "--out", "o.json"])
+    assert args.prefill_repeats == 1
+    with pytest.raises(SystemExit):
+        speed.parse_args(["--model", "m", "--attention-backend", "inkling", "--points", "4x128", "--out", "o.json",
+                          "--prefill-repeats", "0"])
 
 
 def test_speed_table_ratios_stay_within_one_call_and_name_a_failed_entry(tmp_path):

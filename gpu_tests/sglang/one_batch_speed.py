@@ -23,9 +23,10 @@ logs and swallows plugin exceptions: with ``--attention-backend inkling`` this s
 ``sglang_inkling_backend.entry_points.sglang.is_registered()`` and raises if not.
 
 Timing: first a warm-up (the first point's batch at context 256, a prefill and a few decode steps: JIT compiles).
-Then per point (batch B, context C): the prefill of B requests of C tokens (``prefill_s``: wall, synchronized), in
-extends of at most ``--prefill-chunk-tokens`` tokens merged into one batch as the scheduler merges a prefilled
-batch into the running one (``ScheduleBatch.merge_batch``),
+Then per point (batch B, context C): the prefill of B requests of C tokens (``prefill_s``: wall, synchronized; the
+median of ``--prefill-repeats`` prefills into cleared pools, all in ``prefill_s_all``), in extends of at most
+``--prefill-chunk-tokens`` tokens merged into one batch as the scheduler merges a prefilled batch into the running
+one (``ScheduleBatch.merge_batch``),
 ``--warmup-steps`` decode steps, then ``--steps`` timed ones. ``step_ms``: wall time of one ``decode()`` call
 between two device synchronizations (as in one_batch's ``latency_test_run_once``: batch preparation, forward,
 sampling); ``forward_ms`` (CUDA only): CUDA events on the current stream around ``ModelRunner.forward`` inside
@@ -84,6 +85,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                     help="prefill a point's requests in extends of at most this many tokens (at least one request "
                          "each), merged into one decode batch: 128 x 32k tokens in one extend would need ~80 GB of "
                          "MLP activations on llama-gqa4-l16")
+    ap.add_argument("--prefill-repeats", type=int, default=1,
+                    help="prefill each point's batch this many times (the pools cleared in between) and report the "
+                         "median: one prefill of 128 x 1k is 0.2 s, and two FlashInfer entries' single samples "
+                         "differed by 2.4% (bench/results/current/sglang-h200/speed/call-fused-store-1k/)")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--disable-cuda-graph", action="store_true", help="eager decode (always so on --device cpu)")
     ap.add_argument("--seed", type=int, default=1234, help="numpy seed of the random prompt ids")
@@ -101,6 +106,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         ap.error("--steps must be >= 1 and --warmup-steps >= 0")
     if args.prefill_chunk_tokens < 1:
         ap.error("--prefill-chunk-tokens must be >= 1")
+    if args.prefill_repeats < 1:
+        ap.error("--prefill-repeats must be >= 1")
     return args, extra
 
 
@@ -186,19 +193,14 @@ def profile_steps(bench, next_ids, sched_batch, steps: int) -> tuple[list, objec
     return rows[:40], next_ids
 
 
-def time_point(bench, probe, batch: int, context: int, warmup_steps: int, steps: int, graphs_on: bool,
-               prefill_chunk_tokens: int, profile: int = 0) -> dict:
+def prefill(bench, batch: int, context: int, per_chunk: int) -> tuple:
+    """``(seconds, next token ids, scheduled batch)``: the point's requests prefilled into empty pools, in extends of
+    ``per_chunk`` requests merged into one decode batch."""
     import torch
     from sglang.benchmark import one_batch
 
-    decode_steps = warmup_steps + steps
-    fits = bench.max_batch_size(context, decode_steps + 1)  # max_total_num_tokens // (context + decode tokens)
-    if batch > fits:
-        raise RuntimeError(f"B={batch} ctx={context}: the KV pool ({bench.torch_runner.max_total_num_tokens} tokens) "
-                           f"holds at most {fits} such requests; raise --mem-fraction-static or shrink the point")
     bench.clear()
     reqs = one_batch.prepare_synthetic_inputs_for_latency_test(batch, context)
-    per_chunk = max(1, prefill_chunk_tokens // context)
     bench.synchronize()
     tic = time.perf_counter()
     next_ids, _, sched_batch = bench.extend(reqs[:per_chunk])
@@ -208,7 +210,22 @@ def time_point(bench, probe, batch: int, context: int, warmup_steps: int, steps:
         sched_batch.merge_batch(part)
         next_ids = torch.cat([next_ids, ids])
     bench.synchronize()
-    prefill_s = time.perf_counter() - tic
+    return time.perf_counter() - tic, next_ids, sched_batch
+
+
+def time_point(bench, probe, batch: int, context: int, warmup_steps: int, steps: int, graphs_on: bool,
+               prefill_chunk_tokens: int, profile: int = 0, prefill_repeats: int = 1) -> dict:
+    decode_steps = warmup_steps + steps
+    fits = bench.max_batch_size(context, decode_steps + 1)  # max_total_num_tokens // (context + decode tokens)
+    if batch > fits:
+        raise RuntimeError(f"B={batch} ctx={context}: the KV pool ({bench.torch_runner.max_total_num_tokens} tokens) "
+                           f"holds at most {fits} such requests; raise --mem-fraction-static or shrink the point")
+    per_chunk = max(1, prefill_chunk_tokens // context)
+    prefill_all = []
+    for _ in range(prefill_repeats):  # the last one's batch decodes
+        seconds, next_ids, sched_batch = prefill(bench, batch, context, per_chunk)
+        prefill_all.append(seconds)
+    prefill_s = median(prefill_all)
     if len(sched_batch.reqs) != batch or sched_batch.seq_lens.numel() != batch:
         raise RuntimeError(f"B={batch} ctx={context}: the prefilled batch holds {len(sched_batch.reqs)} requests")
     for _ in range(warmup_steps):
@@ -240,7 +257,8 @@ def time_point(bench, probe, batch: int, context: int, warmup_steps: int, steps:
     step_ms = [1000 * s for s in step_s]
     forward_ms = probe.forward_ms()
     med = median(step_ms)
-    return {"batch": batch, "context": context, "prefill_s": prefill_s, "prefill_chunks": -(-batch // per_chunk),
+    return {"batch": batch, "context": context, "prefill_s": prefill_s, "prefill_s_all": prefill_all,
+            "prefill_chunks": -(-batch // per_chunk),
             "warmup_steps": warmup_steps, "steps": steps,
             "step_ms": med, "step_ms_min": min(step_ms), "step_ms_max": max(step_ms),
             "forward_ms": median(forward_ms), "decode_tok_s": batch * 1000 / med, "graph_steps": graph_steps,
@@ -340,7 +358,7 @@ def main(argv=None) -> int:
         time_point(bench, probe, warm_b, 256, args.warmup_steps, 2, graphs_on, args.prefill_chunk_tokens)
         for batch, context in args.points:
             point = time_point(bench, probe, batch, context, args.warmup_steps, args.steps, graphs_on,
-                               args.prefill_chunk_tokens, args.profile_steps)
+                               args.prefill_chunk_tokens, args.profile_steps, args.prefill_repeats)
             record["points"].append(point)
             fwd = f", forward {point['forward_ms']:.3f} ms" if point["forward_ms"] is not None else ""
             print(f"{label} B={batch} ctx={context}: step {point['step_ms']:.3f} ms (min {point['step_ms_min']:.3f}, "
