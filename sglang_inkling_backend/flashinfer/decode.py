@@ -17,11 +17,17 @@ counts, head_dim, dtype, cap, scale) plans it in the step's plan cache (the rail
 step and key). FlashInfer cannot plan inside a CUDA-graph capture, so under graphs the host calls
 ``TritonRoute.plan_graph_step`` before each capture and each replay, outside the graph, with its host sequence
 lengths: one wrapper per (key, batch size) over buffers allocated once per window (indptr, int32 indices of
-``max_bs * max keys``, last-page lengths), which every replay's plan refills at the same addresses.
+``max_bs * max keys``, last-page lengths), which every replay's plan refills at the same addresses. A wrapper's first
+plan (at its capture) is FlashInfer's ``plan``, which builds its kernel module; its replays are planned with
+FlashInfer's ``fast_decode_plan``, as SGLang's flashinfer backend does (``flashinfer_backend.py``: ``begin_forward =
+partial(fast_decode_plan, w)`` after the capture's plan): the same host planning, without ``plan``'s argument
+handling and buffer copies (this family writes the indptr and indices into the graph buffers itself, once per step
+and window).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Optional
 
@@ -32,6 +38,7 @@ from ..checks import stream_capturing
 from ..rails import KVRails
 from .install import HEAD_DIMS, find_flashinfer, float_workspace, plan_logging_first
 
+logger = logging.getLogger(__name__)
 DECODE_KERNEL_ENV = "INKLING_DECODE_KERNEL"  # auto (default): FlashInfer where it serves; triton; flashinfer
 SERVED_FORMATS = ("bf16", "fp16")
 TENSOR_CORE_MIN_GROUP = 4  # SGLang's should_use_tensor_core for 16-bit KV
@@ -83,6 +90,11 @@ class FlashInferDecode:
         self._wrappers: dict = {}
         self._graph_rails: dict = {}  # window -> GraphRails
         self.served = False  # True after the first decode it ran (the route falls back only before that)
+        # FlashInfer's replay planner (0.5 and 0.7 export it); without it every replay runs the full plan
+        self._fast_plan = getattr(flashinfer, "fast_decode_plan", None)
+        if self._fast_plan is None:
+            logger.info("inkling: FlashInfer %s has no fast_decode_plan: decode graph replays run its full plan",
+                        self.version)
 
     @staticmethod
     def plan_key(window: Optional[int], hq: int, hkv: int, d: int, dtype: torch.dtype, params: AttentionParams):
@@ -134,6 +146,14 @@ class FlashInferDecode:
             indptr_host, indices, torch.ones(bs, dtype=torch.int32), hq, hkv, d, 1,
             logits_soft_cap=cap if cap > 0 else None, q_data_type=dtype, kv_data_type=dtype, sm_scale=scale))
 
+    def _plan_replay(self, wrapper, indptr_host: torch.Tensor, graph: GraphRails, bs: int, nnz: int, key) -> None:
+        """A graph wrapper's later plans: ``fast_decode_plan`` over the graph buffers, which hold this step's indptr
+        and indices already (``plan_graph``); the host indptr is what it plans from."""
+        _, _, hq, hkv, d, dtype, cap, scale = key
+        self._fast_plan(wrapper, graph.indptr[:bs + 1], graph.indices[:nnz], graph.last_page_len[:bs], hq, hkv, d, 1,
+                        logits_soft_cap=cap if cap > 0 else None, q_data_type=dtype, kv_data_type=dtype,
+                        sm_scale=scale, non_blocking=True, global_override_indptr_cpu=indptr_host)
+
     def _plan_eager(self, key, rails: KVRails):
         wrapper = self._wrappers.get(key)
         if wrapper is None:
@@ -170,12 +190,18 @@ class FlashInferDecode:
         if nnz > graph.indices.numel():
             raise ValueError(f"the decode batch's {nnz} keys (window {window}) exceed the FlashInfer graph buffer's "
                              f"{graph.indices.numel()}")
-        plans.once((PLAN_TAG, "graph rails", window),
-                   lambda: graph.indices[:nnz].copy_(rails.indices[:nnz]))
+        def fill_graph_rails():
+            graph.indices[:nnz].copy_(rails.indices[:nnz])
+            graph.indptr[:bs + 1].copy_(indptr_host, non_blocking=True)
+        plans.once((PLAN_TAG, "graph rails", window), fill_graph_rails)
         wrapper = self._wrappers.get((key, bs))
         if wrapper is None:
             wrapper = self._wrappers[(key, bs)] = self._new_wrapper(key[2], key[3], graph, bs)
-        self._plan(wrapper, indptr_host, graph.indices[:nnz], key)
+            self._plan(wrapper, indptr_host, graph.indices[:nnz], key)  # builds FlashInfer's module for it
+        elif self._fast_plan is not None:
+            self._plan_replay(wrapper, indptr_host, graph, bs, nnz, key)
+        else:
+            self._plan(wrapper, indptr_host, graph.indices[:nnz], key)
         plans.get(key, lambda: wrapper)
 
     def decode(self, q: torch.Tensor, kv: PagedKV, rails: KVRails, params: AttentionParams, plans) -> torch.Tensor:

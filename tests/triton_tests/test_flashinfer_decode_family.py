@@ -88,13 +88,27 @@ class PagedDecode:
         return out
 
 
-def fake_flashinfer():
-    PagedDecode.plans = PagedDecode.made = PagedDecode.fail_runs = 0
-    return types.SimpleNamespace(__version__="0.7.2.post1", BatchDecodeWithPagedKVCacheWrapper=PagedDecode)
+def fast_decode_plan(wrapper, indptr, indices, last_page_len, hq, hkv, d, page_size, *, logits_soft_cap=None,
+                     q_data_type=None, kv_data_type=None, sm_scale=None, non_blocking=True,
+                     global_override_indptr_cpu=None):
+    """FlashInfer's fast_decode_plan as it treats a CUDA-graph wrapper: it plans from the host indptr and copies
+    nothing into the wrapper's buffers (the caller has written them)."""
+    assert wrapper.graph and global_override_indptr_cpu.device.type == "cpu"
+    assert last_page_len.numel() == wrapper.fixed_bs and indices.numel() <= wrapper.indices.numel()
+    assert indptr.data_ptr() == wrapper.indptr.data_ptr() and indices.data_ptr() == wrapper.indices.data_ptr()
+    PagedDecode.fast_plans += 1
+    wrapper.page_size, wrapper.cap, wrapper.scale, wrapper.dtype = page_size, logits_soft_cap, sm_scale, q_data_type
+    wrapper.heads = (hq, hkv, d)
 
 
-def family():
-    return fi_decode.FlashInferDecode(fake_flashinfer(), torch.device(DEV), torch.empty(16, dtype=torch.uint8))
+def fake_flashinfer(fast=True):
+    PagedDecode.plans = PagedDecode.made = PagedDecode.fail_runs = PagedDecode.fast_plans = 0
+    return types.SimpleNamespace(__version__="0.7.2.post1", BatchDecodeWithPagedKVCacheWrapper=PagedDecode,
+                                 **({"fast_decode_plan": fast_decode_plan} if fast else {}))
+
+
+def family(fast=True):
+    return fi_decode.FlashInferDecode(fake_flashinfer(fast), torch.device(DEV), torch.empty(16, dtype=torch.uint8))
 
 
 def bf16_pool(gen):
@@ -206,13 +220,16 @@ class Step:
         return self.rails_by_window[window]
 
 
-def test_graph_step_plans_per_batch_size_over_stable_buffers():
+@pytest.mark.parametrize("fast", [True, False])
+def test_graph_step_plans_per_batch_size_over_stable_buffers(fast):
     """plan_graph_step plans each key the layers need once per step (a biased layer none), one wrapper per (key,
-    batch size) made once and re-planned every step, its indptr/indices in the window's buffers (the same storage
-    every step); the layers then run on those plans and match the reference."""
+    batch size) made once and re-planned every step (FlashInfer's plan at the first, its fast_decode_plan after, where
+    FlashInfer has it), its indptr/indices in the window's buffers (the same storage every step); the layers then run
+    on those plans and match the reference (every step's lengths differ, so a buffer left from the step before
+    fails it)."""
     gen = torch.Generator().manual_seed(7)
     kv = bf16_pool(gen)
-    fam = family()
+    fam = family(fast)
     route = TritonRoute(kernels, decode_family=fam)
     layers = [LayerSpec(window=None, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D),
               LayerSpec(window=11, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D),
@@ -234,7 +251,8 @@ def test_graph_step_plans_per_batch_size_over_stable_buffers():
         now = {w: (g.indptr.data_ptr(), g.indices.data_ptr()) for w, g in fam._graph_rails.items()}
         assert addresses is None or now == addresses
         addresses = now
-    assert PagedDecode.made == 2 and PagedDecode.plans == 6  # batch size 4: one wrapper per key, planned per step
+    # batch size 4: one wrapper per key, planned every step (with fast_decode_plan after the first)
+    assert PagedDecode.made == 2 and (PagedDecode.plans, PagedDecode.fast_plans) == ((2, 4) if fast else (6, 0))
     assert fam._graph_rails[None].indices.numel() == 8 * 64 and fam._graph_rails[11].indices.numel() == 8 * 11
     with pytest.raises(ValueError, match=r"seq_lens_host must lie in \[1, 64\]"):
         route.plan_graph_step(Step({}), layers, torch.tensor([65]), kv_format="bf16", max_bs=8,
