@@ -95,6 +95,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--profile-steps", type=int, default=0,
                     help="after each point's timed steps, this many more under torch.profiler: the CUDA kernels' "
                          "total time per name (graph replays included) in the log and in the point's 'kernels'")
+    ap.add_argument("--profile-prefill", action="store_true",
+                    help="before each point's timed prefills, one more under torch.profiler: its CUDA kernels' "
+                         "total time per name in the log and in the point's 'prefill_kernels'")
     ap.add_argument("--label", default=None)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
@@ -173,24 +176,58 @@ class ForwardProbe:
         return [s.elapsed_time(e) for s, e in self.events]  # after a synchronize
 
 
-def profile_steps(bench, next_ids, sched_batch, steps: int) -> tuple[list, object]:
-    """``steps`` decode steps under torch.profiler: [(kernel name, total us per step, calls per step)], the top 40
-    by time, and the last step's ids."""
+def profiler_activities() -> list:
+    """CUDA kernels on a GPU; on a CPU (``--device cpu``), the CPU ops (their self time)."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
 
-    bench.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            next_ids, _ = bench.decode(next_ids, sched_batch)
-        torch.cuda.synchronize()
+    return [ProfilerActivity.CUDA] if torch.cuda.is_available() else [ProfilerActivity.CPU]
+
+
+def profiled_what() -> str:
+    import torch
+
+    return "CUDA kernels" if torch.cuda.is_available() else "CPU ops"
+
+
+def kernel_table(prof, per: int) -> list:
+    """[(kernel name, total us / per, calls / per)] of a torch.profiler run, the top 40 by time."""
+    import torch
+
     rows = []
     for event in prof.key_averages():
-        total = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
+        if torch.cuda.is_available():
+            total = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
+        else:
+            total = event.self_cpu_time_total
         if total:
-            rows.append((event.key[:160], total / steps, event.count / steps))
+            rows.append((event.key[:160], total / per, event.count / per))
     rows.sort(key=lambda r: -r[1])
-    return rows[:40], next_ids
+    return rows[:40]
+
+
+def profile_steps(bench, next_ids, sched_batch, steps: int) -> tuple[list, object]:
+    """``steps`` decode steps under torch.profiler: ``kernel_table`` per step, and the last step's ids."""
+    from torch.profiler import profile
+
+    bench.synchronize()
+    with profile(activities=profiler_activities()) as prof:
+        for _ in range(steps):
+            next_ids, _ = bench.decode(next_ids, sched_batch)
+        bench.synchronize()
+    return kernel_table(prof, steps), next_ids
+
+
+def profile_prefill(bench, batch: int, context: int, per_chunk: int) -> tuple[list, float]:
+    """One untimed prefill of the point under torch.profiler: its ``kernel_table`` and its wall seconds (the
+    profiler's own cost included), for what a prefill's time is made of next to the sum of its kernels (on a CPU,
+    of its ops)."""
+    from torch.profiler import profile
+
+    with profile(activities=profiler_activities()) as prof:
+        seconds, _, sched_batch = prefill(bench, batch, context, per_chunk)
+    bench.cleanup(sched_batch)
+    return kernel_table(prof, 1), seconds
 
 
 def prefill(bench, batch: int, context: int, per_chunk: int) -> tuple:
@@ -214,13 +251,21 @@ def prefill(bench, batch: int, context: int, per_chunk: int) -> tuple:
 
 
 def time_point(bench, probe, batch: int, context: int, warmup_steps: int, steps: int, graphs_on: bool,
-               prefill_chunk_tokens: int, profile: int = 0, prefill_repeats: int = 1) -> dict:
+               prefill_chunk_tokens: int, profile: int = 0, prefill_repeats: int = 1,
+               profile_prefill_kernels: bool = False) -> dict:
     decode_steps = warmup_steps + steps
     fits = bench.max_batch_size(context, decode_steps + 1)  # max_total_num_tokens // (context + decode tokens)
     if batch > fits:
         raise RuntimeError(f"B={batch} ctx={context}: the KV pool ({bench.torch_runner.max_total_num_tokens} tokens) "
                            f"holds at most {fits} such requests; raise --mem-fraction-static or shrink the point")
     per_chunk = max(1, prefill_chunk_tokens // context)
+    prefill_kernels = None
+    if profile_prefill_kernels:
+        prefill_kernels, seconds = profile_prefill(bench, batch, context, per_chunk)
+        print(f"B={batch} ctx={context}: {profiled_what()} of one prefill ({seconds:.3f} s under the profiler): "
+              f"{sum(r[1] for r in prefill_kernels) / 1e3:.1f} ms in the top {len(prefill_kernels)}", flush=True)
+        for name, us, calls in prefill_kernels:
+            print(f"  {us / 1e3:9.3f} ms {calls:6.0f}x  {name}", flush=True)
     prefill_all = []
     for _ in range(prefill_repeats):  # the last one's batch decodes
         seconds, next_ids, sched_batch = prefill(bench, batch, context, per_chunk)
@@ -249,7 +294,7 @@ def time_point(bench, probe, batch: int, context: int, warmup_steps: int, steps:
     kernels = None
     if profile:
         kernels, next_ids = profile_steps(bench, next_ids, sched_batch, profile)
-        print(f"B={batch} ctx={context}: CUDA kernels per decode step ({profile} steps profiled): "
+        print(f"B={batch} ctx={context}: {profiled_what()} per decode step ({profile} steps profiled): "
               f"{sum(r[1] for r in kernels):.1f} us in the top {len(kernels)}", flush=True)
         for name, us, calls in kernels:
             print(f"  {us:9.1f} us {calls:6.1f}x  {name}", flush=True)
@@ -263,7 +308,7 @@ def time_point(bench, probe, batch: int, context: int, warmup_steps: int, steps:
             "step_ms": med, "step_ms_min": min(step_ms), "step_ms_max": max(step_ms),
             "forward_ms": median(forward_ms), "decode_tok_s": batch * 1000 / med, "graph_steps": graph_steps,
             "kv_tokens_end": batch * (context + decode_steps + 1), "last_step_ids": next_ids.tolist(),
-            "step_ms_all": [round(x, 4) for x in step_ms], "kernels": kernels}
+            "step_ms_all": [round(x, 4) for x in step_ms], "kernels": kernels, "prefill_kernels": prefill_kernels}
 
 
 def attention_backend_names(runner) -> list[str]:
@@ -358,7 +403,8 @@ def main(argv=None) -> int:
         time_point(bench, probe, warm_b, 256, args.warmup_steps, 2, graphs_on, args.prefill_chunk_tokens)
         for batch, context in args.points:
             point = time_point(bench, probe, batch, context, args.warmup_steps, args.steps, graphs_on,
-                               args.prefill_chunk_tokens, args.profile_steps, args.prefill_repeats)
+                               args.prefill_chunk_tokens, args.profile_steps, args.prefill_repeats,
+                               args.profile_prefill)
             record["points"].append(point)
             fwd = f", forward {point['forward_ms']:.3f} ms" if point["forward_ms"] is not None else ""
             print(f"{label} B={batch} ctx={context}: step {point['step_ms']:.3f} ms (min {point['step_ms_min']:.3f}, "
