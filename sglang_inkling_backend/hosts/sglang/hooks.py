@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from typing import Any, Callable
 
 from sglang_inkling_backend.hosts.sglang import BACKEND_NAME
@@ -240,6 +241,12 @@ def _validate_draft_model(cfg: Any, algorithm: Any) -> None:
             f"--speculative-algorithm {algorithm} with --attention-backend inkling runs the draft model on another "
             f"backend: set --speculative-draft-attention-backend to one of {', '.join(DRAFT_ATTENTION_BACKENDS)} "
             f"(got {draft_backend!r}; inkling serves the target's extend and verify steps)")
+    if os.environ.get("SGLANG_ENABLE_OVERLAP_PLAN_STREAM", "").strip().lower() in ("1", "true", "yes", "y"):
+        # SGLang 0.5.23's eagle_worker_common.run_eagle_verify then asks the target's backend for
+        # update_verify_buffers_to_fill_after_draft, which this backend does not implement
+        raise ValueError(
+            f"--speculative-algorithm {algorithm} with --attention-backend inkling does not support "
+            "SGLANG_ENABLE_OVERLAP_PLAN_STREAM=1 (a verify plan on a side stream); unset it")
     target_format = KV_CACHE_DTYPE_TO_FORMAT.get(cfg.kv_cache_dtype)
     draft_dtype = getattr(cfg, "speculative_draft_kv_cache_dtype", None)
     if target_format in QUANTIZED_KV_FORMATS and draft_dtype not in ("bf16", "bfloat16"):

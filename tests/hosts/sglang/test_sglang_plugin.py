@@ -294,6 +294,9 @@ def test_draft_model_algorithms_once_allowed_need_another_draft_backend_and_a_16
     assert view.cuda_graph_config.decode.backend == "disabled"
     bf16_target = {**eagle, "kv_cache_dtype": "auto"}  # a 16-bit target pool: the draft's dtype may stay unset
     assert _resolve(tmp_path, speculative_draft_attention_backend="flashinfer", **bf16_target).page_size == 1
+    monkeypatch.setenv("SGLANG_ENABLE_OVERLAP_PLAN_STREAM", "1")
+    with pytest.raises(ValueError, match="does not support SGLANG_ENABLE_OVERLAP_PLAN_STREAM=1"):
+        _resolve(tmp_path, speculative_draft_attention_backend="flashinfer", **bf16_target)
 
 
 def test_a_draft_runner_on_another_backend_gets_sglangs_own_pool(monkeypatch):
