@@ -232,9 +232,10 @@ def _validate_speculative(cfg: Any, model_config: Any) -> None:
 
 
 def _validate_draft_model(cfg: Any, algorithm: Any) -> None:
-    """The draft model's steps run on SGLang's own backend, which reads a 16-bit pool only: without
+    """The draft model's steps run on SGLang's own backend, which has no MXFP8 reader: without
     ``--speculative-draft-kv-cache-dtype bf16`` SGLang 0.5.23 gives the draft the target's dtype string (unset and
-    auto alike, model_runner.py's draft KV dtype), and an MXFP8 pool's bytes read without their scales."""
+    auto alike, model_runner.py's draft KV dtype), and an MXFP8 pool's bytes would be read without their scales. A
+    per-tensor fp8 draft pool is not run anywhere here, so every 8-bit target asks for a bf16 draft pool."""
     draft_backend = getattr(cfg, "speculative_draft_attention_backend", None)
     if draft_backend not in DRAFT_ATTENTION_BACKENDS:
         raise ValueError(
@@ -252,8 +253,8 @@ def _validate_draft_model(cfg: Any, algorithm: Any) -> None:
     if target_format in QUANTIZED_KV_FORMATS and draft_dtype not in ("bf16", "bfloat16"):
         raise ValueError(
             f"--speculative-algorithm {algorithm} with --kv-cache-dtype {cfg.kv_cache_dtype} on --attention-backend "
-            f"inkling needs --speculative-draft-kv-cache-dtype bf16 (got {draft_dtype!r}): the draft's backend "
-            f"{draft_backend} reads a 16-bit pool, and SGLang gives an unset or auto draft dtype the target's")
+            f"inkling needs --speculative-draft-kv-cache-dtype bf16 (got {draft_dtype!r}): the draft runs on "
+            f"{draft_backend} over a pool of its own, and SGLang gives an unset or auto draft dtype the target's")
 
 
 def _draft_on_its_own_backend(configurator: Any) -> bool:
