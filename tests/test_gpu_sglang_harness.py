@@ -222,6 +222,27 @@ def test_rank2_models_have_one_ranks_heads_with_replicated_kv_where_tp_exceeds_t
         make_models.rank_shape(make_models.CONFIGS["llama-gqa4"](False), 3)
 
 
+
+def test_eagle_drafts_fit_their_target_and_name_sglangs_draft_classes():
+    """The seeded EAGLE/EAGLE3 drafts: SGLang's draft classes by name (each an EntryClass of the installed SGLang's
+    model files), the target's widths and context (the draft's fc reads the target's hidden states; SGLang runs the
+    draft at the target's context), untied, and EAGLE3's aux layers distinct ones of the target's."""
+    make_models = _harness_module("make_models")
+    target = make_models.CONFIGS["llama-gqa4"](False)
+    for name, arch, module in (("llama-gqa4-eagle", "LlamaForCausalLMEagle", "llama_eagle"),
+                               ("llama-gqa4-eagle3", "LlamaForCausalLMEagle3", "llama_eagle3")):
+        draft = make_models.CONFIGS[name](False)
+        assert draft["architectures"] == [arch] and name in make_models.DUMMY_LOAD
+        for key in ("hidden_size", "vocab_size", "max_position_embeddings"):
+            assert draft[key] == target[key], key
+        assert draft["tie_word_embeddings"] is False and draft["num_hidden_layers"] == 1
+        spec = importlib.util.find_spec("sglang")
+        if spec is not None:
+            source = (Path(spec.origin).parent / "srt" / "models" / f"{module}.py").read_text()
+            assert f"EntryClass = [{arch}]" in source
+    aux = make_models.CONFIGS["llama-gqa4-eagle3"](False)["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    assert len(set(aux)) == 3 and max(aux) + 1 < target["num_hidden_layers"]
+
 def test_summarize_compares_the_per_rank_models_like_the_full_ones(tmp_path):
     summarize = _harness_module("summarize")
     assert summarize.per_rank("inkling-swa_triton_auto_noprefillgraph") == "inkling-swa-rank2_triton_auto_noprefillgraph"

@@ -7,7 +7,8 @@ Models (all bf16, vocab 49152 = the tokenizer's, max positions 40960 so 32k cont
 - ``gemma3-swa``: Gemma3ForCausalLM, 4 query / 1 KV head, head_dim 256, 6 layers (5 sliding : 1 full),
   sliding window 256;
 - ``inkling-swa``: SGLang's in-tree Inkling model (``inkling_config``);
-- ``llama-gqa4-eagle``: an EAGLE draft model for ``llama-gqa4`` (``eagle_draft_config``; run_parity.sh's eagle tags);
+- ``llama-gqa4-eagle``, ``llama-gqa4-eagle3``: EAGLE and EAGLE3 draft models for ``llama-gqa4``
+  (``eagle_draft_config``, ``eagle3_draft_config``; run_parity.sh's eagle tags);
 - ``<model>-rank2`` for the three above: one rank's heads at tp 2 (``rank_shape``), for tp 2's per-rank geometry
   on one GPU at tp 1.
 
@@ -94,6 +95,17 @@ def eagle_draft_config(tiny: bool) -> dict:
                 attention_bias=False, bos_token_id=1, eos_token_id=2, torch_dtype="bfloat16")
 
 
+def eagle3_draft_config(tiny: bool) -> dict:
+    """An EAGLE3 draft for ``llama-gqa4`` (SGLang's ``LlamaForCausalLMEagle3``: its layer reads the target's hidden
+    states after layers 1-3, ``eagle_aux_hidden_state_layer_ids`` [0, 1, 2] stated because the default for 4 layers
+    repeats one; ``draft_vocab_size`` null shares the target's output head)."""
+    config = eagle_draft_config(tiny)
+    config.update(architectures=["LlamaForCausalLMEagle3"], draft_vocab_size=None,
+                  target_hidden_size=config["hidden_size"],
+                  eagle_config={"use_aux_hidden_state": True, "eagle_aux_hidden_state_layer_ids": [0, 1, 2]})
+    return config
+
+
 def rank_shape(config: dict, tp: int) -> dict:
     """One tensor-parallel rank's attention heads of ``config`` at ``tp`` ranks, as SGLang splits them: query heads
     divided by tp, KV heads divided by tp, or one (replicated) where tp exceeds them. Served at tp 1 on one GPU,
@@ -118,13 +130,13 @@ def rank2_name(model: str) -> str:
 
 CONFIGS = {"llama-gqa4": llama_config, "gemma3-swa": gemma3_config,
            "llama-gqa4-l16": lambda tiny: llama_config(tiny, layers=16), "inkling-swa": inkling_config,
-           "llama-gqa4-eagle": eagle_draft_config}
+           "llama-gqa4-eagle": eagle_draft_config, "llama-gqa4-eagle3": eagle3_draft_config}
 # tp 2's per-rank shapes: llama 4 query / 1 KV head, gemma3 2 / 1 (its one KV head replicated), inkling 4 / 1
 CONFIGS.update({rank2_name(name): (lambda tiny, make=CONFIGS[name]: rank_shape(make(tiny), 2))
                 for name in ("llama-gqa4", "gemma3-swa", "inkling-swa")})
 # Served with --load-format dummy: weights come from sitecustomize.py's seeded initializer (INKLING_TEST_SEEDED_INIT),
 # so only the config and the tokenizer are written.
-DUMMY_LOAD = {"inkling-swa", rank2_name("inkling-swa"), "llama-gqa4-eagle"}
+DUMMY_LOAD = {"inkling-swa", rank2_name("inkling-swa"), "llama-gqa4-eagle", "llama-gqa4-eagle3"}
 DEFAULT_MODELS = ("llama-gqa4", "gemma3-swa")
 
 

@@ -16,7 +16,7 @@
 # eagle (--speculative-algorithm EAGLE, a chain of 3 drafts from make_models' llama-gqa4-eagle draft, seeded dummy
 # weights, on SGLang's triton backend over a bf16 draft pool; past the start-up refusal with INKLING_TEST_ALLOW_EAGLE,
 # see patches/sitecustomize.py; compare.py against the same entry with nograph), eagletree (EAGLE with top-4 trees
-# of 8 drafts: a page-1, bf16 pool only), hicache (--enable-hierarchical-cache with smallpool and a host pool of 4x its
+# of 8 drafts: a page-1, bf16 pool only), eagle3 (EAGLE3's chain, the llama-gqa4-eagle3 draft), hicache (--enable-hierarchical-cache with smallpool and a host pool of 4x its
 # tokens; with
 # PARITY_SERVE_ARGS="--evict-tokens 16000" the workload's documents (3 x 2051 tokens) are pushed out of the device
 # pool but stay in the host pool (a flood beyond it evicts them there too: no host hit) and are loaded back, see
@@ -34,7 +34,8 @@ START=$SECONDS
 # The models the entries name (PARITY_MODELS overrides); one without weights is served with --load-format dummy
 # and the seeded initializer (patches/sitecustomize.py, INKLING_TEST_SEEDED_INIT).
 MODELS=${PARITY_MODELS:-$( (for e in "$@"; do echo "${e%%:*}"; done; \
-  for e in "$@"; do case $e in *eagle*) echo llama-gqa4-eagle ;; esac; done) | sort -u | paste -sd,)}
+  for e in "$@"; do case $e in *eagle3*) echo llama-gqa4-eagle3 ;; *eagle*) echo llama-gqa4-eagle ;; esac; done) \
+  | sort -u | paste -sd,)}
 python3 gpu_tests/sglang/make_models.py --tokenizer tok --out /tmp/models --device cuda --models "$MODELS" 2>&1 | grep -v Writing
 mkdir -p /tmp/logs /tmp/runs
 if ls ../.fi072/*.tar.xz > /dev/null 2>&1; then
@@ -65,15 +66,16 @@ for entry in "$@"; do
       ngramtree) extra+=(--speculative-algorithm NGRAM) ;;
       smallpool) extra+=(--max-total-tokens ${PARITY_SMALL_POOL_TOKENS:-8192}) ;;
       hicache) extra+=(--enable-hierarchical-cache --hicache-ratio 4 --max-total-tokens ${PARITY_SMALL_POOL_TOKENS:-8192}) ;;
-      eagle|eagletree)
-        [ $t = eagle ] && spec=(3 1 4) || spec=(3 4 8)  # steps, topk, draft tokens: a chain, or trees (page 1 only)
+      eagle|eagletree|eagle3)
+        [ $t = eagletree ] && spec=(3 4 8) || spec=(3 1 4)  # steps, topk, draft tokens: trees (page 1 only), a chain
+        [ $t = eagle3 ] && draft=(EAGLE3 llama-gqa4-eagle3) || draft=(EAGLE llama-gqa4-eagle)
         envs+=(INKLING_TEST_ALLOW_EAGLE=1 INKLING_TEST_SEEDED_INIT=1)
-        extra+=(--speculative-algorithm EAGLE --speculative-draft-model-path /tmp/models/llama-gqa4-eagle
+        extra+=(--speculative-algorithm ${draft[0]} --speculative-draft-model-path /tmp/models/${draft[1]}
                 --speculative-draft-load-format dummy --speculative-draft-attention-backend triton
                 --speculative-draft-kv-cache-dtype bf16 --speculative-num-steps ${spec[0]}
                 --speculative-eagle-topk ${spec[1]} --speculative-num-draft-tokens ${spec[2]}) ;;
       *) echo "entry $entry: unknown tag $t (nograph, noprefillgraph, broken, tp2, noprologue, qbf16, querybf16," \
-           "querymxfp8, ngram, ngramtree, smallpool, hicache, eagle, eagletree)"
+           "querymxfp8, ngram, ngramtree, smallpool, hicache, eagle, eagletree, eagle3)"
          exit 2 ;;
     esac
   done
