@@ -16,14 +16,12 @@
 # eagle (--speculative-algorithm EAGLE, a chain of 3 drafts from make_models' llama-gqa4-eagle draft, seeded dummy
 # weights, on SGLang's triton backend over a bf16 draft pool; past the start-up refusal with INKLING_TEST_ALLOW_EAGLE,
 # see patches/sitecustomize.py; compare.py against the same entry with nograph), eagletree (EAGLE with top-4 trees
-# of 8 drafts: a page-1, bf16 pool only), eagle3 (EAGLE3's chain, the llama-gqa4-eagle3 draft), hicache (--enable-hierarchical-cache with smallpool and a host pool of 4x its
-# tokens; with
+# of 8 drafts: a page-1, bf16 pool only), eagle3 (EAGLE3's chain, the llama-gqa4-eagle3 draft), hicache
+# (--enable-hierarchical-cache with smallpool and a host pool of 4x its tokens; with
 # PARITY_SERVE_ARGS="--evict-tokens 16000" the workload's documents (3 x 2051 tokens) are pushed out of the device
 # pool but stay in the host pool (a flood beyond it evicts them there too: no host hit) and are loaded back, see
-# serve_check.py; compare.py against the
-# same entry with smallpool, whose documents are computed again, and without it, whose documents stay on the device).
-# Tags
-# combine with "+", e.g. inkling-swa:triton:auto:tp2+noprefillgraph.
+# serve_check.py; compare.py against the same entry with smallpool, whose documents are computed again, and without
+# it, whose documents stay on the device). Tags combine with "+", e.g. inkling-swa:triton:auto:tp2+noprefillgraph.
 # PARITY_SERVE_ARGS: more serve_check.py flags for every entry (e.g. "--prompt-logprobs --rescore").
 # FlashInfer: with the trimmed 0.7.2 tree carried in ../.fi072 (carry ".fi072") it is importable for EVERY entry, as
 # wherever SGLang runs on a GPU: SGLang's flashinfer backend runs, and inkling's extends and 16-bit decodes go
