@@ -194,9 +194,10 @@ def kernel_table(prof, per: int) -> list:
     """[(kernel name, total us / per, calls / per)] of a torch.profiler run, the top 40 by time."""
     import torch
 
+    cuda = torch.cuda.is_available()
     rows = []
     for event in prof.key_averages():
-        if torch.cuda.is_available():
+        if cuda:
             total = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
         else:
             total = event.self_cpu_time_total
@@ -204,6 +205,14 @@ def kernel_table(prof, per: int) -> list:
             rows.append((event.key[:160], total / per, event.count / per))
     rows.sort(key=lambda r: -r[1])
     return rows[:40]
+
+
+def print_kernels(title: str, rows: list, unit: str) -> None:
+    """A ``kernel_table`` in the log, its times in ``unit`` (us or ms)."""
+    div = 1e3 if unit == "ms" else 1.0
+    print(f"{title}: {sum(r[1] for r in rows) / div:.1f} {unit} in the top {len(rows)}", flush=True)
+    for name, us, calls in rows:
+        print(f"  {us / div:9.3f} {unit} {calls:6.1f}x  {name}", flush=True)
 
 
 def profile_steps(bench, next_ids, sched_batch, steps: int) -> tuple[list, object]:
@@ -262,10 +271,8 @@ def time_point(bench, probe, batch: int, context: int, warmup_steps: int, steps:
     prefill_kernels = None
     if profile_prefill_kernels:
         prefill_kernels, seconds = profile_prefill(bench, batch, context, per_chunk)
-        print(f"B={batch} ctx={context}: {profiled_what()} of one prefill ({seconds:.3f} s under the profiler): "
-              f"{sum(r[1] for r in prefill_kernels) / 1e3:.1f} ms in the top {len(prefill_kernels)}", flush=True)
-        for name, us, calls in prefill_kernels:
-            print(f"  {us / 1e3:9.3f} ms {calls:6.0f}x  {name}", flush=True)
+        print_kernels(f"B={batch} ctx={context}: {profiled_what()} of one prefill ({seconds:.3f} s under the "
+                      f"profiler)", prefill_kernels, "ms")
     prefill_all = []
     for _ in range(prefill_repeats):  # the last one's batch decodes
         seconds, next_ids, sched_batch = prefill(bench, batch, context, per_chunk)
@@ -294,10 +301,8 @@ def time_point(bench, probe, batch: int, context: int, warmup_steps: int, steps:
     kernels = None
     if profile:
         kernels, next_ids = profile_steps(bench, next_ids, sched_batch, profile)
-        print(f"B={batch} ctx={context}: {profiled_what()} per decode step ({profile} steps profiled): "
-              f"{sum(r[1] for r in kernels):.1f} us in the top {len(kernels)}", flush=True)
-        for name, us, calls in kernels:
-            print(f"  {us:9.1f} us {calls:6.1f}x  {name}", flush=True)
+        print_kernels(f"B={batch} ctx={context}: {profiled_what()} per decode step ({profile} steps profiled)",
+                      kernels, "us")
     bench.cleanup(sched_batch)
     step_ms = [1000 * s for s in step_s]
     forward_ms = probe.forward_ms()
