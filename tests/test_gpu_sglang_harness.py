@@ -320,6 +320,8 @@ def test_the_q_bf16_diagnostic_passes_only_the_inkling_attention_q_through():
 
 ALLOW_EAGLE_CHECK = r"""
 from types import SimpleNamespace
+from sglang_inkling_backend.hosts.sglang.cpu_testing import prepare_sglang_cpu_import
+prepare_sglang_cpu_import()  # the rules read SGLang's environment flags, as in the launcher
 from sglang_inkling_backend.hosts.sglang import hooks
 assert hooks.SPECULATIVE_ALGORITHMS == ("NGRAM", "EAGLE", "EAGLE3"), hooks.SPECULATIVE_ALGORITHMS
 cfg = SimpleNamespace(speculative_algorithm="EAGLE", device="cuda", kv_cache_dtype="mxfp8",
@@ -340,6 +342,8 @@ print("ok")
 def test_the_eagle_knob_allows_the_draft_model_algorithms_under_their_rules(knob):
     """patches/sitecustomize.py's INKLING_TEST_ALLOW_EAGLE (run_parity.sh's eagle tags) adds EAGLE and EAGLE3 to the
     start-up check's algorithms, which still asks for a 16-bit draft pool; without it EAGLE stays refused."""
+    if importlib.util.find_spec("sglang") is None:
+        pytest.skip("SGLang is not installed")
     env = {"PYTHONPATH": f"{HARNESS / 'patches'}:{HARNESS.parents[1]}", "PATH": "/usr/bin:/bin"}
     if knob:
         env["INKLING_TEST_ALLOW_EAGLE"] = knob

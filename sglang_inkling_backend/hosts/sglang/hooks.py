@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from typing import Any, Callable
 
 from sglang_inkling_backend.hosts.sglang import BACKEND_NAME
@@ -242,7 +241,9 @@ def _validate_draft_model(cfg: Any, algorithm: Any) -> None:
             f"--speculative-algorithm {algorithm} with --attention-backend inkling runs the draft model on another "
             f"backend: set --speculative-draft-attention-backend to one of {', '.join(DRAFT_ATTENTION_BACKENDS)} "
             f"(got {draft_backend!r}; inkling serves the target's extend and verify steps)")
-    if os.environ.get("SGLANG_ENABLE_OVERLAP_PLAN_STREAM", "").strip().lower() in ("1", "true", "yes", "y"):
+    from sglang.srt.environ import envs
+
+    if envs.SGLANG_ENABLE_OVERLAP_PLAN_STREAM.get():
         # SGLang 0.5.23's eagle_worker_common.run_eagle_verify then asks the target's backend for
         # update_verify_buffers_to_fill_after_draft, which this backend does not implement
         raise ValueError(
