@@ -195,13 +195,13 @@ class FlashInferDecode:
             graph.indptr[:bs + 1].copy_(indptr_host, non_blocking=True)
         plans.once((PLAN_TAG, "graph rails", window), fill_graph_rails)
         wrapper = self._wrappers.get((key, bs))
-        if wrapper is None:
+        first = wrapper is None
+        if first:
             wrapper = self._wrappers[(key, bs)] = self._new_wrapper(key[2], key[3], graph, bs)
-            self._plan(wrapper, indptr_host, graph.indices[:nnz], key)  # builds FlashInfer's module for it
-        elif self._fast_plan is not None:
-            self._plan_replay(wrapper, indptr_host, graph, bs, nnz, key)
-        else:
+        if first or self._fast_plan is None:  # the full plan builds FlashInfer's module for the wrapper
             self._plan(wrapper, indptr_host, graph.indices[:nnz], key)
+        else:
+            self._plan_replay(wrapper, indptr_host, graph, bs, nnz, key)
         plans.get(key, lambda: wrapper)
 
     def decode(self, q: torch.Tensor, kv: PagedKV, rails: KVRails, params: AttentionParams, plans) -> torch.Tensor:
