@@ -72,27 +72,56 @@ def require_slots(slots, name: str, num_slots: int, distinct: bool = False, wher
                   padding_slots: int = 1) -> torch.Tensor:
     """A 1-D int32/int64 tensor of slot ids in ``[0, num_slots)``, as int64. ``distinct``: no slot twice, except
     the padding sink, slots ``[0, padding_slots)`` (slot 0; vLLM's null block is a whole block), which are never
-    read (one write must not store two values in one slot: which one lands would depend on the device)."""
+    read (one write must not store two values in one slot: which one lands would depend on the device). One device
+    read for the range and the duplicates together (a device tensor's every read waits for the GPU)."""
     if not isinstance(slots, torch.Tensor):
         raise TypeError(f"{name} must be a 1-D int32/int64 tensor of slot ids, got {_describe(slots)}")
     if slots.dtype not in INDEX_DTYPES:
         raise TypeError(f"{name} must be int32 or int64 slot ids, got {slots.dtype}")
     if slots.dim() != 1:
         raise ValueError(f"{name} must be 1-D, got shape {tuple(slots.shape)}")
-    if slots.numel():
-        lo, hi = int(slots.min()), int(slots.max())
-        if lo < 0 or hi >= num_slots:
-            raise ValueError(f"{name} must be slots in [0, {num_slots}){where}, got [{lo}, {hi}]")
-        if distinct:
-            real = slots[slots >= PADDING_SLOT + padding_slots]
-            unique = torch.unique(real)
-            if unique.numel() != real.numel():
-                values, counts = torch.unique(real, return_counts=True)
-                sink = "slot 0" if padding_slots == 1 else f"slots 0-{padding_slots - 1}"
-                raise ValueError(f"{name} must not name a slot twice in one write ({sink}, the padding sink, "
-                                 f"excepted), got slot {int(values[counts > 1][0])} "
-                                 f"{int(counts.max())} times")
-    return slots.long()
+    if not slots.numel():
+        return slots.long()
+    wide = slots.long()
+    stats = [wide.min(), wide.max()]
+    if distinct:
+        # padding slots become distinct negative keys, so a sort puts any repeated real slot side by side
+        sink = wide < PADDING_SLOT + padding_slots
+        keyed = torch.where(sink, -1 - torch.arange(wide.numel(), device=wide.device), wide)
+        ordered = torch.sort(keyed).values
+        stats.append((ordered[1:] == ordered[:-1]).sum())
+    lo, hi, *repeats = torch.stack(stats).tolist()
+    if lo < 0 or hi >= num_slots:
+        raise ValueError(f"{name} must be slots in [0, {num_slots}){where}, got [{lo}, {hi}]")
+    if repeats and repeats[0]:
+        values, counts = torch.unique(wide[~sink], return_counts=True)
+        sink_name = "slot 0" if padding_slots == 1 else f"slots 0-{padding_slots - 1}"
+        raise ValueError(f"{name} must not name a slot twice in one write ({sink_name}, the padding sink, "
+                         f"excepted), got slot {int(values[counts > 1][0])} {int(counts.max())} times")
+    return wide
+
+
+_checked_slots: dict[int, tuple] = {}  # id(tensor) -> (weakref, version, pointer, shape, check) of slots found valid
+
+
+def require_slots_once(slots, name: str, num_slots: int, distinct: bool = False, where: str = "",
+                       padding_slots: int = 1) -> torch.Tensor:
+    """``require_slots``, reading the device only the first time this tensor, at this version, is checked against
+    the same bounds: every layer of a step writes the step's one ``out_cache_loc``, which needs one read, not one
+    per layer (16 layers made 80 reads of one 131k-token prefill at 128 x 1k, the GPU waiting at each:
+    bench/results/current/sglang-h200/speed/call-fast-plan/README.md)."""
+    if not isinstance(slots, torch.Tensor) or slots.dtype not in INDEX_DTYPES or slots.dim() != 1:
+        return require_slots(slots, name, num_slots, distinct, where, padding_slots)  # its TypeError/ValueError
+    key = (slots._version, slots.data_ptr(), tuple(slots.shape), num_slots, distinct, padding_slots)
+    seen = _checked_slots.get(id(slots))
+    if seen is not None and seen[0]() is slots and seen[1:] == key:
+        return slots.long()
+    checked = require_slots(slots, name, num_slots, distinct, where, padding_slots)
+    if len(_checked_slots) > 4096:  # ids of collected tensors are reused: forget them now and then
+        for k in [k for k, v in _checked_slots.items() if v[0]() is None]:
+            del _checked_slots[k]
+    _checked_slots[id(slots)] = (weakref.ref(slots), *key)
+    return checked
 
 
 def stream_capturing(device) -> bool:

@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 import torch
 
 from . import kv_views, mxfp8
-from .checks import require_positive_int, require_positive_real, require_slots
+from .checks import require_positive_int, require_positive_real, require_slots, require_slots_once
 from .layer_plan import LayerPlan
 from .attention_inputs import PagedKV
 from .scale_layout import ScaleLayout
@@ -133,7 +133,8 @@ class InklingKVPool:
             where = f" (the smallest sub-pool: layer {layer_id})"
         else:
             where = f" for layer {layer_id}"
-        return require_slots(loc, name, self.layers[layer_id].num_slots, distinct, where).to(self.device)
+        # once per tensor: every layer of a step writes the same out_cache_loc
+        return require_slots_once(loc, name, self.layers[layer_id].num_slots, distinct, where).to(self.device)
 
     def _check_values(self, layer: LayerKV, n: int, **values) -> None:
         hkv, d = layer.k.shape[1:]

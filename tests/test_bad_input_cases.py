@@ -220,6 +220,32 @@ def test_duplicate_slots_in_one_write_are_refused(kv_format):
     assert torch.equal(k20[0], k20[2]) and torch.equal(k20[1], k20[2])
 
 
+def test_a_write_loc_is_read_once_per_tensor_and_version(monkeypatch):
+    """Every layer of a step writes the step's one out_cache_loc: its slots are read (a device sync) at the first
+    write only, and again once the tensor changes in place or meets other bounds."""
+    from sglang_inkling_backend import checks
+
+    pool = filled(InklingKVPool(LayerPlan.from_windows({0: None, 1: None, 2: None}, head_dim=64), 256, 128, "mxfp8"))
+    reads = []
+    real = checks.require_slots
+    monkeypatch.setattr(checks, "require_slots", lambda slots, name, *a, **kw: reads.append(name) or
+                        real(slots, name, *a, **kw))
+    loc, k = torch.tensor([7, 9, 11]), torch.randn(3, 1, 64).bfloat16()
+    for layer in (0, 1, 2):
+        pool.set_kv_buffer(layer, loc, k, k)
+    assert reads == ["loc"]
+    loc[2] = 9  # in place: a new version of the same tensor, read again and refused
+    raises_untouched(pool, ValueError, "loc must not name a slot twice in one write .* got slot 9 2 times",
+                     pool.set_kv_buffer, 1, loc, k, k)
+    assert reads == ["loc", "loc"]
+    loc[2] = 100_000  # out of range, in place again
+    raises_untouched(pool, ValueError, r"loc must be slots in \[0, \d+\) for layer 0, got \[7, 100000\]",
+                     pool.set_kv_buffer, 0, loc, k, k)
+    with pytest.raises(ValueError, match="got slot 5 3 times"):  # a new tensor: read
+        checks.require_slots_once(torch.tensor([0, 5, 0, 5, 5]), "loc", 256, distinct=True)
+    assert reads == ["loc"] * 4
+
+
 # --- zero-key decode request: one behaviour -------------------------------------------------------------------
 
 def test_reference_decode_refuses_a_request_without_keys():
