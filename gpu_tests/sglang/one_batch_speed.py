@@ -32,7 +32,9 @@ between two device synchronizations (as in one_batch's ``latency_test_run_once``
 sampling); ``forward_ms`` (CUDA only): CUDA events on the current stream around ``ModelRunner.forward`` inside
 that call (the graph replay and its input copies). Medians are reported; decode tokens/s = B / median step. With
 CUDA graphs on, every timed step must have run the decode graph (``ModelRunnerOutput.can_run_graph``), else the
-script raises. The KV tokens the pool holds: ``ModelRunner.max_total_num_tokens``.
+script raises. The KV tokens the pool holds: ``ModelRunner.max_total_num_tokens``. The profiles
+(``--profile-prefill``, ``--profile-steps``) run after every point is timed: having run the profiler slows later
+steps (``profile_point``).
 
 Any error raises (non-zero exit, traceback); the JSON is written with the points done so far and ``error``.
 
@@ -93,11 +95,12 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--disable-cuda-graph", action="store_true", help="eager decode (always so on --device cpu)")
     ap.add_argument("--seed", type=int, default=1234, help="numpy seed of the random prompt ids")
     ap.add_argument("--profile-steps", type=int, default=0,
-                    help="after each point's timed steps, this many more under torch.profiler: the CUDA kernels' "
-                         "total time per name (graph replays included) in the log and in the point's 'kernels'")
+                    help="after every point is timed, per point a prefill and this many decode steps under "
+                         "torch.profiler: the CUDA kernels' total time per name (graph replays included) in the "
+                         "log and in the point's 'kernels'")
     ap.add_argument("--profile-prefill", action="store_true",
-                    help="before each point's timed prefills, one more under torch.profiler: its CUDA kernels' "
-                         "total time per name in the log and in the point's 'prefill_kernels'")
+                    help="after every point is timed, per point one more prefill under torch.profiler: its CUDA "
+                         "kernels' total time per name in the log and in the point's 'prefill_kernels'")
     ap.add_argument("--label", default=None)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
@@ -260,19 +263,13 @@ def prefill(bench, batch: int, context: int, per_chunk: int) -> tuple:
 
 
 def time_point(bench, probe, batch: int, context: int, warmup_steps: int, steps: int, graphs_on: bool,
-               prefill_chunk_tokens: int, profile: int = 0, prefill_repeats: int = 1,
-               profile_prefill_kernels: bool = False) -> dict:
+               prefill_chunk_tokens: int, prefill_repeats: int = 1) -> dict:
     decode_steps = warmup_steps + steps
     fits = bench.max_batch_size(context, decode_steps + 1)  # max_total_num_tokens // (context + decode tokens)
     if batch > fits:
         raise RuntimeError(f"B={batch} ctx={context}: the KV pool ({bench.torch_runner.max_total_num_tokens} tokens) "
                            f"holds at most {fits} such requests; raise --mem-fraction-static or shrink the point")
     per_chunk = max(1, prefill_chunk_tokens // context)
-    prefill_kernels = None
-    if profile_prefill_kernels:
-        prefill_kernels, seconds = profile_prefill(bench, batch, context, per_chunk)
-        print_kernels(f"B={batch} ctx={context}: {profiled_what()} of one prefill ({seconds:.3f} s under the "
-                      f"profiler)", prefill_kernels, "ms")
     prefill_all = []
     for _ in range(prefill_repeats):  # the last one's batch decodes
         seconds, next_ids, sched_batch = prefill(bench, batch, context, per_chunk)
@@ -298,11 +295,6 @@ def time_point(bench, probe, batch: int, context: int, warmup_steps: int, steps:
         captured = getattr(bench.torch_runner.decode_cuda_graph_runner, "capture_bs", None)
         raise RuntimeError(f"B={batch} ctx={context}: only {graph_steps} of {steps} decode steps ran the decode CUDA "
                            f"graph (captured batch sizes: {captured})")
-    kernels = None
-    if profile:
-        kernels, next_ids = profile_steps(bench, next_ids, sched_batch, profile)
-        print_kernels(f"B={batch} ctx={context}: {profiled_what()} per decode step ({profile} steps profiled)",
-                      kernels, "us")
     bench.cleanup(sched_batch)
     step_ms = [1000 * s for s in step_s]
     forward_ms = probe.forward_ms()
@@ -313,7 +305,29 @@ def time_point(bench, probe, batch: int, context: int, warmup_steps: int, steps:
             "step_ms": med, "step_ms_min": min(step_ms), "step_ms_max": max(step_ms),
             "forward_ms": median(forward_ms), "decode_tok_s": batch * 1000 / med, "graph_steps": graph_steps,
             "kv_tokens_end": batch * (context + decode_steps + 1), "last_step_ids": next_ids.tolist(),
-            "step_ms_all": [round(x, 4) for x in step_ms], "kernels": kernels, "prefill_kernels": prefill_kernels}
+            "step_ms_all": [round(x, 4) for x in step_ms], "kernels": None, "prefill_kernels": None}
+
+
+def profile_point(bench, point: dict, warmup_steps: int, prefill_chunk_tokens: int, profile: int,
+                  profile_prefill_kernels: bool) -> None:
+    """The point's kernels under torch.profiler, after every point was timed: a process that has run the profiler
+    times later decode steps up to 11% slower (ours bf16 at 128 x 4k and 32 x 32k,
+    bench/results/current/sglang-h200/speed/call-profiler-ab/). ``prefill_kernels``: one more prefill;
+    ``kernels``: ``profile`` decode steps after a prefill and ``warmup_steps`` untimed ones."""
+    batch, context = point["batch"], point["context"]
+    per_chunk = max(1, prefill_chunk_tokens // context)
+    if profile_prefill_kernels:
+        point["prefill_kernels"], seconds = profile_prefill(bench, batch, context, per_chunk)
+        print_kernels(f"B={batch} ctx={context}: {profiled_what()} of one prefill ({seconds:.3f} s under the "
+                      f"profiler)", point["prefill_kernels"], "ms")
+    if profile:
+        _, next_ids, sched_batch = prefill(bench, batch, context, per_chunk)
+        for _ in range(warmup_steps):
+            next_ids, _ = bench.decode(next_ids, sched_batch)
+        point["kernels"], _ = profile_steps(bench, next_ids, sched_batch, profile)
+        print_kernels(f"B={batch} ctx={context}: {profiled_what()} per decode step ({profile} steps profiled)",
+                      point["kernels"], "us")
+        bench.cleanup(sched_batch)
 
 
 def attention_backend_names(runner) -> list[str]:
@@ -408,8 +422,7 @@ def main(argv=None) -> int:
         time_point(bench, probe, warm_b, 256, args.warmup_steps, 2, graphs_on, args.prefill_chunk_tokens)
         for batch, context in args.points:
             point = time_point(bench, probe, batch, context, args.warmup_steps, args.steps, graphs_on,
-                               args.prefill_chunk_tokens, args.profile_steps, args.prefill_repeats,
-                               args.profile_prefill)
+                               args.prefill_chunk_tokens, args.prefill_repeats)
             record["points"].append(point)
             fwd = f", forward {point['forward_ms']:.3f} ms" if point["forward_ms"] is not None else ""
             print(f"{label} B={batch} ctx={context}: step {point['step_ms']:.3f} ms (min {point['step_ms_min']:.3f}, "
@@ -419,6 +432,11 @@ def main(argv=None) -> int:
             # measured before it.
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(record, indent=1))
+        if args.profile_steps or args.profile_prefill:
+            for point in record["points"]:
+                profile_point(bench, point, args.warmup_steps, args.prefill_chunk_tokens, args.profile_steps,
+                              args.profile_prefill)
+                args.out.write_text(json.dumps(record, indent=1))
         record["done"] = True
 
     original = one_batch.latency_test
