@@ -318,43 +318,6 @@ def test_the_q_bf16_diagnostic_passes_only_the_inkling_attention_q_through():
 
 
 
-ALLOW_EAGLE_CHECK = r"""
-from types import SimpleNamespace
-from sglang_inkling_backend.hosts.sglang.cpu_testing import prepare_sglang_cpu_import
-prepare_sglang_cpu_import()  # the rules read SGLang's environment flags, as in the launcher
-from sglang_inkling_backend.hosts.sglang import hooks
-assert hooks.SPECULATIVE_ALGORITHMS == ("NGRAM", "EAGLE", "EAGLE3"), hooks.SPECULATIVE_ALGORITHMS
-cfg = SimpleNamespace(speculative_algorithm="EAGLE", device="cuda", kv_cache_dtype="mxfp8",
-                      speculative_draft_attention_backend="triton", speculative_draft_kv_cache_dtype=None)
-try:
-    hooks.validate_server_args(cfg, None, prefill=True, decode=True)
-except ValueError as exc:  # the knob lets EAGLE through the algorithm check only, not past its own rules
-    assert "--speculative-draft-kv-cache-dtype bf16" in str(exc), exc
-else:
-    raise AssertionError("an MXFP8 target with an unset draft KV dtype passed")
-cfg.speculative_draft_kv_cache_dtype = "bf16"
-hooks.validate_server_args(cfg, None, prefill=True, decode=True)
-print("ok")
-"""
-
-
-@pytest.mark.parametrize("knob", ["1", None])
-def test_the_eagle_knob_allows_the_draft_model_algorithms_under_their_rules(knob):
-    """patches/sitecustomize.py's INKLING_TEST_ALLOW_EAGLE (run_parity.sh's eagle tags) adds EAGLE and EAGLE3 to the
-    start-up check's algorithms, which still asks for a 16-bit draft pool; without it EAGLE stays refused."""
-    if importlib.util.find_spec("sglang") is None:
-        pytest.skip("SGLang is not installed")
-    env = {"PYTHONPATH": f"{HARNESS / 'patches'}:{HARNESS.parents[1]}", "PATH": "/usr/bin:/bin"}
-    if knob:
-        env["INKLING_TEST_ALLOW_EAGLE"] = knob
-    done = subprocess.run([sys.executable, "-c", ALLOW_EAGLE_CHECK], env=env, capture_output=True, text=True,
-                          timeout=300)
-    if knob:
-        assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
-    else:
-        assert done.returncode != 0 and "SPECULATIVE_ALGORITHMS" not in done.stdout
-        assert "('NGRAM',)" in done.stderr, done.stderr[-2000:]
-
 def test_compare_adds_the_evict_phase_requests_when_either_run_has_them():
     """serve_check --evict-tokens: the documents' first and second requests are compared after the rest; a run
     without the phase shows them missing instead of dropping them."""

@@ -14,8 +14,8 @@
 # --disable-cuda-graph); compare.py against the same entry with nograph), ngramtree (NGRAM with SGLang's default BFS
 # breadth 10: draft trees, a page-1 (bf16) pool only), smallpool (a device pool of PARITY_SMALL_POOL_TOKENS (8192) tokens),
 # eagle (--speculative-algorithm EAGLE, a chain of 3 drafts from make_models' llama-gqa4-eagle draft, seeded dummy
-# weights, on SGLang's triton backend over a bf16 draft pool; past the start-up refusal with INKLING_TEST_ALLOW_EAGLE,
-# see patches/sitecustomize.py; compare.py against the same entry with nograph), eagletree (EAGLE with top-4 trees
+# weights, on SGLang's triton backend over a bf16 draft pool; compare.py against the same entry with nograph),
+# eagletree (EAGLE with top-4 trees
 # of 8 drafts: a page-1, bf16 pool only), eagle3 (EAGLE3's chain, the llama-gqa4-eagle3 draft), hicache
 # (--enable-hierarchical-cache with smallpool and a host pool of 4x its tokens; with
 # PARITY_SERVE_ARGS="--evict-tokens 16000" the workload's documents (3 x 2051 tokens) are pushed out of the device
@@ -67,7 +67,7 @@ for entry in "$@"; do
       eagle|eagletree|eagle3)
         [ $t = eagletree ] && spec=(3 4 8) || spec=(3 1 4)  # steps, topk, draft tokens: trees (page 1 only), a chain
         [ $t = eagle3 ] && draft=(EAGLE3 llama-gqa4-eagle3) || draft=(EAGLE llama-gqa4-eagle)
-        envs+=(INKLING_TEST_ALLOW_EAGLE=1 INKLING_TEST_SEEDED_INIT=1)
+        envs+=(INKLING_TEST_SEEDED_INIT=1)
         extra+=(--speculative-algorithm ${draft[0]} --speculative-draft-model-path /tmp/models/${draft[1]}
                 --speculative-draft-load-format dummy --speculative-draft-attention-backend triton
                 --speculative-draft-kv-cache-dtype bf16 --speculative-num-steps ${spec[0]}

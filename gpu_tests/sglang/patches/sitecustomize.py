@@ -41,10 +41,6 @@ and the keyword names. It serves the oracle check of integration/test_inkling_mo
 view of the caller's local ``q`` in ``inkling_common/attn.py``, return Q unrounded with no ``q_descale``; K and V
 are quantized as before. It separates Q's rounding from K/V's in the drift from bf16.
 
-``INKLING_TEST_ALLOW_EAGLE=1``: the inkling start-up check lets the draft-model algorithms (``hooks.
-DRAFT_MODEL_ALGORITHMS``: EAGLE, EAGLE3) through, under the rules it keeps for them (the draft on another backend
-over a 16-bit pool), until an H200 run shows the target's verify steps served right (run_parity.sh's eagle tags).
-
 A deliberately broken inkling backend, to show that the parity check can fail:
 
 With ``INKLING_TEST_BREAK_SCALE=eps`` set, every attention call of ``--attention-backend inkling`` uses a softmax
@@ -212,15 +208,6 @@ if _EPS:
         print(f"[sitecustomize] inkling backend deliberately broken: softmax scale x{factor}", file=sys.stderr)
 
     sys.meta_path.insert(0, _PatchOnImport("sglang_inkling_backend.hosts.sglang.backend", _patch))
-
-
-if os.environ.get("INKLING_TEST_ALLOW_EAGLE") == "1":
-    def _allow_draft_models(module):
-        module.SPECULATIVE_ALGORITHMS = tuple(module.SPECULATIVE_ALGORITHMS) + tuple(module.DRAFT_MODEL_ALGORITHMS)
-        print(f"[sitecustomize] inkling start-up allows {module.SPECULATIVE_ALGORITHMS} (INKLING_TEST_ALLOW_EAGLE)",
-              file=sys.stderr)
-
-    sys.meta_path.insert(0, _PatchOnImport("sglang_inkling_backend.hosts.sglang.hooks", _allow_draft_models))
 
 
 def _run_next_sitecustomize():

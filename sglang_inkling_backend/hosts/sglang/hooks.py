@@ -151,15 +151,14 @@ def decode_graph_capturable(device: str | None, head_dim: int | None = None) -> 
     return accelerated_route_possible(() if head_dim is None else (head_dim,))[0]
 
 
-# Speculative algorithms this backend serves: NGRAM's target verify steps (several draft tokens per request, a tree
-# mask) run on the Triton route; algorithms with a draft model also need draft extend and draft decode steps, which it
-# does not serve. NGRAM against the same server without it on the H200, bf16 and MXFP8, chains and trees:
-# bench/results/current/sglang-h200/spec-hicache/.
-SPECULATIVE_ALGORITHMS = ("NGRAM",)
-# Draft-model algorithms, once allowed (in SPECULATIVE_ALGORITHMS): their draft runs on one of SGLang's own backends
-# (SGLang's DraftBackendFactory has no entry for this one) over a 16-bit draft pool, and this backend serves the
-# target's extends and verify steps, whose batches are NGRAM's (a [D, prefix + D] mask per request, SGLang 0.5.23
-# eagle_utils.build_tree_kernel_efficient). Not yet in SPECULATIVE_ALGORITHMS: no H200 run through the server yet.
+# Speculative algorithms this backend serves. It runs the target's extends and verify steps (several draft tokens per
+# request over the cached prefix, with SGLang's tree or chain mask) on the Triton route. NGRAM has no draft model.
+# EAGLE/EAGLE3 run their draft model on one of SGLang's own backends (DRAFT_ATTENTION_BACKENDS; SGLang's
+# DraftBackendFactory has no entry for this one) over a 16-bit draft pool; their verify batches are NGRAM's to this
+# backend (SGLang 0.5.23 eagle_utils.build_tree_kernel_efficient). Against the same server without speculation on the
+# H200, divergences only at near-ties: NGRAM in bench/results/current/sglang-h200/spec-hicache/, EAGLE chains (MXFP8),
+# EAGLE3 chains (MXFP8) and EAGLE trees (bf16) in bench/results/current/sglang-h200/spec-eagle/.
+SPECULATIVE_ALGORITHMS = ("NGRAM", "EAGLE", "EAGLE3")
 DRAFT_MODEL_ALGORITHMS = ("EAGLE", "EAGLE3")
 DRAFT_ATTENTION_BACKENDS = ("triton", "flashinfer", "fa3")
 # The in-tree Inkling model runs its own verify prologue (FA4's, chain-only short conv), which this backend does not
@@ -212,8 +211,7 @@ def _validate_speculative(cfg: Any, model_config: Any) -> None:
     if name not in SPECULATIVE_ALGORITHMS:
         raise ValueError(
             f"--attention-backend inkling does not support speculative decoding with --speculative-algorithm "
-            f"{algorithm} (EAGLE and EAGLE3, with the draft on another backend, await a run through the server; "
-            f"other draft-model algorithms are not served); allowed: "
+            f"{algorithm} (its draft steps are not served here, nor run on another backend); allowed: "
             f"{', '.join(SPECULATIVE_ALGORITHMS)}, or leave --speculative-algorithm unset")
     if cfg.device != "cuda":
         raise ValueError(

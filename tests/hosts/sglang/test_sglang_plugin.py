@@ -250,7 +250,7 @@ def test_hierarchical_cache_with_quantized_kv_follows_the_host_pool_rules(tmp_pa
     assert view.hicache_mem_layout == "layer_first"
 
 
-def test_ngram_is_served_with_decode_graphs_off_and_draft_model_algorithms_are_refused(tmp_path, caplog):
+def test_ngram_is_served_with_decode_graphs_off_and_other_draft_model_algorithms_are_refused(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="sglang_inkling_backend.hosts.sglang.hooks"):
         view = _resolve(tmp_path, device="cuda", attention_backend="inkling", speculative_algorithm="NGRAM")
     assert view.speculative_algorithm == "NGRAM" and view.speculative_eagle_topk == 10  # a bf16 pool: page 1, trees
@@ -262,8 +262,8 @@ def test_ngram_is_served_with_decode_graphs_off_and_draft_model_algorithms_are_r
     view = _resolve(tmp_path, device="cuda", attention_backend="inkling")
     assert view.cuda_graph_config.decode.backend != "disabled"  # without speculation the decode graphs stay on
     with pytest.raises(ValueError, match=r"does not support speculative decoding with --speculative-algorithm "
-                                         r"EAGLE .*allowed: NGRAM"):
-        _resolve(tmp_path, device="cuda", attention_backend="inkling", speculative_algorithm="EAGLE",
+                                         r"STANDALONE .*allowed: NGRAM, EAGLE, EAGLE3"):
+        _resolve(tmp_path, device="cuda", attention_backend="inkling", speculative_algorithm="STANDALONE",
                  speculative_draft_model_path=_model_dir(tmp_path))
     with pytest.raises(ValueError, match=r"NGRAM with --attention-backend inkling is served on CUDA/ROCm devices .*"
                                          r"got --device cpu"):
@@ -271,11 +271,9 @@ def test_ngram_is_served_with_decode_graphs_off_and_draft_model_algorithms_are_r
 
 
 
-def test_draft_model_algorithms_once_allowed_need_another_draft_backend_and_a_16_bit_draft_pool(tmp_path,
-                                                                                                monkeypatch):
-    """The rules EAGLE/EAGLE3 run under once they join SPECULATIVE_ALGORITHMS (refused above until an H200 run):
-    the draft on one of SGLang's backends, its pool 16-bit when the target's is 8-bit."""
-    monkeypatch.setattr(hooks, "SPECULATIVE_ALGORITHMS", ("NGRAM", "EAGLE", "EAGLE3"))
+def test_eagle_needs_another_draft_backend_and_a_16_bit_draft_pool(tmp_path, monkeypatch):
+    """The rules EAGLE/EAGLE3 run under: the draft on one of SGLang's backends, its pool 16-bit when the target's is
+    8-bit."""
     eagle = dict(device="cuda", attention_backend="inkling", kv_cache_dtype="mxfp8", speculative_algorithm="EAGLE",
                  speculative_draft_model_path=_model_dir(tmp_path), speculative_num_steps=3,
                  speculative_eagle_topk=1, speculative_num_draft_tokens=4)
