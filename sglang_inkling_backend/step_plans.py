@@ -56,7 +56,7 @@ class DecodePlanCache:
 
 
 def check_extend_keys(kv: PagedKV, rails: KVRails, qo_indptr: torch.Tensor, rows: int) -> bool:
-    """The extend's keys as the kernels read them (one sync): ``qo_indptr`` and the rails' ``indptr`` from 0,
+    """The extend's keys as the kernels read them (two device reads): ``qo_indptr`` and the rails' ``indptr`` from 0,
     non-decreasing, one entry per request each, ``qo_indptr`` ending at the query's ``rows``; every request with at
     least as many keys as queries; every slot read in ``[0, kv.num_slots)``. ValueError/TypeError naming what is
     wrong; True when all hold."""
@@ -68,7 +68,8 @@ def check_extend_keys(kv: PagedKV, rails: KVRails, qo_indptr: torch.Tensor, rows
     if qo_indptr.numel() != rails.indptr.numel() or qo_indptr.numel() < 2:
         raise ValueError(f"qo_indptr and the extend rails' indptr must both have batch + 1 >= 2 entries, got "
                          f"{qo_indptr.numel()} and {rails.indptr.numel()}")
-    qo, kvp = qo_indptr.tolist(), rails.indptr.tolist()
+    both = torch.cat([qo_indptr.to(rails.indptr.device, torch.int64), rails.indptr.to(torch.int64)]).tolist()
+    qo, kvp = both[:qo_indptr.numel()], both[qo_indptr.numel():]  # one device read for both
     if qo[0] != 0 or qo[-1] != rows or any(a > b for a, b in zip(qo, qo[1:])):
         raise ValueError(f"qo_indptr must start at 0, be non-decreasing and end at the query's {rows} rows, got "
                          f"{qo if len(qo) <= 8 else qo[:4] + ['...'] + qo[-2:]}")

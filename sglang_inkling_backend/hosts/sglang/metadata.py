@@ -26,8 +26,7 @@ import torch
 from sglang_inkling_backend.attention_inputs import SpecVerify
 from sglang_inkling_backend.checks import PADDING_SLOT
 from sglang_inkling_backend.rails import (INDEX_DTYPE, KVPages, KVRails, check_host_lengths, check_token_table,
-                                          gather_rails, gather_rails_host_lengths, page_table, translate_rails,
-                                          window_start)
+                                          gather_rails_host_lengths, page_table, translate_rails, window_start)
 from sglang_inkling_backend.step_plans import DecodePlanCache
 
 @dataclass
@@ -83,6 +82,23 @@ class InklingForwardMetadata:
             raise KeyError(f"no window rails for window {window}; built for {sorted(self.windows)}") from None
 
 
+def _check_host_batch(seq_host: torch.Tensor, query_host: torch.Tensor, rows_host: torch.Tensor,
+                      table_shape: tuple, *, decode: bool) -> None:
+    """``build_forward_metadata``'s range checks, on the host copies of its lengths and rows."""
+    max_reqs, width = table_shape
+    lo, hi = int(seq_host.min()), int(seq_host.max())
+    if lo < 0 or hi > width:
+        raise ValueError(f"seq_lens must lie in [0, {width}] (req_to_token's width), got [{lo}, {hi}]")
+    lo, hi = int(rows_host.min()), int(rows_host.max())
+    if lo < 0 or hi >= max_reqs:
+        raise ValueError(f"req_pool_indices must lie in [0, {max_reqs}), got [{lo}, {hi}]")
+    if decode:
+        if int(seq_host.min()) < 1:
+            raise ValueError("decode seq_lens must be >= 1 (they count the new token)")
+    elif int(query_host.min()) < 0 or bool((query_host > seq_host).any()):
+        raise ValueError("extend_seq_lens must lie in [0, seq_len] for every request")
+
+
 def build_forward_metadata(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, *,
                            extend_seq_lens: Optional[torch.Tensor] = None, windows: Iterable[int] = (),
                            full_to_swa: Optional[torch.Tensor] = None,
@@ -95,7 +111,7 @@ def build_forward_metadata(req_to_token: torch.Tensor, req_pool_indices: torch.T
     it serves (all windows unless ``full_to_swa`` keeps them in a sub-pool); ``max_seq_len`` (a host int, the
     batch's longest request) then sizes it. ``num_slots``: the pool's slots; the batch's ``req_to_token`` entries
     are checked to lie in it before any layer stores (one sync; eager steps only)."""
-    check_token_table(req_to_token, req_pool_indices, seq_lens)
+    check_token_table(req_to_token, req_pool_indices, seq_lens, ranges=False)  # types and shapes
     device = req_to_token.device
     bs = seq_lens.numel()
     seq_lens = seq_lens.to(device=device, dtype=INDEX_DTYPE)
@@ -105,10 +121,11 @@ def build_forward_metadata(req_to_token: torch.Tensor, req_pool_indices: torch.T
         query_lens = extend_seq_lens.to(device=device, dtype=INDEX_DTYPE)
         if query_lens.shape != seq_lens.shape:
             raise ValueError(f"extend_seq_lens must have one entry per request ({bs}), got {tuple(query_lens.shape)}")
-        if bs and (int(query_lens.min()) < 0 or bool((query_lens > seq_lens).any())):
-            raise ValueError("extend_seq_lens must lie in [0, seq_len] for every request")
-    if extend_seq_lens is None and bs and int(seq_lens.min()) < 1:
-        raise ValueError("decode seq_lens must be >= 1 (they count the new token)")
+    # The batch's lengths and rows on the host in one device read; every check and rail length below uses them.
+    seq_host, query_host, rows_host = torch.stack(
+        [seq_lens, query_lens, req_pool_indices.to(device=device, dtype=INDEX_DTYPE)]).to("cpu")
+    if bs:
+        _check_host_batch(seq_host, query_host, rows_host, req_to_token.shape, decode=extend_seq_lens is None)
     qo_indptr = torch.zeros(bs + 1, dtype=INDEX_DTYPE, device=device)
     torch.cumsum(query_lens, dim=0, out=qo_indptr[1:])
     pages = None
@@ -116,17 +133,23 @@ def build_forward_metadata(req_to_token: torch.Tensor, req_pool_indices: torch.T
         if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 1:
             raise ValueError(f"max_seq_len must be a positive int (host) with page_size, got {max_seq_len!r}")
         pages = KVPages(page_table(req_to_token, req_pool_indices, page_size, -(-max_seq_len // page_size),
-                                   check=False), seq_lens, page_size)  # check_token_table read the rows
-    full = gather_rails(req_to_token, req_pool_indices, seq_lens) if pages is None else None
+                                   check=False), seq_lens, page_size)  # the rows were checked above
+    full = gather_rails_host_lengths(req_to_token, req_pool_indices, seq_host) if pages is None else None
     if num_slots is not None:
-        read = (full if full is not None else gather_rails(req_to_token, req_pool_indices, seq_lens)).indices
-        if read.numel() and (int(read.min()) < 0 or int(read.max()) >= num_slots):
-            raise ValueError(f"req_to_token's entries for this batch (req_pool_indices' rows up to seq_lens) must be "
-                             f"slots of the KV pool in [0, {num_slots}), got [{int(read.min())}, {int(read.max())}]")
+        read = (full if full is not None else gather_rails_host_lengths(req_to_token, req_pool_indices,
+                                                                        seq_host)).indices
+        if read.numel():
+            low, high = torch.stack([read.min(), read.max()]).tolist()
+            if low < 0 or high >= num_slots:
+                raise ValueError(f"req_to_token's entries for this batch (req_pool_indices' rows up to seq_lens) "
+                                 f"must be slots of the KV pool in [0, {num_slots}), got [{low}, {high}]")
     rail_windows = sorted(set(windows)) if pages is None or full_to_swa is not None else []
+    # every slot the window rails read was checked against the full pool above: a map covering it needs no read
+    check_map = full_to_swa is not None and (num_slots is None or full_to_swa.numel() < num_slots)
     window_rails = {
-        w: translate_rails(gather_rails(req_to_token, req_pool_indices, seq_lens,
-                                        window_start(seq_lens, query_lens, w)), full_to_swa)
+        w: translate_rails(gather_rails_host_lengths(req_to_token, req_pool_indices, seq_host,
+                                                     window_start(seq_host, query_host, w)),
+                           full_to_swa, check=check_map)
         for w in rail_windows
     }
     swa_loc = None

@@ -2,12 +2,8 @@
 import pytest
 import torch
 
-from sglang_inkling_backend.hosts.sglang.metadata import (
-    DecodeGraphBuffers,
-    build_forward_metadata,
-    gather_rails,
-    window_start,
-)
+from sglang_inkling_backend.hosts.sglang.metadata import DecodeGraphBuffers, build_forward_metadata, window_start
+from sglang_inkling_backend.rails import gather_rails
 
 
 def _req_to_token(max_reqs=6, width=40, seed=0):
