@@ -206,6 +206,23 @@ def test_speed_table_prefill_and_whole_request_time(tmp_path):
     assert "| 32768/2048 | 32 | 1124.0 (1.00x) | 612.0 (0.54x) |" in out
     requests = json.loads((tmp_path / "s.json").read_text())[0]["requests"]
     assert {(r["prompt"], r["output"]) for r in requests} == {(4096, 512), (32768, 256), (32768, 2048)}
+    assert "Decode step parts" not in out  # no point recorded its forward
+
+
+def test_speed_table_step_parts(tmp_path):
+    """The step, the forward inside it and the backend's graph metadata host time, per entry and point."""
+    def point(b, c, step, forward, host):
+        return {"batch": b, "context": c, "prefill_s": 1.0, "step_ms": step, "decode_tok_s": b * 1000 / step,
+                "graph_steps": 4, "steps": 4, "forward_ms": forward, "graph_metadata_us": host}
+
+    (tmp_path / "speed.json").write_text(json.dumps([
+        {"label": "flashinfer_auto", "attention_backend": "flashinfer", "rc": 0, "max_total_num_tokens": 1,
+         "kv_pool": "Pool", "page_size": 1, "server_args": [], "points": [point(128, 4096, 4.74, 4.33, 182.4)]},
+        {"label": "inkling_auto", "attention_backend": "inkling", "rc": 0, "max_total_num_tokens": 1,
+         "kv_pool": "Pool", "page_size": 1, "server_args": [], "points": [point(128, 4096, 5.58, 4.89, None)]}]))
+    out = subprocess.run([sys.executable, str(HARNESS / "speed_table.py"), str(tmp_path)], capture_output=True,
+                         text=True, check=True).stdout
+    assert "| 128 | 4096 | 4.74 / 4.33 / 182 | 5.58 / 4.89 / - |" in out
 
 
 def test_rank2_models_have_one_ranks_heads_with_replicated_kv_where_tp_exceeds_them():

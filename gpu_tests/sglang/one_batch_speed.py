@@ -30,11 +30,12 @@ one (``ScheduleBatch.merge_batch``),
 ``--warmup-steps`` decode steps, then ``--steps`` timed ones. ``step_ms``: wall time of one ``decode()`` call
 between two device synchronizations (as in one_batch's ``latency_test_run_once``: batch preparation, forward,
 sampling); ``forward_ms`` (CUDA only): CUDA events on the current stream around ``ModelRunner.forward`` inside
-that call (the graph replay and its input copies). Medians are reported; decode tokens/s = B / median step. With
-CUDA graphs on, every timed step must have run the decode graph (``ModelRunnerOutput.can_run_graph``), else the
-script raises. The KV tokens the pool holds: ``ModelRunner.max_total_num_tokens``. The profiles
-(``--profile-prefill``, ``--profile-steps``) run after every point is timed: having run the profiler slows later
-steps (``profile_point``).
+that call (the graph replay and its input copies); ``graph_metadata_us``: the host time of the attention backend's
+``init_forward_metadata_out_graph`` (its work before each graph replay, inside ``forward_ms``). Medians are
+reported; decode tokens/s = B / median step. With CUDA graphs on, every timed step must have run the decode graph
+(``ModelRunnerOutput.can_run_graph``), else the script raises. The KV tokens the pool holds:
+``ModelRunner.max_total_num_tokens``. The profiles (``--profile-prefill``, ``--profile-steps``) run after every
+point is timed: having run the profiler slows later steps (``profile_point``).
 
 Any error raises (non-zero exit, traceback); the JSON is written with the points done so far and ``error``.
 
@@ -156,11 +157,23 @@ class ForwardProbe:
         import torch
 
         self.torch, self.cuda, self.original = torch, cuda, runner.forward
-        self.graph, self.events = [], []
+        self.graph, self.events, self.metadata_s = [], [], []
         runner.forward = self
+        # The attention backend's host work before each decode graph replay (SGLang's graph runner calls
+        # init_forward_metadata_out_graph, every backend's), timed on the host: it runs inside forward_ms
+        backend = getattr(runner, "attn_backend", None)
+        original_metadata = getattr(backend, "init_forward_metadata_out_graph", None)
+        if original_metadata is not None:
+            def timed_metadata(*args, **kwargs):
+                tic = time.perf_counter()
+                try:
+                    return original_metadata(*args, **kwargs)
+                finally:
+                    self.metadata_s.append(time.perf_counter() - tic)
+            backend.init_forward_metadata_out_graph = timed_metadata
 
     def reset(self):
-        self.graph, self.events = [], []
+        self.graph, self.events, self.metadata_s = [], [], []
 
     def __call__(self, forward_batch, *args, **kwargs):
         decode = forward_batch.forward_mode.is_decode()
@@ -298,12 +311,14 @@ def time_point(bench, probe, batch: int, context: int, warmup_steps: int, steps:
     bench.cleanup(sched_batch)
     step_ms = [1000 * s for s in step_s]
     forward_ms = probe.forward_ms()
+    metadata_us = [1e6 * x for x in probe.metadata_s]
     med = median(step_ms)
     return {"batch": batch, "context": context, "prefill_s": prefill_s, "prefill_s_all": prefill_all,
             "prefill_chunks": -(-batch // per_chunk),
             "warmup_steps": warmup_steps, "steps": steps,
             "step_ms": med, "step_ms_min": min(step_ms), "step_ms_max": max(step_ms),
             "forward_ms": median(forward_ms), "decode_tok_s": batch * 1000 / med, "graph_steps": graph_steps,
+            "graph_metadata_us": median(metadata_us) if metadata_us else None,
             "kv_tokens_end": batch * (context + decode_steps + 1), "last_step_ids": next_ids.tolist(),
             "step_ms_all": [round(x, 4) for x in step_ms], "kernels": None, "prefill_kernels": None}
 
@@ -425,6 +440,8 @@ def main(argv=None) -> int:
                                args.prefill_chunk_tokens, args.prefill_repeats)
             record["points"].append(point)
             fwd = f", forward {point['forward_ms']:.3f} ms" if point["forward_ms"] is not None else ""
+            if point["graph_metadata_us"] is not None:
+                fwd += f" (graph metadata {point['graph_metadata_us']:.0f} us on the host)"
             print(f"{label} B={batch} ctx={context}: step {point['step_ms']:.3f} ms (min {point['step_ms_min']:.3f}, "
                   f"max {point['step_ms_max']:.3f}){fwd}, {point['decode_tok_s']:.0f} decode tok/s, graph "
                   f"{point['graph_steps']}/{args.steps}, prefill {point['prefill_s']:.2f} s", flush=True)

@@ -162,6 +162,30 @@ def prefill_and_request_tables(records: list[dict]) -> tuple[list[str], list[dic
     return out + [""], rows
 
 
+def step_parts_table(records: list[dict]) -> list[str]:
+    """Where each decode step's time goes, per entry and point: the step, the forward inside it (CUDA events around
+    the graph replay and the host work before it) and the attention backend's graph metadata on the host (points
+    that recorded them)."""
+    ok = [r for r in records if usable(r) and any(p.get("forward_ms") is not None for p in r["points"])]
+    if not ok:
+        return []
+    out = ["Decode step parts (step ms / forward ms / the backend's graph metadata on the host, us)", "",
+           "| B | ctx | " + " | ".join(r["label"] for r in ok) + " |", "|" + "---|" * (2 + len(ok))]
+    points = sorted({(p["batch"], p["context"]) for r in ok for p in r["points"]}, key=lambda bc: (bc[1], bc[0]))
+    for b, c in points:
+        cells = []
+        for r in ok:
+            p = next((p for p in r["points"] if (p["batch"], p["context"]) == (b, c)), None)
+            if p is None or p.get("forward_ms") is None:
+                cells.append("-")
+                continue
+            host = p.get("graph_metadata_us")
+            host_text = f"{host:.0f}" if host is not None else "-"
+            cells.append(f"{p['step_ms']:.2f} / {p['forward_ms']:.2f} / {host_text}")
+        out.append(f"| {b} | {c} | " + " | ".join(cells) + " |")
+    return out + [""]
+
+
 def spread(summaries: list[dict]) -> list[str]:
     """Each backend's step time at each point in every call that ran it: max / min."""
     seen: dict = {}
@@ -190,7 +214,7 @@ def main(argv=None) -> int:
         records = load(folder)
         table, summary = call_table(folder.name, records)
         more, summary["requests"] = prefill_and_request_tables(records)
-        lines += table + more
+        lines += table + more + step_parts_table(records)
         summaries.append(summary)
     lines += spread(summaries)
     print("\n".join(lines))
