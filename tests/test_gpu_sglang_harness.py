@@ -351,3 +351,16 @@ def test_compare_adds_the_evict_phase_requests_when_either_run_has_them():
     assert diverged["rows"][-1]["cached_tokens_details"][1] == {"device": 0, "host": 2048}
     assert compare.compare(with_phase, ref)["missing"] == 6  # text, prefix_hit and the other run's 4
     assert compare.compare(ref, ref)["requests"] == 3  # neither has the phase: as before
+
+
+def test_compare_reports_decode_rates_when_both_runs_measured_them():
+    """serve_check --decode-rate: compare.py gives both medians, their ratio and the speculative run's accept
+    lengths; a run without the phase gives None."""
+    compare = _harness_module("compare")
+    run = lambda rates, lengths: {"decode_rate": {"tok_s_median": sorted(rates)[1], "runs": [  # noqa: E731
+        {"tok_s": r, "spec_accept_length": a} for r, a in zip(rates, lengths)]}}
+    got = compare.compare_decode_rates(run([100.0, 98.0, 101.0], [None] * 3), run([150.0, 160.0, 155.0],
+                                                                                [1.5, 1.6, 1.55]))
+    assert got == {"ref_tok_s": 100.0, "other_tok_s": 155.0, "other_over_ref": 1.55,
+                   "ref_accept_lengths": [None] * 3, "other_accept_lengths": [1.5, 1.6, 1.55]}
+    assert compare.compare_decode_rates({}, run([1.0, 1.0, 1.0], [None] * 3)) is None

@@ -66,6 +66,18 @@ def compare(ref: dict, other: dict) -> dict:
             "mean_abs_dlogprob": (sum(all_dlp) / agreed) if agreed else None, "rows": rows}
 
 
+def compare_decode_rates(ref: dict, other: dict) -> dict | None:
+    """serve_check.py --decode-rate in both runs: each one's median tokens/s one request at a time, their ratio, and
+    the accept lengths SGLang reported (speculative runs)."""
+    a, b = ref.get("decode_rate"), other.get("decode_rate")
+    if not a or not b:
+        return None
+    lengths = lambda rate: [r["spec_accept_length"] for r in rate["runs"]]  # noqa: E731
+    return {"ref_tok_s": a["tok_s_median"], "other_tok_s": b["tok_s_median"],
+            "other_over_ref": b["tok_s_median"] / a["tok_s_median"], "ref_accept_lengths": lengths(a),
+            "other_accept_lengths": lengths(b)}
+
+
 def compare_prompt_logprobs(ref: dict, other: dict) -> dict | None:
     """Teacher-forced over every prompt position (serve_check.py --prompt-logprobs): top-1 flips, those not at a
     near-tie of the reference, and mean |delta logprob| of the prompt's own next tokens."""
@@ -143,11 +155,16 @@ def main(argv=None) -> int:
     ref, other = json.loads(args.ref.read_text()), json.loads(args.other.read_text())
     result = compare(ref, other)
     result["prompt_logprobs"] = compare_prompt_logprobs(ref, other)
+    result["decode_rate"] = compare_decode_rates(ref, other)
     print(f"{result['ref']} vs {result['other']}: {result['requests_identical']}/{result['requests']} requests "
           f"identical, {result['tokens_agreeing']}/{result['tokens']} tokens before divergence, "
           f"{result['divergences_not_near_tie']} divergences not at a near-tie, near-ties in ref "
           f"{result['near_ties_ref']}, mean |dlogprob| {result['mean_abs_dlogprob']}; teacher-forced prompt "
           f"logprobs: {result['prompt_logprobs']}")
+    if result["decode_rate"]:
+        rate = result["decode_rate"]
+        print(f"decode one request at a time: {rate['ref_tok_s']:.1f} against {rate['other_tok_s']:.1f} tokens/s "
+              f"({rate['other_over_ref']:.2f}x), accept lengths {rate['other_accept_lengths']}")
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     for r in result["rows"]:

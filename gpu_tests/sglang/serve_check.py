@@ -10,6 +10,8 @@ prefilled one request at a time, then distinct prompts of ``N`` tokens in all, o
 device pool smaller than N; then each document again with a new tail, one at a time: with HiCache its pages come back
 from host memory (``cached_tokens_details`` says how many from the device and from the host), without it they are
 computed again. Every request of the phase runs alone, so its tokens do not depend on what it was batched with.
+``--decode-rate TOKENS`` adds a last phase: decode speed one request at a time (``decode_rate``), for speculative
+decoding against the same server without it.
 
     python gpu_tests/sglang/serve_check.py --model DIR --backend inkling --kv-cache-dtype mxfp8 --out run.json \
         [--log server.log] [-- extra server args]
@@ -37,6 +39,7 @@ VOCAB_LOW, VOCAB_HIGH = 100, 49000
 TEXT_PROMPT = "The capital of France is"
 EVICT_DOC_TOKENS = 2048  # a multiple of the 512-token prefill chunk and of the 128-token page
 EVICT_FLOOD_PROMPT = 2000
+DECODE_RATE_REQUESTS = 3
 
 
 def free_port() -> int:
@@ -67,6 +70,7 @@ def generate(url: str, input_ids=None, text=None, new_tokens=NEW_TOKENS) -> dict
             "top2": [[[t[1], t[0]] for t in pos] for pos in meta["output_top_logprobs"]],
             "cached_tokens": meta.get("cached_tokens"), "prompt_tokens": meta.get("prompt_tokens"),
             "cached_tokens_details": meta.get("cached_tokens_details"), "e2e_s": meta.get("e2e_latency"),
+            "spec_accept_length": meta.get("spec_accept_length"), "spec_verify_ct": meta.get("spec_verify_ct"),
             "text": out.get("text")}
 
 
@@ -148,8 +152,26 @@ def evict_and_reload(url: str, evict_tokens: int, new_tokens=NEW_TOKENS) -> dict
             "flood_prompts": len(flood), "flood_tokens": sent, "flood_cached_tokens": flood}
 
 
+def decode_rate(url: str, new_tokens: int, requests=DECODE_RATE_REQUESTS) -> dict:
+    """Decode speed one request at a time (where speculation pays off): ``requests`` greedy requests of
+    ``new_tokens`` tokens after a 300-token prompt, each alone, timed on the client; tokens/s of each, and the accept
+    length SGLang reports when speculating (completion tokens per verify step)."""
+    rng = random.Random(SEED + 2)
+    prompt = [rng.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(300)]
+    generate(url, input_ids=prompt, new_tokens=8)  # the prompt's pages cached: each timed request prefills 1 token
+    runs = []
+    for _ in range(requests):
+        started = time.monotonic()
+        out = generate(url, input_ids=prompt, new_tokens=new_tokens)
+        seconds = time.monotonic() - started
+        runs.append({"seconds": seconds, "tok_s": len(out["output_ids"]) / seconds,
+                     "spec_accept_length": out["spec_accept_length"], "output_ids": out["output_ids"]})
+    rates = sorted(r["tok_s"] for r in runs)
+    return {"new_tokens": new_tokens, "runs": runs, "tok_s_median": rates[len(rates) // 2]}
+
+
 def run_workload(url: str, lens=PROMPT_LENS, new_tokens=NEW_TOKENS, with_prompt_logprobs=False,
-                 with_rescore=False, evict_tokens=0) -> dict:
+                 with_rescore=False, evict_tokens=0, decode_rate_tokens=0) -> dict:
     ps = prompts(lens)
     results: list = [None] * len(ps)
     errors: list = []
@@ -180,6 +202,8 @@ def run_workload(url: str, lens=PROMPT_LENS, new_tokens=NEW_TOKENS, with_prompt_
         record["rescored"] = [prompt_logprobs(url, p + r["output_ids"]) if r else None for p, r in zip(ps, results)]
     if evict_tokens:
         record["evict_reload"] = evict_and_reload(url, evict_tokens, new_tokens)
+    if decode_rate_tokens:
+        record["decode_rate"] = decode_rate(url, decode_rate_tokens)
     return record
 
 
@@ -209,6 +233,9 @@ def main(argv=None) -> int:
     parser.add_argument("--evict-tokens", type=int, default=0,
                         help="the hierarchical-cache phase: this many flood tokens after two documents, then the "
                              "documents again (more than the device pool holds; module docstring)")
+    parser.add_argument("--decode-rate", type=int, default=0, metavar="TOKENS",
+                        help="after the rest, decode speed one request at a time: a few greedy requests of TOKENS "
+                             "tokens each, timed, with SGLang's accept length when speculating (decode_rate)")
     args = parser.parse_args(argv)
     lens = [int(x) for x in args.lens.split(",")]
     if not lens or min(lens) < 1 or args.new_tokens < 1:
@@ -232,7 +259,7 @@ def main(argv=None) -> int:
     try:
         record["startup_s"] = server.start()
         record.update(run_workload(server.url, lens, args.new_tokens, args.prompt_logprobs, args.rescore,
-                                   args.evict_tokens))
+                                   args.evict_tokens, args.decode_rate))
         rc = 0 if not record["errors"] else 1
     except Exception as exc:
         record["error"] = repr(exc)
