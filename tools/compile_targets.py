@@ -169,7 +169,7 @@ def _merge(target, as_bytes, pool, block_d, split_block):
     return compile_launch(decode_merge_kernel, args, target, {"num_warps": 4})
 
 
-def _extend(target, as_bytes, pool, tree=False):
+def _extend(target, as_bytes, pool, tree=False, uniform=0):
     import triton.language as tl
 
     from sglang_inkling_backend.triton.extend_attention import extend_kernel
@@ -185,7 +185,7 @@ def _extend(target, as_bytes, pool, tree=False):
                 G=G, BLOCK_M=8, BLOCK_R=64, D=D, HKV=HKV, BLOCK_N=64, KV_FORMAT=KV_FORMAT[pool],
                 PAGE=128 if pool == "mxfp8" else 1, INTERLEAVED=pool == "mxfp8", DOT_DTYPE=tl.bfloat16,
                 HAS_REL_BIAS=False, HAS_WINDOW=False, HAS_CAP=False, HAS_SINKS=False, PAGE_TABLE=False, KV_PAGE=0,
-                HAS_TREE=tree)
+                HAS_TREE=tree, UNIFORM_QLEN=uniform)
     return compile_launch(extend_kernel, args, target, {"num_warps": 4, "num_stages": 2})
 
 
@@ -292,6 +292,8 @@ def _cases() -> list:
     for pool in ("mxfp8", "bf16"):
         cases.append(Case("extend", "the same with a verify step's tree mask (HAS_TREE)", pool,
                           functools.partial(_extend, tree=True)))
+    cases.append(Case("extend", "a verify step laid out from its shapes (UNIFORM_QLEN 6: uniform_verify_attention)",
+                      "mxfp8", functools.partial(_extend, tree=True, uniform=6)))
     cases.append(Case("kv_store", "1 warp, interleaved scales (page 128)", "mxfp8", _kv_store, reads_e4m3=False))
     cases.append(Case("kv_store", "the 16-bit copy (copy_store_kernel), 1 warp", "bf16", _copy_store,
                       reads_e4m3=False))

@@ -48,14 +48,21 @@ def extend_kernel(
     BLOCK_N: tl.constexpr, KV_FORMAT: tl.constexpr, PAGE: tl.constexpr, INTERLEAVED: tl.constexpr,
     DOT_DTYPE: tl.constexpr, HAS_REL_BIAS: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr,
     HAS_SINKS: tl.constexpr, PAGE_TABLE: tl.constexpr, KV_PAGE: tl.constexpr, HAS_TREE: tl.constexpr,
+    UNIFORM_QLEN: tl.constexpr = 0,
 ):
     # lens_ptr / index_ptr: kv_indptr / kv_indices (CSR), or seq_lens / page_table (PAGE_TABLE: page ids of
     # KV_PAGE slots, a row every stride_index_row entries)
     blk = tl.program_id(0)
     h = tl.program_id(1)
-    b = tl.load(block_req_ptr + blk)
-    row_begin = tl.load(block_row_ptr + blk)  # first query row (token index into q) of this block
-    q_start = tl.load(qo_indptr_ptr + b)
+    if UNIFORM_QLEN > 0:  # every request has UNIFORM_QLEN rows: the block's request and rows follow from its index
+        blocks_per_req = (UNIFORM_QLEN + BLOCK_M - 1) // BLOCK_M
+        b = blk // blocks_per_req
+        q_start = tl.load(qo_indptr_ptr + b)
+        row_begin = q_start + (blk % blocks_per_req) * BLOCK_M
+    else:
+        b = tl.load(block_req_ptr + blk)
+        row_begin = tl.load(block_row_ptr + blk)  # first query row (token index into q) of this block
+        q_start = tl.load(qo_indptr_ptr + b)
     q_end = tl.load(qo_indptr_ptr + b + 1)
     if PAGE_TABLE:
         seq_len = tl.load(lens_ptr + b).to(tl.int32)
@@ -155,6 +162,61 @@ def extend_kernel(
     o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # l_i is 0 only on padding rows, never stored
     tl.store(out_ptr + tok.to(tl.int64)[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
              o.to(out_ptr.dtype.element_ty), mask=mask_r[:, None])
+
+
+def uniform_verify_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
+                             qo_indptr: torch.Tensor, params: AttentionParams, verify: SpecVerify, draft_len: int,
+                             *, out: Optional[torch.Tensor] = None, block_rows: int = 64,
+                             block_n: int = 64) -> torch.Tensor:
+    """``paged_extend_attention`` for a verify step whose every request has ``draft_len`` query rows (a CUDA-graph
+    verify batch: ``qo_indptr = arange(B + 1) * draft_len``), laid out without reading the device: the grid is
+    ``(B * cdiv(draft_len, BLOCK_M), Hkv)`` from the shapes, each block's request and rows from its index, so the
+    launch can be captured. Nothing is read back: the caller's metadata holds checked keys and trees (an eager step
+    checks them in ``paged_extend_attention``). Types and shapes are checked (host metadata)."""
+    if not isinstance(verify, SpecVerify):
+        raise TypeError(f"verify must be a SpecVerify, got {type(verify).__name__}")
+    if isinstance(draft_len, bool) or not isinstance(draft_len, int) or draft_len < 1:
+        raise ValueError(f"draft_len must be an int >= 1, got {draft_len!r}")
+    check_query_and_pool(q, kv, params, out)
+    for name, value in (("block_rows", block_rows), ("block_n", block_n)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 16 or value & (value - 1):
+            raise ValueError(f"{name} must be a power of two >= 16, got {value!r}")
+    check_index_tensor("qo_indptr", qo_indptr, q.device)
+    batch = qo_indptr.numel() - 1
+    if batch < 1 or kv_indptr.numel() != batch + 1:
+        raise ValueError(f"qo_indptr and kv_indptr must have batch + 1 >= 2 entries, got {qo_indptr.numel()} and "
+                         f"{kv_indptr.numel()}")
+    if q.shape[0] != batch * draft_len:
+        raise ValueError(f"q must have batch * draft_len = {batch} * {draft_len} rows, got {q.shape[0]}")
+    check_kv_map(batch, kv, q.device, kv_indptr, kv_indices, None, None, None)
+    total, hq, d = q.shape
+    hkv = kv.num_kv_heads
+    group = hq // hkv
+    block_r = max(block_rows, triton.next_power_of_2(group), 16)
+    block_m = max(1, block_r // group)
+    if out is None:
+        out = torch.empty_like(q)
+    rb = params.rel_bias
+    fmt = kv_format_code(kv)
+    ksf, vsf, page, interleaved = scale_args(kv)
+    tree = (verify.tree_mask.view(torch.uint8), verify.mask_indptr, verify.depths)
+    for name, t in zip(("tree_mask", "mask_indptr", "depths"), tree):
+        if t.device != q.device:
+            raise ValueError(f"verify.{name} must be on {q.device} (a captured launch copies nothing), got {t.device}")
+    if tree[1].dtype != torch.int64 or tree[2].dtype != torch.int64:
+        raise TypeError(f"verify.mask_indptr and verify.depths must be int64, got {tree[1].dtype} and {tree[2].dtype}")
+    extend_kernel[(batch * triton.cdiv(draft_len, block_m), hkv)](
+        q, *kv_data(kv), ksf, vsf,
+        kv_indptr, kv_indices, 0, qo_indptr, out, out,
+        rb if rb is not None else out, params.sinks if params.sinks is not None else out, out, *tree,
+        *launch_strides(q, kv, rb, out), *launch_scalars(params, kv),
+        G=group, BLOCK_M=block_m, BLOCK_R=block_r, D=d, HKV=hkv, BLOCK_N=block_n, KV_FORMAT=fmt, PAGE=page,
+        INTERLEAVED=interleaved, DOT_DTYPE=dot_dtype(kv), HAS_REL_BIAS=rb is not None,
+        HAS_WINDOW=params.window is not None, HAS_CAP=params.logit_cap > 0, HAS_SINKS=params.sinks is not None,
+        PAGE_TABLE=False, KV_PAGE=0, HAS_TREE=True, UNIFORM_QLEN=draft_len,
+        num_warps=4, num_stages=2,
+    )
+    return out
 
 
 def paged_extend_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: Optional[torch.Tensor] = None,

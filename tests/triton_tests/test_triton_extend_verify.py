@@ -142,3 +142,45 @@ def test_the_gpu_check_script_runs_in_smoke_mode():
     script = Path(__file__).resolve().parents[2] / "gpu_tests" / "check_verify_gpu.py"
     done = subprocess.run([sys.executable, str(script), "--smoke"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and '"failed": []' in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("fmt,draft,params_of", [
+    ("bf16", 6, lambda g, rows: AttentionParams(D ** -0.5, window=7)),
+    ("mxfp8", 11, lambda g, rows: AttentionParams(1.0 / D, rel_bias=torch.randn(rows, HQ, 8, generator=g).to(DEV))),
+])
+def test_the_static_grid_verify_equals_the_eager_launch(fmt, draft, params_of):
+    """uniform_verify_attention (a verify batch of equal draft counts, laid out from its shapes so a CUDA graph can
+    capture it) gives the eager launch's bytes, 1 and 2 blocks of rows per request (BLOCK_M 8), and the reference's
+    values; a tree of another request's shape in its place gives other values."""
+    g = torch.Generator().manual_seed(21)
+    _, kv, _, _, _, _ = make_case(fmt, seed=21)
+    lens = [p + draft for p in PREFIX]
+    rails = KVRails(torch.tensor([0, *lens]).cumsum(0).to(DEV),
+                    torch.randperm(SLOTS, generator=g)[:sum(lens)].to(DEV))
+    qo = (torch.arange(len(PREFIX) + 1) * draft).to(DEV)
+    q = torch.randn(len(PREFIX) * draft, HQ, D, generator=g).bfloat16().to(DEV)
+    trees = [random_tree(draft, g) for _ in PREFIX]
+    verify = spec_verify(trees)
+    verify = SpecVerify(verify.tree_mask.to(DEV), verify.mask_indptr.to(DEV, torch.int64),
+                        verify.depths.to(DEV, torch.int64))
+    params = params_of(g, q.shape[0])
+    out = lambda: torch.empty(q.shape, dtype=torch.float32, device=q.device)  # noqa: E731
+    got = kernels.uniform_verify_attention(q, kv, rails.indptr, rails.indices, qo, params, verify, draft, out=out(),
+                                           block_rows=16, block_n=16)
+    assert torch.equal(got, triton_verify(q, kv, rails, qo, params, verify))
+    want = reference_extend(q.float(), kv, rails.indptr, rails.indices, qo, params, verify=verify)
+    assert rel_err(got, want) < TOL
+    swapped = spec_verify([trees[1], trees[0], trees[2]])
+    wrong = kernels.uniform_verify_attention(q, kv, rails.indptr, rails.indices, qo, params, SpecVerify(
+        swapped.tree_mask.to(DEV), swapped.mask_indptr.to(DEV, torch.int64), swapped.depths.to(DEV, torch.int64)),
+        draft, out=out(), block_rows=16, block_n=16)
+    assert rel_err(wrong, want) > 3 * TOL
+
+
+def test_the_static_grid_verify_refuses_what_it_cannot_lay_out():
+    g, kv, rails, qo, q, verify = make_case("bf16", seed=22)  # draft counts 7, 5, 6: not uniform
+    params = AttentionParams(D ** -0.5)
+    with pytest.raises(ValueError, match=r"q must have batch \* draft_len = 3 \* 5 rows, got 18"):
+        kernels.uniform_verify_attention(q, kv, rails.indptr, rails.indices, qo, params, verify, 5)
+    with pytest.raises(ValueError, match="draft_len must be an int >= 1, got 0"):
+        kernels.uniform_verify_attention(q, kv, rails.indptr, rails.indices, qo, params, verify, 0)
