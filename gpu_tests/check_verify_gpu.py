@@ -3,7 +3,9 @@ MXFP8 pools, GQA 4 and 8 at head_dim 128, cached prefixes of 1k to 30k keys, 12 
 branching trees (as NGRAM sends them, BFS order), full attention, a window and Inkling's relative bias, against
 the reference (``reference.attention.paged_extend_attention(..., verify=)`` in float32 on the same dequantized K/V).
 Bound: relative Frobenius error <= 4e-3. Also the kernel's time on the tree against the same call on a chain of the
-same drafts (a plain extend): the tree should cost about the same. One JSON line per check; exit 1 on a failure.
+same drafts (a plain extend): the tree should cost about the same. The same verify laid out from its shapes
+(``uniform_verify_attention``) gives the eager launch's bytes, and on CUDA again when captured in a graph and
+replayed over new queries and another tree. One JSON line per check; exit 1 on a failure.
 
     python gpu_tests/check_verify_gpu.py            # on the GPU machine
     python gpu_tests/check_verify_gpu.py --smoke    # here, under TRITON_INTERPRET=1, tiny shapes (script errors)
@@ -58,6 +60,45 @@ def timed(fn, reps):
     return (time.perf_counter() - tic) / reps * 1e3
 
 
+def device_tree(verify: SpecVerify, dev) -> SpecVerify:
+    return SpecVerify(verify.tree_mask.to(dev), verify.mask_indptr.to(dev, torch.int64),
+                      verify.depths.to(dev, torch.int64))
+
+
+def check_static_grid(name, q, kv, indptr, indices, qo, params, verify, other_tree, drafts, eager):
+    """``uniform_verify_attention`` (the verify launch laid out from its shapes) gives the eager launch's bytes; on
+    CUDA, captured in a graph and replayed after new queries and another tree were copied into its buffers, the
+    eager launch's bytes on those inputs."""
+    dev = q.device
+    tree = device_tree(verify, dev)
+    out = torch.empty(q.shape, dtype=torch.float32, device=dev)
+    static = lambda: kernels.uniform_verify_attention(q_buf, kv, indptr, indices, qo, params, tree, drafts,  # noqa
+                                                      out=out)
+    q_buf = q.clone()
+    same = bool(torch.equal(static(), eager()))
+    record = {"check": f"{name}: static grid = eager launch", "ok": same}
+    if torch.cuda.is_available():
+        graph = torch.cuda.CUDAGraph()
+        static()  # compiled outside the capture
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph):
+            static()
+        new_q = torch.randn(q.shape, generator=torch.Generator().manual_seed(7)).bfloat16().to(dev)
+        other = device_tree(other_tree, dev)
+        q_buf.copy_(new_q)
+        tree.tree_mask.copy_(other.tree_mask)
+        tree.depths.copy_(other.depths)
+        graph.replay()
+        torch.cuda.synchronize()
+        want = kernels.paged_extend_attention(new_q, kv, indptr, indices, qo, params, verify=other, validate=False,
+                                              out=torch.empty(q.shape, dtype=torch.float32, device=dev))
+        record["graph_replay_equal"] = bool(torch.equal(out, want))
+        record["ok"] = record["ok"] and record["graph_replay_equal"]
+    print(json.dumps(record), flush=True)
+    if not record["ok"]:
+        failures.append(record["check"])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke", action="store_true")
@@ -98,6 +139,9 @@ def main() -> int:
                 print(json.dumps(record), flush=True)
                 if not ok:
                     failures.append(record["check"])
+                check_static_grid(f"{fmt} {hq}/{hkv} {name}", q, kv, indptr, indices, qo, params, verify,
+                                  SpecVerify.from_trees([random_tree(drafts, g) for _ in prefixes], dev), drafts,
+                                  run)
     print(json.dumps({"failed": failures}), flush=True)
     return 1 if failures else 0
 
