@@ -164,6 +164,38 @@ def extend_kernel(
              o.to(out_ptr.dtype.element_ty), mask=mask_r[:, None])
 
 
+def _check_block_sizes(block_rows: int, block_n: int) -> None:
+    for name, value in (("block_rows", block_rows), ("block_n", block_n)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 16 or value & (value - 1):
+            raise ValueError(f"{name} must be a power of two >= 16, got {value!r}")
+
+
+def _row_blocks(q: torch.Tensor, kv: PagedKV, block_rows: int) -> tuple[int, int, int]:
+    """``(G, BLOCK_R, BLOCK_M)``: a program's rows are ``BLOCK_M`` tokens of all ``G`` heads of one KV head."""
+    group = q.shape[1] // kv.num_kv_heads
+    block_r = max(block_rows, triton.next_power_of_2(group), 16)
+    return group, block_r, max(1, block_r // group)
+
+
+def _launch(grid, q, kv, keys, qo_indptr, blocks, params, out, tree, *, group, block_r, block_m, block_n,
+            table, kv_page, uniform_qlen=0):
+    """``extend_kernel`` over ``grid``: ``keys`` = (lens, index, stride_index_row), ``blocks`` = (block_req,
+    block_row) (unread with ``uniform_qlen``), ``tree`` = (tree_mask bytes, mask_indptr, depths) or None."""
+    rb = params.rel_bias
+    ksf, vsf, page, interleaved = scale_args(kv)
+    extend_kernel[grid](
+        q, *kv_data(kv), ksf, vsf, *keys, qo_indptr, *blocks,
+        rb if rb is not None else out, params.sinks if params.sinks is not None else out, out,
+        *(tree if tree is not None else (out, out, out)),
+        *launch_strides(q, kv, rb, out), *launch_scalars(params, kv),
+        G=group, BLOCK_M=block_m, BLOCK_R=block_r, D=q.shape[2], HKV=kv.num_kv_heads, BLOCK_N=block_n,
+        KV_FORMAT=kv_format_code(kv), PAGE=page, INTERLEAVED=interleaved, DOT_DTYPE=dot_dtype(kv),
+        HAS_REL_BIAS=rb is not None, HAS_WINDOW=params.window is not None, HAS_CAP=params.logit_cap > 0,
+        HAS_SINKS=params.sinks is not None, PAGE_TABLE=table, KV_PAGE=kv_page, HAS_TREE=tree is not None,
+        UNIFORM_QLEN=uniform_qlen, num_warps=4, num_stages=2,
+    )
+
+
 def uniform_verify_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
                              qo_indptr: torch.Tensor, params: AttentionParams, verify: SpecVerify, draft_len: int,
                              *, out: Optional[torch.Tensor] = None, block_rows: int = 64,
@@ -178,9 +210,7 @@ def uniform_verify_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: torch.Tens
     if isinstance(draft_len, bool) or not isinstance(draft_len, int) or draft_len < 1:
         raise ValueError(f"draft_len must be an int >= 1, got {draft_len!r}")
     check_query_and_pool(q, kv, params, out)
-    for name, value in (("block_rows", block_rows), ("block_n", block_n)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 16 or value & (value - 1):
-            raise ValueError(f"{name} must be a power of two >= 16, got {value!r}")
+    _check_block_sizes(block_rows, block_n)
     check_index_tensor("qo_indptr", qo_indptr, q.device)
     batch = qo_indptr.numel() - 1
     if batch < 1 or kv_indptr.numel() != batch + 1:
@@ -189,33 +219,18 @@ def uniform_verify_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: torch.Tens
     if q.shape[0] != batch * draft_len:
         raise ValueError(f"q must have batch * draft_len = {batch} * {draft_len} rows, got {q.shape[0]}")
     check_kv_map(batch, kv, q.device, kv_indptr, kv_indices, None, None, None)
-    total, hq, d = q.shape
-    hkv = kv.num_kv_heads
-    group = hq // hkv
-    block_r = max(block_rows, triton.next_power_of_2(group), 16)
-    block_m = max(1, block_r // group)
-    if out is None:
-        out = torch.empty_like(q)
-    rb = params.rel_bias
-    fmt = kv_format_code(kv)
-    ksf, vsf, page, interleaved = scale_args(kv)
     tree = (verify.tree_mask.view(torch.uint8), verify.mask_indptr, verify.depths)
     for name, t in zip(("tree_mask", "mask_indptr", "depths"), tree):
         if t.device != q.device:
             raise ValueError(f"verify.{name} must be on {q.device} (a captured launch copies nothing), got {t.device}")
     if tree[1].dtype != torch.int64 or tree[2].dtype != torch.int64:
         raise TypeError(f"verify.mask_indptr and verify.depths must be int64, got {tree[1].dtype} and {tree[2].dtype}")
-    extend_kernel[(batch * triton.cdiv(draft_len, block_m), hkv)](
-        q, *kv_data(kv), ksf, vsf,
-        kv_indptr, kv_indices, 0, qo_indptr, out, out,
-        rb if rb is not None else out, params.sinks if params.sinks is not None else out, out, *tree,
-        *launch_strides(q, kv, rb, out), *launch_scalars(params, kv),
-        G=group, BLOCK_M=block_m, BLOCK_R=block_r, D=d, HKV=hkv, BLOCK_N=block_n, KV_FORMAT=fmt, PAGE=page,
-        INTERLEAVED=interleaved, DOT_DTYPE=dot_dtype(kv), HAS_REL_BIAS=rb is not None,
-        HAS_WINDOW=params.window is not None, HAS_CAP=params.logit_cap > 0, HAS_SINKS=params.sinks is not None,
-        PAGE_TABLE=False, KV_PAGE=0, HAS_TREE=True, UNIFORM_QLEN=draft_len,
-        num_warps=4, num_stages=2,
-    )
+    group, block_r, block_m = _row_blocks(q, kv, block_rows)
+    if out is None:
+        out = torch.empty_like(q)
+    _launch((batch * triton.cdiv(draft_len, block_m), kv.num_kv_heads), q, kv, (kv_indptr, kv_indices, 0),
+            qo_indptr, (out, out), params, out, tree, group=group, block_r=block_r, block_m=block_m,
+            block_n=block_n, table=False, kv_page=0, uniform_qlen=draft_len)
     return out
 
 
@@ -239,9 +254,7 @@ def paged_extend_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: Optional[tor
             raise ValueError("verify (a speculative verify step) reads per-token CSR keys (kv_indptr, kv_indices), "
                              "not a page table")
     check_query_and_pool(q, kv, params, out)
-    for name, value in (("block_rows", block_rows), ("block_n", block_n)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 16 or value & (value - 1):
-            raise ValueError(f"{name} must be a power of two >= 16, got {value!r}")
+    _check_block_sizes(block_rows, block_n)
     check_index_tensor("qo_indptr", qo_indptr, q.device)
     batch = qo_indptr.numel() - 1
     if batch < 1 or (isinstance(kv_indptr, torch.Tensor) and kv_indptr.numel() != batch + 1):
@@ -275,13 +288,7 @@ def paged_extend_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: Optional[tor
             if used.numel() and (int(used.min()) < 0 or int(used.max()) >= kv.num_slots):
                 raise ValueError(f"kv_indices must be slots in [0, {kv.num_slots}), got [{int(used.min())}, "
                                  f"{int(used.max())}]")
-    rb = params.rel_bias
-
-    total, hq, d = q.shape
-    hkv = kv.num_kv_heads
-    group = hq // hkv
-    block_r = max(block_rows, triton.next_power_of_2(group), 16)
-    block_m = max(1, block_r // group)
+    group, block_r, block_m = _row_blocks(q, kv, block_rows)
     reqs, rows = [], []
     for b_idx, (a, ql) in enumerate(zip(qo, qlens)):
         for r0 in range(0, ql, block_m):
@@ -293,24 +300,12 @@ def paged_extend_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: Optional[tor
         return out
     block_req = torch.tensor(reqs, dtype=torch.int32, device=q.device)
     block_row = torch.tensor(rows, dtype=torch.int32, device=q.device)
-    fmt = kv_format_code(kv)
-    ksf, vsf, page, interleaved = scale_args(kv)
     if table:
-        lens, index, stride_index_row, kv_page = seq_lens, page_table, page_table.stride(0), page_size
+        keys, kv_page = (seq_lens, page_table, page_table.stride(0)), page_size
     else:
-        lens, index, stride_index_row, kv_page = kv_indptr, kv_indices, 0, 0
-    dummy = out
+        keys, kv_page = (kv_indptr, kv_indices, 0), 0
     tree = (verify.tree_mask.to(q.device).view(torch.uint8), verify.mask_indptr.to(q.device, torch.int64),
-            verify.depths.to(q.device, torch.int64)) if verify is not None else (dummy, dummy, dummy)
-    extend_kernel[(len(reqs), hkv)](
-        q, *kv_data(kv), ksf, vsf,
-        lens, index, stride_index_row, qo_indptr, block_req, block_row,
-        rb if rb is not None else dummy, params.sinks if params.sinks is not None else dummy, out, *tree,
-        *launch_strides(q, kv, rb, out), *launch_scalars(params, kv),
-        G=group, BLOCK_M=block_m, BLOCK_R=block_r, D=d, HKV=hkv, BLOCK_N=block_n, KV_FORMAT=fmt, PAGE=page,
-        INTERLEAVED=interleaved, DOT_DTYPE=dot_dtype(kv), HAS_REL_BIAS=rb is not None,
-        HAS_WINDOW=params.window is not None, HAS_CAP=params.logit_cap > 0, HAS_SINKS=params.sinks is not None,
-        PAGE_TABLE=table, KV_PAGE=kv_page, HAS_TREE=verify is not None,
-        num_warps=4, num_stages=2,
-    )
+            verify.depths.to(q.device, torch.int64)) if verify is not None else None
+    _launch((len(reqs), kv.num_kv_heads), q, kv, keys, qo_indptr, (block_req, block_row), params, out, tree,
+            group=group, block_r=block_r, block_m=block_m, block_n=block_n, table=table, kv_page=kv_page)
     return out
