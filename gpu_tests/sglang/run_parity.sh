@@ -15,9 +15,8 @@
 # breadth 10: draft trees, a page-1 (bf16) pool only), smallpool (a device pool of PARITY_SMALL_POOL_TOKENS (8192) tokens),
 # eagle (--speculative-algorithm EAGLE, a chain of 3 drafts from make_models' llama-gqa4-eagle draft, seeded dummy
 # weights, on SGLang's triton backend over a bf16 draft pool; compare.py against the same entry with nograph),
-# eagletree (EAGLE with top-4 trees
-# of 8 drafts: a page-1, bf16 pool only), eagle3 (EAGLE3's chain, the llama-gqa4-eagle3 draft), hicache
-# (--enable-hierarchical-cache with smallpool and a host pool of 4x its tokens; with
+# eagletree (EAGLE with top-4 trees of 8 drafts: a page-1, bf16 pool only), eagle3 (EAGLE3's chain, the
+# llama-gqa4-eagle3 draft), hicache (--enable-hierarchical-cache with smallpool and a host pool of 4x its tokens; with
 # PARITY_SERVE_ARGS="--evict-tokens 16000" the workload's documents (3 x 2051 tokens) are pushed out of the device
 # pool but stay in the host pool (a flood beyond it evicts them there too: no host hit) and are loaded back, see
 # serve_check.py; compare.py against the same entry with smallpool, whose documents are computed again, and without

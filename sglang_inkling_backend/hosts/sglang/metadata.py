@@ -86,14 +86,14 @@ def _check_host_batch(seq_host: torch.Tensor, query_host: torch.Tensor, rows_hos
                       table_shape: tuple, *, decode: bool) -> None:
     """``build_forward_metadata``'s range checks, on the host copies of its lengths and rows."""
     max_reqs, width = table_shape
-    lo, hi = int(seq_host.min()), int(seq_host.max())
-    if lo < 0 or hi > width:
-        raise ValueError(f"seq_lens must lie in [0, {width}] (req_to_token's width), got [{lo}, {hi}]")
+    shortest, longest = int(seq_host.min()), int(seq_host.max())
+    if shortest < 0 or longest > width:
+        raise ValueError(f"seq_lens must lie in [0, {width}] (req_to_token's width), got [{shortest}, {longest}]")
     lo, hi = int(rows_host.min()), int(rows_host.max())
     if lo < 0 or hi >= max_reqs:
         raise ValueError(f"req_pool_indices must lie in [0, {max_reqs}), got [{lo}, {hi}]")
     if decode:
-        if int(seq_host.min()) < 1:
+        if shortest < 1:
             raise ValueError("decode seq_lens must be >= 1 (they count the new token)")
     elif int(query_host.min()) < 0 or bool((query_host > seq_host).any()):
         raise ValueError("extend_seq_lens must lie in [0, seq_len] for every request")
