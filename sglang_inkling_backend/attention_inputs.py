@@ -153,12 +153,16 @@ class SpecVerify:
     A chain (lower-triangular mask, depths ``0..D_b-1``) is a plain extend of the same tokens. Everything is
     checked here, once per step (the values are read back to the host): a diagonal of True (a token sees itself),
     depths >= 0, and ``depth_j < depth_i`` for every masked-in ``j != i`` (a visible draft is strictly earlier).
-    ``check_queries`` checks each ``D_b`` against an extend's query offsets."""
+    ``check_queries`` checks each ``D_b`` against an extend's query offsets.
+
+    ``uniform`` builds one without reading anything (every request ``D`` drafts; a CUDA graph's buffers, whose values
+    are written on the device before each replay): only shapes, dtypes and devices are checked."""
 
     tree_mask: torch.Tensor
     mask_indptr: torch.Tensor
     depths: torch.Tensor
     draft_lens: tuple = field(init=False, repr=False)  # D_b per request, host ints
+    uniform_len: int = field(default=0, init=False, repr=False)  # D where built by ``uniform``, else 0
 
     def __post_init__(self):
         mask, indptr, depths = self.tree_mask, self.mask_indptr, self.depths
@@ -204,6 +208,30 @@ class SpecVerify:
                                  f"{int(d[j])}); a visible draft must be strictly shallower (depths)")
         object.__setattr__(self, "draft_lens", tuple(lens))
 
+    @classmethod
+    def uniform(cls, tree_mask: torch.Tensor, mask_indptr: torch.Tensor, depths: torch.Tensor, draft_len: int,
+                batch: int) -> "SpecVerify":
+        """``batch`` requests of ``draft_len`` drafts each, their values not read (unchecked: the caller writes
+        them, e.g. on the device before a CUDA-graph replay): ``tree_mask`` bool ``[batch * D * D]``,
+        ``mask_indptr`` int64 ``[batch + 1]`` (``arange * D * D``), ``depths`` int64 ``[batch * D]``, all on one
+        device. Their shapes, dtypes and devices are checked."""
+        d, b = require_positive_int(draft_len, "draft_len"), require_positive_int(batch, "batch")
+        want = (("tree_mask", tree_mask, torch.bool, b * d * d), ("mask_indptr", mask_indptr, torch.int64, b + 1),
+                ("depths", depths, torch.int64, b * d))
+        for name, t, dtype, n in want:
+            if not isinstance(t, torch.Tensor) or t.dtype != dtype:
+                raise TypeError(f"{name} must be a {dtype} tensor, got {_describe(t)}")
+            if t.dim() != 1 or t.numel() != n:
+                raise ValueError(f"{name} must be 1-D with {n} entries ({b} requests of {d} drafts), got shape "
+                                 f"{tuple(t.shape)}")
+            if t.device != tree_mask.device:
+                raise ValueError(f"{name} must be on {tree_mask.device} (tree_mask's device), got {t.device}")
+        out = object.__new__(cls)
+        for name, value in (("tree_mask", tree_mask), ("mask_indptr", mask_indptr), ("depths", depths),
+                            ("draft_lens", (d,) * b), ("uniform_len", d)):
+            object.__setattr__(out, name, value)
+        return out
+
     @property
     def num_requests(self) -> int:
         return len(self.draft_lens)
@@ -220,7 +248,13 @@ class SpecVerify:
         return cls(*(t if device is None else t.to(device) for t in parts))
 
     def check_queries(self, qo_indptr: torch.Tensor) -> None:
-        """ValueError unless the extend has one request per tree and request b ``D_b`` query rows."""
+        """ValueError unless the extend has one request per tree and request b ``D_b`` query rows. A ``uniform``
+        verify checks the request count only (its offsets are ``arange * D`` by construction; nothing is read)."""
+        if self.uniform_len:
+            if not isinstance(qo_indptr, torch.Tensor) or qo_indptr.numel() != self.num_requests + 1:
+                raise ValueError(f"verify has {self.num_requests} requests; qo_indptr must have "
+                                 f"{self.num_requests + 1} entries, got {_describe(qo_indptr)}")
+            return
         qlens = qo_indptr.diff().tolist()
         if len(qlens) != self.num_requests:
             raise ValueError(f"verify has {self.num_requests} requests (mask_indptr), the extend "

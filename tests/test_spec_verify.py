@@ -263,3 +263,39 @@ def test_bad_inputs_are_refused_naming_the_argument():
     with pytest.raises(TypeError, match="verify must be None or a SpecVerify"):
         layer_step.attend(TorchRoute(), SPEC, b.q, b.kv, Keys(b, num_decode_rows=0), lambda f, t: params, None,
                           verify="tree")
+
+
+def test_a_uniform_verify_reads_nothing_and_checks_shapes_only():
+    """``SpecVerify.uniform`` (a CUDA graph's verify buffers): built from its shapes without reading a value (a tree
+    the checked constructor refuses is taken: a refill writes them later), every request ``D`` drafts; its query
+    check compares the request count only. Wrong dtypes, shapes and devices are refused, naming the tensor."""
+    d, b = 3, 2
+    bad_tree = torch.zeros(b * d * d, dtype=torch.bool)  # no diagonal: SpecVerify itself refuses it
+    ptr, depths = torch.arange(b + 1) * d * d, torch.zeros(b * d, dtype=torch.int64)
+    with pytest.raises(ValueError, match="does not see itself"):
+        SpecVerify(bad_tree, ptr, depths)
+    v = SpecVerify.uniform(bad_tree, ptr, depths, d, b)
+    assert v.uniform_len == d and v.draft_lens == (d, d) and v.tree_mask is bad_tree
+    assert SpecVerify(*chain_tree_batch(d, b)).uniform_len == 0
+    v.check_queries(torch.arange(b + 1) * d)
+    with pytest.raises(ValueError, match=r"verify has 2 requests; qo_indptr must have 3 entries"):
+        v.check_queries(torch.arange(b + 2) * d)
+    cases = [
+        (TypeError, "tree_mask must be a torch.bool tensor", (bad_tree.to(torch.uint8), ptr, depths, d, b)),
+        (ValueError, r"tree_mask must be 1-D with 18 entries \(2 requests of 3 drafts\)",
+         (bad_tree[:-1], ptr, depths, d, b)),
+        (TypeError, "mask_indptr must be a torch.int64 tensor", (bad_tree, ptr.int(), depths, d, b)),
+        (ValueError, "mask_indptr must be 1-D with 3 entries", (bad_tree, ptr[:2], depths, d, b)),
+        (ValueError, "depths must be 1-D with 6 entries", (bad_tree, ptr, depths.view(2, 3), d, b)),
+        (ValueError, "draft_len must be", (bad_tree, ptr, depths, 0, b)),
+        (ValueError, "batch must be", (bad_tree, ptr, depths, d, 0)),
+        (ValueError, r"depths must be on cpu \(tree_mask's device\), got meta", (bad_tree, ptr, depths.to("meta"), d, b)),
+    ]
+    for error, message, args in cases:
+        with pytest.raises(error, match=message):
+            SpecVerify.uniform(*args)
+
+
+def chain_tree_batch(d, b):
+    mask, depths = chain(d)
+    return mask.reshape(-1).repeat(b), torch.arange(b + 1) * d * d, depths.repeat(b)

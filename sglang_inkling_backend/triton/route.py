@@ -182,13 +182,19 @@ class TritonRoute:
         """One layer's extend: the extend family (FlashInfer) where it serves the layer and the step gives
         ``plans``, else the Triton kernel, with one log line per reason. The keys are checked once per step and
         window (``check_extend_keys``), before any kernel reads them. A speculative verify step (``verify``, its
-        tree mask and depths) runs the Triton kernel: the family's ragged prefill takes no tree here."""
+        tree mask and depths) runs the Triton kernel: the family's ragged prefill takes no tree here. A ``uniform``
+        one (a CUDA graph's verify step, ``D`` drafts per request) runs the launch laid out from its shapes
+        (``uniform_verify_attention``: nothing read back, so it can be captured); the keys are then checked on the
+        graph's warm-up runs, as decode's are, not while it is captured."""
         if plans is None:
             check_extend_keys(kv, rails, qo_indptr, q.shape[0])
-        else:
+        elif not stream_capturing(q.device):
             plans.once(("extend keys", params.window, kv.num_slots),
                        lambda: check_extend_keys(kv, rails, qo_indptr, q.shape[0]))
         family = self.extend_family
+        if verify is not None and getattr(verify, "uniform_len", 0):
+            return self.kernels.uniform_verify_attention(q, kv, rails.indptr, rails.indices, qo_indptr, params,
+                                                         verify, verify.uniform_len)
         if verify is not None:
             return self.kernels.paged_extend_attention(q, kv, rails.indptr, rails.indices, qo_indptr, params,
                                                        validate=False, verify=verify)

@@ -184,3 +184,28 @@ def test_the_static_grid_verify_refuses_what_it_cannot_lay_out():
         kernels.uniform_verify_attention(q, kv, rails.indptr, rails.indices, qo, params, verify, 5)
     with pytest.raises(ValueError, match="draft_len must be an int >= 1, got 0"):
         kernels.uniform_verify_attention(q, kv, rails.indptr, rails.indices, qo, params, verify, 0)
+
+
+def test_the_route_lays_out_a_uniform_verify_from_its_shapes(monkeypatch):
+    """TritonRoute.extend with a ``SpecVerify.uniform`` (a verify graph's metadata) runs the static-grid launch, never
+    the eager one (whose layout reads the device), with the eager launch's bytes on the same batch."""
+    g = torch.Generator().manual_seed(23)
+    draft = 4
+    _, kv, _, _, _, _ = make_case("mxfp8", seed=23)
+    lens = [p + draft for p in PREFIX]
+    rails = KVRails(torch.tensor([0, *lens]).cumsum(0).to(DEV), torch.randperm(SLOTS, generator=g)[:sum(lens)].to(DEV))
+    qo = (torch.arange(len(PREFIX) + 1) * draft).to(DEV)
+    q = torch.randn(len(PREFIX) * draft, HQ, D, generator=g).bfloat16().to(DEV)
+    checked = spec_verify([random_tree(draft, g) for _ in PREFIX])
+    parts = (checked.tree_mask.to(DEV), checked.mask_indptr.to(DEV, torch.int64), checked.depths.to(DEV, torch.int64))
+    params = AttentionParams(D ** -0.5, window=9)
+    route = TritonRoute(kernels)
+    eager = route.extend(q, kv, rails, qo, params, plans=DecodePlanCache(), verify=SpecVerify(*parts))
+
+    def no_eager_layout(*args, **kwargs):
+        raise AssertionError("a uniform verify must not take the eager launch")
+
+    monkeypatch.setattr(kernels, "paged_extend_attention", no_eager_layout)
+    got = route.extend(q, kv, rails, qo, params, plans=DecodePlanCache(),
+                       verify=SpecVerify.uniform(*parts, draft, len(PREFIX)))
+    assert torch.equal(got, eager)
