@@ -11,6 +11,9 @@ What SGLang expects of a backend and where it is met:
   ``init_forward_metadata_out_graph`` refills them in place (capture and replay), ``get_cuda_graph_seq_len_fill_value``
   is 1 (padded rows read slot 0, the padding sink); only the Triton route is capturable, and the resolution hook
   turns decode graphs off otherwise;
+- a speculative target's graphs (TARGET_VERIFY, ``D`` drafts per request): ``VerifyGraphBuffers`` in place of the
+  decode buffers, and ``verify_mask`` (its tree mask as SGLang's QLEN_ONLY ``VerifyMask``: EAGLE writes its trees
+  there); the resolution hook keeps these graphs only with ``INKLING_VERIFY_GRAPHS=1`` (hooks.py);
 - ``forward_metadata.swa_out_cache_loc`` (the in-tree Inkling model reads it).
 The CPU graph runner (``--enable-torch-compile`` on CPU): its duck-typed hooks are implemented, and attention runs
 eagerly inside the compiled model.
@@ -30,9 +33,9 @@ from sglang_inkling_backend import kv_views, layer_step, mxfp8
 from sglang_inkling_backend.hosts.sglang import call_args
 from sglang_inkling_backend.hosts.sglang.layers import layer_plan_of, radix_layers
 from sglang_inkling_backend.hosts.sglang.metadata import (DecodeGraphBuffers, InklingForwardMetadata,
-                                                          build_forward_metadata)
+                                                          VerifyGraphBuffers, build_forward_metadata)
 from sglang_inkling_backend.hosts.sglang.pool import InklingMHATokenToKVPool
-from sglang_inkling_backend.hosts.sglang.spec_verify import spec_verify_of
+from sglang_inkling_backend.hosts.sglang.spec_verify import draft_count, spec_verify_of
 from sglang_inkling_backend.hosts.sglang.version import check_sglang_version
 from sglang_inkling_backend.layer_plan import LayerSpec
 from sglang_inkling_backend.routes import choose_route
@@ -105,6 +108,12 @@ class InklingAttnBackend(AttentionBackend):
         self.use_route(choose_route(self.device, head_dims))
         self.forward_metadata: Optional[InklingForwardMetadata] = None
         self._graph_buffers: Optional[DecodeGraphBuffers] = None
+        # A speculative target's CUDA graphs are verify steps (SGLang's decode graph runner captures TARGET_VERIFY)
+        spec_algorithm = getattr(model_runner, "spec_algorithm", None)
+        self.speculative_target = (spec_algorithm is not None and bool(spec_algorithm.is_speculative())
+                                   and not getattr(model_runner, "is_draft_worker", False))
+        self._verify_buffers: Optional[VerifyGraphBuffers] = None
+        self._verify_mask = None  # SGLang's VerifyMask over _verify_buffers.tree_mask
         self._notes: set = set()  # the log lines said once
         # an extend's own keys from the forward's K/V: unrounded over a quantized cache, and over a bf16 one (which
         # holds the same values) without gathering them back
@@ -167,7 +176,14 @@ class InklingAttnBackend(AttentionBackend):
         if mode.is_target_verify():
             # An extend of D draft tokens per request over its seq_lens cached keys (SGLang's seq_lens exclude them)
             host = seq_lens_cpu if seq_lens_cpu is not None else seq_lens.cpu()
-            verify = spec_verify_of(forward_batch.spec_info, host)
+            spec_info = forward_batch.spec_info
+            buffers = self._verify_buffers
+            if buffers is not None and buffers.owns_mask(getattr(spec_info, "custom_mask", None)):
+                # EAGLE wrote this batch's trees into the graph buffer (verify_mask), from its start
+                n = host.numel() * draft_count(spec_info) ** 2
+                spec_info = SimpleNamespace(draft_token_num=spec_info.draft_token_num, positions=spec_info.positions,
+                                            custom_mask=buffers.tree_mask[:n])
+            verify = spec_verify_of(spec_info, host)
             d = verify.draft_lens[0]  # spec_info.draft_token_num, the same for every request
             seq_lens = seq_lens + d
             seq_lens_cpu = host + d
@@ -184,18 +200,43 @@ class InklingAttnBackend(AttentionBackend):
         if not self.route.graph_capturable:
             raise RuntimeError(f"inkling: decode CUDA graphs need the Triton route; this backend runs the "
                                f"{self.route.name} route. Pass --disable-cuda-graph")
+        if self.speculative_target:
+            # SGLang sizes a target's verify graphs max_bs x D tokens (decode_cuda_graph_runner: max_num_token)
+            draft_len, rest = divmod(max_num_tokens, max_bs)
+            if rest or draft_len < 1:
+                raise ValueError(f"inkling: a speculative target's CUDA graphs need max_num_tokens = max_bs x D (the "
+                                 f"draft tokens per request), got {max_num_tokens} for max_bs {max_bs}")
+            self._verify_buffers = VerifyGraphBuffers(max_bs, draft_len, self.max_context_len, self.windows,
+                                                      self.device, swa=self.is_swa_pool)
+            from sglang.srt.layers.attention.verify_mask import VerifyMask
+            from sglang.srt.speculative.eagle_utils import TreeMaskMode
+            self._verify_mask = VerifyMask(buffer=self._verify_buffers.tree_mask, mode=TreeMaskMode.QLEN_ONLY,
+                                           max_bs=max_bs, is_read=True)
+            logger.info("inkling: verify CUDA graphs: up to %d requests of %d draft tokens", max_bs, draft_len)
+            return
         self._graph_buffers = DecodeGraphBuffers(max_bs, self.max_context_len, self.windows, self.device,
                                                  swa=self.is_swa_pool, page_size=self.decode_page_size)
+
+    @property
+    def verify_mask(self):
+        """The verify graphs' tree mask as SGLang's ``VerifyMask`` (QLEN_ONLY: ``[D, D]`` per request): EAGLE's
+        tree kernel writes each batch's trees there in place (eagle_worker_common), so a replay copies none. None
+        without verify graphs (EAGLE then sends its FULL-layout mask)."""
+        return self._verify_mask
 
     def get_cuda_graph_seq_len_fill_value(self):
         return 1
 
     def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
+        mode = forward_batch.forward_mode
+        if mode.is_target_verify():
+            self.forward_metadata = self._verify_graph_metadata(forward_batch, in_capture)
+            return
         if self._graph_buffers is None:
             raise RuntimeError("inkling: init_cuda_graph_state was not called before graph metadata")
-        mode = forward_batch.forward_mode
         if not mode.is_decode_or_idle():
-            raise NotImplementedError(f"inkling: CUDA graphs cover decode only, got forward mode {mode.name}")
+            raise NotImplementedError(f"inkling: CUDA graphs cover decode and target verify, got forward mode "
+                                      f"{mode.name}")
         bs = forward_batch.batch_size
         out_cache_loc = None
         if self.is_swa_pool:
@@ -222,6 +263,40 @@ class InklingAttnBackend(AttentionBackend):
             plan_graph_step(md, self.attention_specs, host, kv_format=self.kv_format,
                             max_bs=self._graph_buffers.max_bs, max_seq_len=self.max_context_len)
         self.forward_metadata = md
+
+    def _verify_graph_metadata(self, forward_batch, in_capture: bool) -> InklingForwardMetadata:
+        """A TARGET_VERIFY graph's metadata: SGLang's padded view (``batch_size`` rows, ``num_padding`` of them
+        padding; at replay ``out_cache_loc`` and ``spec_info`` are the live batch's) refilled into the verify
+        buffers. At capture the runner's mask is all True and sized for its largest batch: the trees are left as
+        they are (the capture's outputs are discarded)."""
+        buffers = self._verify_buffers
+        if buffers is None:
+            raise RuntimeError("inkling: init_cuda_graph_state was not called for a speculative target before "
+                               "its verify graph metadata")
+        bs = forward_batch.batch_size
+        real = bs - int(getattr(forward_batch, "num_padding", 0) or 0)
+        spec_info = forward_batch.spec_info
+        d = draft_count(spec_info)
+        if d != buffers.draft_len:
+            raise ValueError(f"inkling: spec_info.draft_token_num is {d}; the verify graphs were built for "
+                             f"{buffers.draft_len} draft tokens per request")
+        mask = None if in_capture else getattr(spec_info, "custom_mask", None)
+        if mask is None and not in_capture:
+            raise ValueError("inkling: a verify graph replay needs spec_info.custom_mask (the draft trees)")
+        out_cache_loc = None
+        if self.is_swa_pool:
+            out_cache_loc = forward_batch.out_cache_loc
+            if out_cache_loc is None or out_cache_loc.numel() not in (real * d, bs * d):
+                got = None if out_cache_loc is None else tuple(out_cache_loc.shape)
+                raise ValueError(f"inkling: verify graph metadata needs out_cache_loc for the {real} x {d} real draft "
+                                 f"tokens (or all {bs} x {d}) with a hybrid SWA pool, got {got}")
+            out_cache_loc = out_cache_loc[:real * d]
+        seq_lens_cpu = getattr(forward_batch, "seq_lens_cpu", None)
+        host = seq_lens_cpu[:bs] if seq_lens_cpu is not None else forward_batch.seq_lens[:bs].cpu()
+        return buffers.refill(self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices[:bs],
+                              forward_batch.seq_lens[:bs], forward_batch.positions, mask, num_real=real,
+                              seq_lens_host=host, full_to_swa=self._full_to_swa(), out_cache_loc=out_cache_loc,
+                              gather_slots=self.route.gather_rail_slots)
 
     # --- CPU graph runner (--enable-torch-compile on CPU) --------------------------------------------------------
     # SGLang's CPUGraphRunner torch.compiles the model's decode forward per batch size and calls these duck-typed
@@ -306,7 +381,9 @@ class InklingAttnBackend(AttentionBackend):
         if save_kv_cache and k is not None:
             self._store(layer, spec, forward_batch, k, v, kwargs)
         forward_kv = None
-        if not decode and self.extend_new_keys == "forward":
+        # A verify step reads every key from the cache, its drafts' as stored, as the decode steps it stands in for
+        # read them (the same values over a 16-bit pool; over an 8-bit one, what decoding those tokens would read)
+        if not decode and self.extend_new_keys == "forward" and md.verify is None:
             forward_kv = self._forward_kv(k, v, rows, spec)
         out = layer_step.attend(self.route, spec, q3, self._paged_kv(layer.layer_id, spec), md,
                                 lambda first, last: params, self.workspace, forward_kv=forward_kv,

@@ -25,6 +25,7 @@ import torch
 
 from sglang_inkling_backend.attention_inputs import SpecVerify
 from sglang_inkling_backend.checks import PADDING_SLOT
+from sglang_inkling_backend.hosts.sglang.spec_verify import full_layout_tree_index
 from sglang_inkling_backend.rails import (INDEX_DTYPE, KVPages, KVRails, check_host_lengths, check_token_table,
                                           gather_rails_host_lengths, page_table, translate_rails, window_start)
 from sglang_inkling_backend.step_plans import DecodePlanCache
@@ -257,3 +258,134 @@ class DecodeGraphBuffers:
             swa_loc = self.swa_out_cache_loc[:bs]
         return InklingForwardMetadata(is_decode=True, batch_size=bs, qo_indptr=self.qo_indptr[: bs + 1], full=full,
                                       windows=windows, pages=pages, swa_out_cache_loc=swa_loc)
+
+
+class VerifyGraphBuffers:
+    """Address-stable metadata for a speculative target's CUDA graphs, whose every batch is a verify step of
+    ``draft_len`` (D) draft tokens per request (SGLang captures TARGET_VERIFY graphs of ``max_bs * D`` rows when
+    speculation is on). Allocated once, refilled in place (``refill``) before every capture and replay:
+
+    - ``qo_indptr`` ``arange(max_bs + 1) * D``, ``mask_indptr`` ``arange(max_bs + 1) * D * D`` (constant);
+    - ``tree_mask`` bool ``[max_bs * D * D]`` (each request's ``[D, D]`` tree; EAGLE's tree kernel writes it in place
+      where the backend exposes it as SGLang's QLEN_ONLY ``VerifyMask``) and ``depths`` int64 ``[max_bs * D]``;
+    - per-token CSR rails over each request's ``seq_len + D`` keys (the verify kernel reads CSR, also on a paged
+      pool), ``max_bs * max_context_len`` int64 slots, and one rail per window over its last ``w + D - 1`` keys;
+    - ``swa_out_cache_loc`` ``[max_bs * D]`` on a hybrid SWA pool.
+
+    The drafts' keys are read from the pool (stored by the step's first statement, as at every verify step)."""
+
+    def __init__(self, max_bs: int, draft_len: int, max_context_len: int, windows: Iterable[int], device, *,
+                 swa: bool):
+        for name, value in (("max_bs", max_bs), ("draft_len", draft_len), ("max_context_len", max_context_len)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if draft_len >= max_context_len:
+            raise ValueError(f"draft_len ({draft_len}) must be below max_context_len ({max_context_len})")
+        self.max_bs, self.draft_len, self.max_context_len = max_bs, draft_len, max_context_len
+        self.windows = sorted(set(windows))
+        self.swa = swa
+        d = draft_len
+        zeros = lambda n: torch.zeros(n, dtype=INDEX_DTYPE, device=device)  # noqa: E731
+        steps = torch.arange(max_bs + 1, dtype=INDEX_DTYPE, device=device)
+        self.qo_indptr = steps * d
+        self.mask_indptr = steps * d * d
+        # a chain per request until a batch's trees are written (the capture runs on it)
+        self.tree_mask = torch.ones(d, d, dtype=torch.bool, device=device).tril().repeat(max_bs, 1, 1).reshape(-1)
+        self.depths = torch.arange(d, dtype=INDEX_DTYPE, device=device).repeat(max_bs)
+        self.full_indptr = zeros(max_bs + 1)
+        self.full_indices = zeros(max_bs * max_context_len)
+        self.window_indptr = {w: zeros(max_bs + 1) for w in self.windows}
+        self.window_indices = {w: zeros(max_bs * min(w + d - 1, max_context_len)) for w in self.windows}
+        self.swa_out_cache_loc = zeros(max_bs * d) if swa else None
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every buffer (tests check their addresses never move)."""
+        out = [self.qo_indptr, self.mask_indptr, self.tree_mask, self.depths, self.full_indptr, self.full_indices]
+        out += [self.window_indptr[w] for w in self.windows] + [self.window_indices[w] for w in self.windows]
+        return out + ([self.swa_out_cache_loc] if self.swa_out_cache_loc is not None else [])
+
+    def owns_mask(self, mask) -> bool:
+        """Whether ``mask`` is this buffer's tree mask (EAGLE wrote the trees into it in place)."""
+        return isinstance(mask, torch.Tensor) and mask.data_ptr() == self.tree_mask.data_ptr()
+
+    def refill(self, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+               positions: torch.Tensor, mask: Optional[torch.Tensor], *, num_real: int,
+               seq_lens_host: Optional[torch.Tensor] = None, full_to_swa: Optional[torch.Tensor] = None,
+               out_cache_loc: Optional[torch.Tensor] = None,
+               gather_slots: Optional[Callable[..., None]] = None) -> InklingForwardMetadata:
+        """A verify batch of ``bs = seq_lens.numel()`` rows (the first ``num_real`` real, the rest SGLang's padding:
+        request row 0, ``seq_lens`` 1, positions 0), written into the buffers without reading the device when
+        ``seq_lens_host`` is given. ``seq_lens`` count each request's cached keys (the drafts excluded, as SGLang's);
+        ``positions`` ``[bs * D]`` are ``seq_len + depth`` (depths are taken from them on the device); ``mask`` is the
+        real requests' trees: this buffer's own tree mask (nothing to copy), the trees alone ``[num_real * D * D]``,
+        the FULL layout (``[D, seq_len + D]`` per real request: gathered on the device; its prefix columns are not
+        read, SGLang sets them all True), or None (the capture: the trees stay as they are). ``out_cache_loc``
+        (hybrid SWA pools): the real rows' ``num_real * D`` write slots; the padding rows' SWA slots are 0."""
+        d, bs = self.draft_len, seq_lens.numel()
+        if not 1 <= bs <= self.max_bs:
+            raise ValueError(f"a verify batch of {bs} requests; the graph buffers hold 1 to {self.max_bs} (max_bs)")
+        if isinstance(num_real, bool) or not isinstance(num_real, int) or not 0 <= num_real <= bs:
+            raise ValueError(f"num_real must be an int in [0, {bs}] (the batch's real requests), got {num_real!r}")
+        if self.swa != (full_to_swa is not None):
+            raise ValueError("full_to_swa must be given exactly when the buffers were built for a hybrid SWA pool")
+        if not isinstance(positions, torch.Tensor) or positions.dim() != 1 or positions.numel() < bs * d \
+                or positions.is_floating_point():
+            got = tuple(positions.shape) if isinstance(positions, torch.Tensor) else positions
+            raise ValueError(f"positions must be a 1-D integer tensor of at least {bs} x {d} entries (one per draft "
+                             f"token), got {got!r}")
+        if self.swa_out_cache_loc is not None and (out_cache_loc is None or out_cache_loc.dim() != 1
+                                                   or out_cache_loc.numel() != num_real * d):
+            got = None if out_cache_loc is None else tuple(out_cache_loc.shape)
+            raise ValueError(f"out_cache_loc must hold the real requests' {num_real} x {d} write slots with a hybrid "
+                             f"SWA pool, got {got}")
+        if seq_lens_host is None:  # the rows and lengths read back and checked, the lengths kept on the host
+            check_token_table(req_to_token, req_pool_indices, seq_lens)
+            seq_lens_host = seq_lens.to("cpu", INDEX_DTYPE)
+        else:
+            check_host_lengths(seq_lens_host, bs, min(req_to_token.shape[1], self.max_context_len) - d)
+            check_token_table(req_to_token, req_pool_indices, seq_lens, ranges=False)
+        device = req_to_token.device
+        seq_lens = seq_lens.to(device=device, dtype=INDEX_DTYPE)
+        tree_copy = None  # the real requests' trees, gathered before any buffer is written
+        if mask is not None and not self.owns_mask(mask):
+            if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() != 1:
+                raise TypeError(f"the verify mask must be a 1-D bool tensor, got "
+                                f"{f'{mask.dtype} {tuple(mask.shape)}' if isinstance(mask, torch.Tensor) else mask!r}")
+            full = int((seq_lens_host[:num_real] + d).sum()) * d
+            if mask.numel() == num_real * d * d:
+                tree_copy = mask
+            elif mask.numel() == full:
+                tree_copy = mask.index_select(0, full_layout_tree_index(seq_lens[:num_real], d))
+            else:
+                raise ValueError(f"the verify mask must hold {num_real * d * d} (the real requests' trees) or {full} "
+                                 f"(FULL layout, [D, seq_len + D] per real request) entries, got {mask.numel()}")
+        keys_host = seq_lens_host.to(INDEX_DTYPE) + d  # each request's keys: its prefix and its drafts
+        full = gather_rails_host_lengths(req_to_token, req_pool_indices, keys_host, out_indptr=self.full_indptr,
+                                         out_indices=self.full_indices, gather_slots=gather_slots)
+        windows = {}
+        for w in self.windows:
+            start = window_start(keys_host, torch.full_like(keys_host, d), w)
+            rails = gather_rails_host_lengths(req_to_token, req_pool_indices, keys_host, start,
+                                              out_indptr=self.window_indptr[w], out_indices=self.window_indices[w],
+                                              gather_slots=gather_slots)
+            if full_to_swa is not None:
+                nnz = int((keys_host - start).sum())
+                rails.indices[:nnz].copy_(full_to_swa[rails.indices[:nnz]])
+            windows[w] = rails
+        if tree_copy is not None:
+            self.tree_mask[:tree_copy.numel()].copy_(tree_copy)
+        # depth = position - seq_len; SGLang's padding rows (position 0, seq_len 1) get depth 0
+        depths = self.depths[:bs * d].view(bs, d)
+        torch.sub(positions[:bs * d].view(bs, d).to(INDEX_DTYPE), seq_lens.view(bs, 1), out=depths)
+        depths.clamp_(min=0)
+        swa_loc = None
+        if self.swa_out_cache_loc is not None:
+            real = num_real * d
+            self.swa_out_cache_loc[:real].copy_(full_to_swa[out_cache_loc.to(INDEX_DTYPE)])
+            self.swa_out_cache_loc[real:bs * d].fill_(PADDING_SLOT)
+            swa_loc = self.swa_out_cache_loc[:bs * d]
+        verify = SpecVerify.uniform(self.tree_mask[:bs * d * d], self.mask_indptr[:bs + 1], self.depths[:bs * d], d,
+                                    bs)
+        return InklingForwardMetadata(is_decode=False, batch_size=bs, qo_indptr=self.qo_indptr[:bs + 1], full=full,
+                                      windows=windows, swa_out_cache_loc=swa_loc, graph=True,
+                                      max_seq_len=self.max_context_len, verify=verify)

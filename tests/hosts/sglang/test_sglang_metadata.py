@@ -2,7 +2,11 @@
 import pytest
 import torch
 
-from sglang_inkling_backend.hosts.sglang.metadata import DecodeGraphBuffers, build_forward_metadata, window_start
+from types import SimpleNamespace
+
+from sglang_inkling_backend.hosts.sglang.metadata import (DecodeGraphBuffers, VerifyGraphBuffers,
+                                                          build_forward_metadata, window_start)
+from sglang_inkling_backend.hosts.sglang.spec_verify import spec_verify_of
 from sglang_inkling_backend.rails import gather_rails
 
 
@@ -157,3 +161,107 @@ def test_decode_graph_replay_view_with_padding_rows_writes_their_swa_slot_zero()
         with pytest.raises(ValueError, match="out_cache_loc must hold one slot per real request"):
             buffers.refill(r2t, torch.tensor([5, 2, 0, 0]), seq_lens, full_to_swa=full_to_swa, out_cache_loc=bad)
     assert all(torch.equal(a, b) for a, b in zip(before, buffers.tensors()))  # refused before any refill
+
+
+def _verify_batch(r2t, rows, prefix, d, gen, layout, buffers=None, padding=0):
+    """SGLang's TARGET_VERIFY view: ``rows`` real requests with ``prefix`` cached keys and ``d`` drafts each (in
+    req_to_token after the prefix already), then ``padding`` rows (request row 0, seq_len 1, positions 0). The mask
+    covers the real requests: FULL layout, the trees alone (qlen) or written into ``buffers``' own tree mask."""
+    from sglang_inkling_backend.reference.draft_trees import random_tree
+    trees = [random_tree(d, gen) for _ in rows]
+    positions = torch.cat([p + dep for (_, dep), p in zip(trees, prefix)] + [torch.zeros(padding * d).long()])
+    if layout == "full":
+        mask = torch.cat([torch.cat([torch.ones(d, p, dtype=torch.bool), m], 1).reshape(-1)
+                          for (m, _), p in zip(trees, prefix)])
+    else:
+        mask = torch.cat([m.reshape(-1) for m, _ in trees])
+        if layout == "own":
+            buffers.tree_mask[:mask.numel()].copy_(mask)
+            mask = buffers.tree_mask
+    all_rows = torch.tensor(list(rows) + [0] * padding)
+    seq_lens = torch.tensor(list(prefix) + [1] * padding)
+    return trees, all_rows, seq_lens, positions, mask
+
+
+@pytest.mark.parametrize("layout", ["full", "qlen", "own"])
+@pytest.mark.parametrize("swa", [False, True])
+def test_verify_graph_buffers_refill_matches_the_eager_verify_metadata(swa, layout):
+    """A verify graph's metadata (padding rows included) gives the real requests the eager verify step's rails
+    (over prefix + D keys; each window over its last w + D - 1), trees and depths, in the same storage every time,
+    from any of the three mask layouts SGLang sends; padding rows get depth 0 and SWA write slot 0."""
+    d, w = 3, 6
+    r2t = _req_to_token(max_reqs=8, width=40, seed=5)
+    full_to_swa = (torch.arange(r2t.numel() + 2) * 5 % 97 + 1) if swa else None
+    buffers = VerifyGraphBuffers(max_bs=4, draft_len=d, max_context_len=40, windows=[w], device="cpu", swa=swa)
+    addresses = [t.data_ptr() for t in buffers.tensors()]
+    gen = torch.Generator().manual_seed(0)
+    for rows, prefix, padding in (([3, 1, 7, 2], [30, 2, 9, 14], 0), ([5, 2], [13, 1], 2)):
+        trees, all_rows, seq_lens, positions, mask = _verify_batch(r2t, rows, prefix, d, gen, layout, buffers,
+                                                                   padding)
+        real = len(rows)
+        keys = torch.tensor(prefix) + d
+        loc = torch.cat([r2t[r, p:p + d] for r, p in zip(rows, prefix)]).long()
+        md = buffers.refill(r2t, all_rows, seq_lens, positions, mask, num_real=real, seq_lens_host=seq_lens.clone(),
+                            full_to_swa=full_to_swa, out_cache_loc=loc if swa else None)
+        eager = build_forward_metadata(r2t, torch.tensor(rows), keys, extend_seq_lens=torch.full((real,), d),
+                                       windows=[w], full_to_swa=full_to_swa, out_cache_loc=loc)
+        eager_verify = spec_verify_of(SimpleNamespace(draft_token_num=d, positions=positions[:real * d],
+                                                      custom_mask=mask[:real * d * d] if layout == "own" else mask),
+                                      torch.tensor(prefix))
+        assert [t.data_ptr() for t in buffers.tensors()] == addresses
+        assert not md.is_decode and md.graph and md.batch_size == real + padding
+        assert md.qo_indptr.tolist() == [i * d for i in range(real + padding + 1)]
+        for b in range(real):
+            assert _rail(md.full, b) == _rail(eager.full, b) == [int(x) for x in r2t[rows[b], :prefix[b] + d]]
+            assert _rail(md.rails(w), b) == _rail(eager.rails(w), b)
+            assert len(_rail(md.rails(w), b)) == min(prefix[b] + d, w + d - 1)
+        v = md.verify
+        assert v.uniform_len == d and v.draft_lens == (d,) * (real + padding)
+        assert torch.equal(v.tree_mask[:real * d * d], eager_verify.tree_mask)
+        assert torch.equal(v.depths[:real * d], eager_verify.depths)
+        assert torch.equal(v.depths[:real * d], torch.cat([dep for _, dep in trees]))
+        assert v.depths[real * d:].tolist() == [0] * (padding * d)
+        assert v.mask_indptr.tolist() == [i * d * d for i in range(real + padding + 1)]
+        if swa:
+            assert md.swa_out_cache_loc.tolist() == eager.swa_out_cache_loc.tolist() + [0] * (padding * d)
+
+
+def test_verify_graph_buffers_refuse_bad_batches_before_writing_and_keep_trees_at_capture():
+    """Each bad verify batch is refused naming what is wrong, the buffers untouched; the capture (no mask: SGLang's
+    all-True capture mask is not a batch's) leaves the trees as they are, and a swapped tree changes them."""
+    d = 3
+    r2t = _req_to_token(max_reqs=8, width=40, seed=6)
+    buffers = VerifyGraphBuffers(max_bs=4, draft_len=d, max_context_len=40, windows=[6], device="cpu", swa=False)
+    gen = torch.Generator().manual_seed(1)
+    trees, rows, seq_lens, positions, mask = _verify_batch(r2t, [3, 1], [20, 5], d, gen, "full")
+    chain = buffers.tree_mask.clone()
+    buffers.refill(r2t, rows, seq_lens, positions, None, num_real=2, seq_lens_host=seq_lens.clone())
+    assert torch.equal(buffers.tree_mask, chain)  # the capture keeps the chains it was built with
+    md = buffers.refill(r2t, rows, seq_lens, positions, mask, num_real=2, seq_lens_host=seq_lens.clone())
+    assert not torch.equal(md.verify.tree_mask, chain[:2 * d * d])
+    before = [t.clone() for t in buffers.tensors()]
+    host = seq_lens.clone()
+    for args, kwargs, err, match in (
+            ((r2t, rows, seq_lens, positions, mask[:-1]), {}, ValueError, r"must hold 18 \(the real requests' "
+             r"trees\) or 93 \(FULL layout"),
+            ((r2t, rows, seq_lens, positions, mask.int()), {}, TypeError, "verify mask must be a 1-D bool tensor"),
+            ((r2t, rows, seq_lens, positions[:-1], mask), {}, ValueError, r"positions must be a 1-D integer tensor "
+             r"of at least 2 x 3"),
+            ((r2t, torch.arange(5), torch.ones(5).long(), torch.zeros(15).long(), None), {"seq_lens_host": None},
+             ValueError, r"the graph buffers hold 1 to 4 \(max_bs\)"),
+            ((r2t, rows, seq_lens, positions, mask), {"num_real": 3}, ValueError, r"num_real must be an int in "
+             r"\[0, 2\]"),
+            ((r2t, rows, seq_lens, positions, mask), {"seq_lens_host": torch.tensor([38, 5])}, ValueError,
+             r"seq_lens_host must lie in \[1, 37\]"),
+            ((r2t, rows, seq_lens, positions, mask), {"full_to_swa": torch.arange(400)}, ValueError,
+             "full_to_swa must be given exactly when")):
+        kwargs = {"num_real": 2, "seq_lens_host": host, **kwargs}
+        with pytest.raises(err, match=match):
+            buffers.refill(*args, **kwargs)
+    assert all(torch.equal(a, b) for a, b in zip(before, buffers.tensors()))
+    swa_buffers = VerifyGraphBuffers(max_bs=4, draft_len=d, max_context_len=40, windows=[6], device="cpu", swa=True)
+    with pytest.raises(ValueError, match=r"out_cache_loc must hold the real requests' 2 x 3 write slots"):
+        swa_buffers.refill(r2t, rows, seq_lens, positions, mask, num_real=2, seq_lens_host=host,
+                           full_to_swa=torch.arange(400), out_cache_loc=torch.zeros(5).long())
+    with pytest.raises(ValueError, match="draft_len .* must be below max_context_len"):
+        VerifyGraphBuffers(max_bs=4, draft_len=40, max_context_len=40, windows=[], device="cpu", swa=False)
