@@ -404,7 +404,7 @@ def target_verify_batch(h, rows, d, trees, full_layout):
     prefix = torch.tensor([len(h.history[r][0][0]) for r in rows], dtype=torch.int64)
     locs = []
     for r, p in zip(rows, prefix.tolist()):
-        slots = h.alloc(d)
+        slots = h.alloc_for(r, p, d)
         h.r2t_pool.req_to_token[r, p:p + d] = slots.to(torch.int32)
         locs.append(slots)
     masks = [torch.cat([torch.ones(d, p, dtype=torch.bool), m], 1) if full_layout else m
@@ -418,15 +418,16 @@ def target_verify_batch(h, rows, d, trees, full_layout):
         extend_prefix_lens_cpu=None, encoder_lens=None, encoder_out_cache_loc=None, spec_info=spec)
 
 
-def dense_verify(h, fb, layer, q, k_new, v_new, trees):
+def dense_verify(h, fb, layer, q, k_new, v_new, trees, round_trip=lambda x: x.float()):
     """float32: each draft over its request's cached K/V (h.history) and the drafts its tree shows, at positions
-    prefix + depth (the window and causality on those positions)."""
+    prefix + depth (the window and causality on those positions); every key through ``round_trip`` (the storage
+    format's quantize/dequantize: a verify step reads its drafts' keys as stored)."""
     d, hd, out = fb.spec_info.draft_token_num, layer.head_dim, []
     for b, r in enumerate(fb.req_pool_indices.tolist()):
         ks, vs = h.history[r][layer.layer_id]
         p = len(ks)
-        k = torch.cat([torch.stack(ks).float(), k_new[b * d:(b + 1) * d].float()]).repeat_interleave(HQ // HKV, 1)
-        v = torch.cat([torch.stack(vs).float(), v_new[b * d:(b + 1) * d].float()]).repeat_interleave(HQ // HKV, 1)
+        k = round_trip(torch.cat([torch.stack(ks), k_new[b * d:(b + 1) * d]])).repeat_interleave(HQ // HKV, 1)
+        v = round_trip(torch.cat([torch.stack(vs), v_new[b * d:(b + 1) * d]])).repeat_interleave(HQ // HKV, 1)
         mask, depth = trees[b]
         q_pos = p + depth
         k_pos = torch.cat([torch.arange(p), q_pos])
@@ -463,6 +464,102 @@ def test_target_verify_batches_attend_their_draft_trees(route, full_layout):
         chain = dense_verify(h, fb, layer, q, k, v, [chain_tree(d)] * 3)
         assert float((out.float() - want).abs().max()) <= 2e-2
         assert float((out.float() - chain).abs().max()) > 0.1
+
+
+def speculative_runner(h):
+    """h's runner as SGLang's speculative target runner (its decode graphs capture TARGET_VERIFY)."""
+    h.runner.spec_algorithm = SimpleNamespace(is_speculative=lambda: True)
+    h.runner.is_draft_worker = False
+    return h
+
+
+def verify_replay_view(fb, max_bs, runner_out_cache_loc=True):
+    """SGLang's verify-graph view of a live TARGET_VERIFY batch ``fb`` padded to ``max_bs`` rows (request row 0,
+    seq_len 1, positions 0; the out_cache_loc buffer the graph was captured on: the real rows, then slot 0)."""
+    d, pad = fb.spec_info.draft_token_num, max_bs - fb.batch_size
+    seq = torch.cat([fb.seq_lens, torch.ones(pad, dtype=torch.int64)])
+    loc = torch.cat([fb.out_cache_loc, torch.zeros(pad * d, dtype=torch.int64)])
+    rows = torch.cat([fb.req_pool_indices, torch.zeros(pad, dtype=torch.int64)])
+    positions = torch.cat([fb.spec_info.positions, torch.zeros(pad * d, dtype=torch.int64)])
+    return SimpleNamespace(**{**vars(fb), "batch_size": max_bs, "num_padding": pad, "seq_lens": seq,
+                              "seq_lens_cpu": seq.clone(), "req_pool_indices": rows, "positions": positions,
+                              "out_cache_loc": loc if runner_out_cache_loc else fb.out_cache_loc})
+
+
+def verify_capture_batch(max_bs, d, context):
+    """What SGLang's graph runner captures a target's verify graph on: every row request 0 with seq_len 1 (the
+    fill value), zero positions and write slots, and its all-True mask sized for max_bs rows of ``context`` keys."""
+    return SimpleNamespace(
+        forward_mode=ForwardMode.TARGET_VERIFY, batch_size=max_bs, num_padding=0,
+        req_pool_indices=torch.zeros(max_bs, dtype=torch.int64), seq_lens=torch.ones(max_bs, dtype=torch.int64),
+        seq_lens_cpu=torch.ones(max_bs, dtype=torch.int64), positions=torch.zeros(max_bs * d, dtype=torch.int64),
+        out_cache_loc=torch.zeros(max_bs * d, dtype=torch.int64), out_cache_loc_is_physical=False,
+        spec_info=SimpleNamespace(draft_token_num=d, positions=None,
+                                  custom_mask=torch.ones((max_bs * context + max_bs * d) * d, dtype=torch.bool)),
+        encoder_lens=None, encoder_out_cache_loc=None)
+
+
+def padded_rows(x, rows):
+    return torch.cat([x, torch.zeros(rows, *x.shape[1:], dtype=x.dtype)])
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "mxfp8"])
+def test_verify_graph_metadata_gives_the_eager_verify_steps_bytes(fmt):
+    """A speculative target's CUDA-graph path on the Triton route (run on the CPU: the Python is the same):
+    init_cuda_graph_state(max_bs, max_bs x D) builds verify buffers and exposes their tree mask as SGLang's
+    QLEN_ONLY VerifyMask; the capture's metadata (all-True runner mask, zero positions) runs; then replay views with
+    a padding row, from NGRAM's FULL mask and from trees EAGLE wrote into verify_mask.buffer, give the real rows the
+    eager verify step's bytes on full and windowed layers (the same kernel on the same keys), within the Triton
+    tolerance of the dense reference that reads every key, the drafts' too, as stored (MXFP8: round-tripped)."""
+    from sglang.srt.speculative.eagle_utils import TreeMaskMode
+
+    d, max_bs, rows = 5, 4, [0, 1, 3]
+    layers = make_layers(windows=MIXED)
+    if fmt == "bf16":
+        h = Harness(layers, bf16_pool(layers=len(MIXED)), context=600)
+        round_trip = lambda x: x.float()  # noqa: E731
+    else:
+        page = 128
+
+        def mxfp8_pool():
+            return inkling_pool_class("mxfp8")(16 * page, page, torch.float8_e4m3fn, HKV, D, len(MIXED), "cpu", False)
+
+        h = WholePagesHarness(layers, mxfp8_pool, size=16 * page, page_size=page, context=600,
+                              kv_cache_dtype=torch.float8_e4m3fn)
+        round_trip = lambda x: mxfp8.dequantize(*mxfp8.quantize(x), torch.float32)  # noqa: E731
+    ours = triton_backend(speculative_runner(h))
+    run_script(h, [ours], steps=3)  # requests 0-3 prefilled
+    assert ours.verify_mask is None  # no graphs: EAGLE sends its FULL-layout mask
+    ours.init_cuda_graph_state(max_bs, max_bs * d)
+    mask = ours.verify_mask
+    assert mask.mode == TreeMaskMode.QLEN_ONLY and mask.max_bs == max_bs and mask.is_read
+    assert mask.buffer.data_ptr() == ours._verify_buffers.tree_mask.data_ptr()
+    capture = verify_capture_batch(max_bs, d, 600)
+    ours.init_forward_metadata_out_graph(capture, in_capture=True)
+    for layer in layers:  # the capture's run: padding writes to slot 0 only, outputs discarded
+        q, k, v = h.qkv(capture, layer)
+        assert torch.isfinite(ours.forward(q, k, v, layer, capture).float()).all()
+    addresses = [t.data_ptr() for t in ours._verify_buffers.tensors()]
+    worst = 0.0
+    for source in ("ngram_full_mask", "eagle_buffer"):
+        trees = [random_tree(d, h.gen) for _ in rows]
+        fb = target_verify_batch(h, rows, d, trees, full_layout=True)
+        if source == "eagle_buffer":  # EAGLE's tree kernel: fill_(True), then each request's [D, D] tree
+            mask.buffer.fill_(True)
+            mask.buffer[:len(rows) * d * d].copy_(torch.cat([m.reshape(-1) for m, _ in trees]))
+            fb.spec_info.custom_mask = mask.buffer
+        view = verify_replay_view(fb, max_bs)
+        for layer in layers:  # each layer eagerly (a batch past max_bs), then as the graph runs it
+            q, k, v = h.qkv(fb, layer)
+            ours.init_forward_metadata(fb)
+            want = ours.forward(q, k, v, layer, fb)
+            ours.init_forward_metadata_out_graph(view)
+            assert [t.data_ptr() for t in ours._verify_buffers.tensors()] == addresses
+            got = ours.forward(padded_rows(q, d), padded_rows(k, d), padded_rows(v, d), layer, view)
+            assert torch.equal(got[:len(rows) * d], want), (source, layer.layer_id)
+            dense = dense_verify(h, fb, layer, q, k, v, trees, round_trip)
+            worst = max(worst, float((want.float() - dense).abs().max()))
+    assert worst <= 2e-2, worst
 
 
 def test_target_verify_input_is_checked_naming_it():
