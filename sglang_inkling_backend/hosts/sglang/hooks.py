@@ -112,12 +112,16 @@ def handle_attention_backend_compatibility(server_args: Any, previous: Callable[
     # Prefill graphs (FULL or breakable) need metadata this backend does not build.
     graph_config = with_phase(graph_config, Phase.PREFILL, backend=Backend.DISABLED)
     head_dim = getattr(model_config_of(server_args), "head_dim", None)
-    if decode and cfg.speculative_algorithm is not None:
-        # The decode graph runner would capture NGRAM's TARGET_VERIFY batches, whose metadata (a draft tree per
-        # request) this backend builds eagerly only.
+    if decode and cfg.speculative_algorithm is not None and not (
+            verify_graphs_setting() and decode_graph_capturable(cfg.device, head_dim)):
+        # The target's decode graph runner captures TARGET_VERIFY batches; the backend builds their metadata in
+        # graph buffers (VerifyGraphBuffers), opt-in until measured on a GPU through the real server.
         logger.warning("inkling: decode CUDA graphs disabled with --speculative-algorithm %s: verify steps run "
-                       "eagerly", cfg.speculative_algorithm)
+                       "eagerly (%s=1 captures them)", cfg.speculative_algorithm, VERIFY_GRAPHS_ENV)
         graph_config = with_phase(graph_config, Phase.DECODE, backend=Backend.DISABLED)
+    elif decode and cfg.speculative_algorithm is not None:
+        logger.warning("inkling: %s=1: the target's verify steps run under CUDA graphs (--speculative-algorithm %s)",
+                       VERIFY_GRAPHS_ENV, cfg.speculative_algorithm)
     elif decode and not decode_graph_capturable(cfg.device, head_dim):
         if cfg.device == "cpu":
             # SGLang builds its CPU graph runner from --enable-torch-compile alone; the backend implements its hooks
@@ -140,6 +144,20 @@ def apply_inkling_prefill_cuda_graph_default(server_args: Any, previous: Callabl
         logger.info("inkling: not applying the Inkling model's FULL prefill CUDA graph default (FA4-only metadata)")
         return
     previous(server_args)
+
+
+VERIFY_GRAPHS_ENV = "INKLING_VERIFY_GRAPHS"
+
+
+def verify_graphs_setting() -> bool:
+    """Whether a speculative target's verify steps run under CUDA graphs (``INKLING_VERIFY_GRAPHS``: 0, the default,
+    or 1). Off, start-up turns decode graphs off with speculation, which also drops EAGLE's draft graphs (SGLang has
+    one switch for both, ``Phase.DECODE``)."""
+    import os
+    value = os.environ.get(VERIFY_GRAPHS_ENV, "0")
+    if value not in ("0", "1"):
+        raise ValueError(f"{VERIFY_GRAPHS_ENV} must be 0 or 1, got {value!r}")
+    return value == "1"
 
 
 def decode_graph_capturable(device: str | None, head_dim: int | None = None) -> bool:

@@ -250,12 +250,31 @@ def test_hierarchical_cache_with_quantized_kv_follows_the_host_pool_rules(tmp_pa
     assert view.hicache_mem_layout == "layer_first"
 
 
+def test_verify_graphs_are_kept_with_speculation_only_when_asked(tmp_path, caplog, monkeypatch):
+    """INKLING_VERIFY_GRAPHS=1 keeps decode CUDA graphs on with speculation (the target's runner then captures its
+    verify steps, and EAGLE its draft steps), saying so; without it they are off; any other value is refused."""
+    eagle = dict(device="cuda", attention_backend="inkling", kv_cache_dtype="mxfp8", speculative_algorithm="EAGLE",
+                 speculative_draft_model_path=_model_dir(tmp_path), speculative_num_steps=3, speculative_eagle_topk=1,
+                 speculative_num_draft_tokens=4, speculative_draft_attention_backend="triton",
+                 speculative_draft_kv_cache_dtype="bf16")
+    assert _resolve(tmp_path, **eagle).cuda_graph_config.decode.backend == "disabled"
+    monkeypatch.setenv("INKLING_VERIFY_GRAPHS", "1")
+    with caplog.at_level(logging.WARNING, logger="sglang_inkling_backend.hosts.sglang.hooks"):
+        for args in (eagle, dict(device="cuda", attention_backend="inkling", speculative_algorithm="NGRAM")):
+            assert _resolve(tmp_path, **args).cuda_graph_config.decode.backend != "disabled"
+    assert "INKLING_VERIFY_GRAPHS=1: the target's verify steps run under CUDA graphs" in caplog.text
+    monkeypatch.setenv("INKLING_VERIFY_GRAPHS", "yes")
+    with pytest.raises(ValueError, match="INKLING_VERIFY_GRAPHS must be 0 or 1, got 'yes'"):
+        _resolve(tmp_path, **eagle)
+
+
 def test_ngram_is_served_with_decode_graphs_off_and_other_draft_model_algorithms_are_refused(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="sglang_inkling_backend.hosts.sglang.hooks"):
         view = _resolve(tmp_path, device="cuda", attention_backend="inkling", speculative_algorithm="NGRAM")
     assert view.speculative_algorithm == "NGRAM" and view.speculative_eagle_topk == 10  # a bf16 pool: page 1, trees
     assert view.cuda_graph_config.decode.backend == "disabled"
     assert "decode CUDA graphs disabled with --speculative-algorithm NGRAM" in caplog.text
+    assert "INKLING_VERIFY_GRAPHS=1 captures them" in caplog.text
     view = _resolve(tmp_path, device="cuda", attention_backend="inkling", kv_cache_dtype="mxfp8",
                     speculative_algorithm="NGRAM", speculative_ngram_max_bfs_breadth=1)
     assert view.page_size == 128 and view.cuda_graph_config.decode.backend == "disabled"
