@@ -1,10 +1,12 @@
-"""Decode CUDA-graph path of the inkling backend on a GPU: capture once, replay for new batches.
+"""Decode and speculative-verify CUDA-graph paths of the inkling backend on a GPU: capture once, replay for new
+batches.
 
 Host-free parts only (``metadata.DecodeGraphBuffers``, ``kv_views.store_kv_unchecked``,
 ``triton.route.TritonRoute``), so it runs without SGLang on any CUDA machine: the buffers are refilled in place
 between replays, the captured write and Triton decode read them, and every replay must equal an eager
 torch-reference decode of the same batch.
-Skipped without CUDA (the CPU CI covers the refill logic in test_sglang_metadata.py).
+Skipped without CUDA (the CPU CI covers the refill logic in test_sglang_metadata.py), except the verify check's
+steps run without capture on the CPU.
 """
 import itertools
 import math
@@ -195,6 +197,114 @@ def check_eager_triton_route_matches_torch_route(kv_format, window):
             assert err < 2e-2, (kv_format, window, "extend", err)
 
 
+def check_verify_graph_capture_and_replay(kv_format, window, max_bs=4, drafts=6, ctx=600, dev="cuda"):
+    """A speculative target's verify step captured once (the drafts' K/V store and the uniform verify launch on
+    ``VerifyGraphBuffers``) on SGLang's capture batch (every row padding), then replayed for batches of 3, max_bs and
+    2 real requests refilled in place (the rest padding rows) from FULL-layout masks and from the trees alone:
+    refill makes no device sync (``set_sync_debug_mode("error")``), the buffers never move, and each replay's real
+    rows equal the eager verify launch on the same batch (bytes) and the torch route within 2e-2. ``dev="cpu"``
+    runs the same steps with the Triton kernels interpreted and the body run again in place of each replay (no
+    capture, no sync check): the script's logic, on every machine."""
+    from sglang_inkling_backend.attention_inputs import AttentionParams, SpecVerify
+    from sglang_inkling_backend.hosts.sglang.metadata import VerifyGraphBuffers, build_forward_metadata
+    from sglang_inkling_backend.kv_views import store_kv_unchecked
+    from sglang_inkling_backend.reference.draft_trees import random_tree
+    from sglang_inkling_backend.routes import TorchRoute, choose_route
+    from sglang_inkling_backend.step_plans import DecodePlanCache
+
+    dev = torch.device(dev)
+    cuda = dev.type == "cuda"
+    g = torch.Generator(device=dev).manual_seed(2)
+    host_g = torch.Generator().manual_seed(2)
+    page, d = 128, drafts
+    rows_n = max_bs + 1
+    slots = max(8192, (rows_n * ctx // page + 2) * page)
+    kv = empty_paged_kv(kv_format, slots, page, dev)
+    r2t = whole_pages_req_to_token(rows_n, ctx, page, slots, g, dev)
+    store_kv_unchecked(kv, r2t.reshape(-1).long(), torch.randn(rows_n * ctx, HKV, D, device=dev, generator=g),
+                       torch.randn(rows_n * ctx, HKV, D, device=dev, generator=g))
+    if cuda:
+        route = choose_route(dev, {D})
+    else:
+        from sglang_inkling_backend import triton as kernels
+        from sglang_inkling_backend.triton.route import TritonRoute
+        route = TritonRoute(kernels)
+    windows = [window] if window else []
+    buffers = VerifyGraphBuffers(max_bs, d, ctx, windows, dev, swa=False)
+    params = AttentionParams(softmax_scale=1 / math.sqrt(D), window=window)
+    static_rows = torch.zeros(max_bs, dtype=torch.int64, device=dev)
+    static_seq = torch.ones(max_bs, dtype=torch.int64, device=dev)  # the fill value: 1
+    static_pos = torch.zeros(max_bs * d, dtype=torch.int64, device=dev)
+    static_loc = torch.zeros(max_bs * d, dtype=torch.int64, device=dev)
+    static_q = torch.zeros(max_bs * d, HQ, D, dtype=torch.bfloat16, device=dev)
+    static_k = torch.zeros(max_bs * d, HKV, D, dtype=torch.bfloat16, device=dev)
+    static_v = torch.zeros_like(static_k)
+    md = buffers.refill(r2t, static_rows, static_seq, static_pos, None, num_real=max_bs,
+                        seq_lens_host=torch.ones(max_bs, dtype=torch.int64))  # the capture: no trees
+    addresses = [t.data_ptr() for t in buffers.tensors()]
+
+    def body():
+        store_kv_unchecked(kv, static_loc, static_k, static_v, fused_store=route.fused_store)
+        return route.extend(static_q, kv, md.rails(window), md.qo_indptr, params, plans=md.decode_plans,
+                            verify=md.verify)
+
+    if cuda:
+        torch.cuda.synchronize()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            body()  # warm up: compiles, and checks the capture batch's keys once
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = body()
+    for trial, (real, layout) in enumerate(((3, "full"), (max_bs, "qlen"), (2, "full"))):
+        rows = torch.randperm(rows_n, generator=host_g)[:real]
+        prefix = torch.randint(1, ctx - d + 1, (real,), generator=host_g)
+        trees = [random_tree(d, host_g) for _ in range(real)]
+        positions = torch.cat([p + dep for p, (_, dep) in zip(prefix.tolist(), trees)])
+        if layout == "full":
+            mask = torch.cat([torch.cat([torch.ones(d, p, dtype=torch.bool), m], 1).reshape(-1)
+                              for p, (m, _) in zip(prefix.tolist(), trees)])
+        else:
+            mask = torch.cat([m.reshape(-1) for m, _ in trees])
+        mask = mask.to(dev)
+        loc = torch.cat([r2t[r, p:p + d] for r, p in zip(rows.tolist(), prefix.tolist())]).long()
+        seq_host = torch.cat([prefix, torch.ones(max_bs - real, dtype=torch.int64)])
+        static_rows.zero_(); static_pos.zero_(); static_loc.zero_()
+        static_rows[:real] = rows.to(dev)
+        static_seq.copy_(seq_host)
+        static_pos[:real * d] = positions.to(dev)
+        static_loc[:real * d] = loc
+        for t in (static_q, static_k, static_v):
+            t.normal_(generator=g)
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            buffers.refill(r2t, static_rows, static_seq, static_pos, mask, num_real=real, seq_lens_host=seq_host)
+        finally:
+            if cuda:
+                torch.cuda.set_sync_debug_mode("default")
+        assert [t.data_ptr() for t in buffers.tensors()] == addresses, trial
+        if cuda:
+            graph.replay()
+            torch.cuda.synchronize()
+        else:
+            static_out = body()
+        eager_md = build_forward_metadata(r2t, rows.to(dev), (prefix + d).to(dev),
+                                          extend_seq_lens=torch.full((real,), d, device=dev), windows=windows)
+        verify = SpecVerify.from_trees(trees, dev)
+        verify = SpecVerify(verify.tree_mask, verify.mask_indptr.long(), verify.depths.long())
+        q = static_q[:real * d]
+        rails = eager_md.rails(window)
+        want = route.extend(q, kv, rails, eager_md.qo_indptr, params, plans=DecodePlanCache(), verify=verify)
+        assert torch.equal(static_out[:real * d], want), (kv_format, window, trial)
+        ref = TorchRoute().extend(q.float(), kv, rails, eager_md.qo_indptr, params, verify=verify)
+        err = (want.float() - ref).abs().max().item()
+        assert err < 2e-2, (kv_format, window, trial, err)
+
+
 if pytest is not None:
     @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
     @pytest.mark.parametrize("kv_format, window", CASES)
@@ -210,6 +320,18 @@ if pytest is not None:
 
 
     @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+    @pytest.mark.parametrize("kv_format, window", CASES)
+    def test_verify_graph_capture_and_replay(kv_format, window):
+        check_verify_graph_capture_and_replay(kv_format, window)
+
+
+    @pytest.mark.parametrize("kv_format", ["bf16", "mxfp8"])
+    def test_the_verify_graph_check_runs_here_without_capture(kv_format):
+        """The GPU check's steps on the CPU (interpreted kernels, the body rerun in place of each replay)."""
+        check_verify_graph_capture_and_replay(kv_format, 48, ctx=200, dev="cpu")
+
+
+    @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
     def test_decode_graph_hopper_sized_batch():
         check_decode_graph_capture_and_replay("mxfp8", None, cached=True, max_bs=32, ctx=4096, expect_hopper=True)
 
@@ -221,4 +343,5 @@ if __name__ == "__main__":
         check_decode_graph_capture_and_replay(*case)
         check_decode_graph_capture_and_replay(*case, cached=True)
         check_eager_triton_route_matches_torch_route(*case)
+        check_verify_graph_capture_and_replay(*case)
         print("ok", case)
