@@ -562,6 +562,55 @@ def test_verify_graph_metadata_gives_the_eager_verify_steps_bytes(fmt):
     assert worst <= 2e-2, worst
 
 
+def test_verify_graph_on_a_hybrid_swa_pool_writes_and_reads_the_drafts_in_the_swa_sub_pool():
+    """A hybrid SWA pool (the windowed layer in a sub-pool reached through full_to_swa, whose slots differ from the
+    full ones): the verify graph path stores the windowed layer's drafts at their SWA slots (the padding rows' at SWA
+    slot 0) and reads its window rails translated, giving the eager verify step's bytes on both layers."""
+    d, max_bs, rows = 4, 3, [0, 1]
+    layers = make_layers()
+    size = 256
+    mapping = torch.zeros(size + 2, dtype=torch.int64)
+    mapping[-1] = -1
+
+    def swa_pool():
+        pool = SWAKVPool(size=size, size_swa=size, page_size=1, dtype=torch.bfloat16, head_num=HKV, head_dim=D,
+                         swa_attention_layer_ids=[0], full_attention_layer_ids=[1], device="cpu",
+                         token_to_kv_pool_class=inkling_pool_class("bf16"))
+        pool.register_mapping(mapping)
+        return pool
+
+    h = speculative_runner(Harness(layers, swa_pool, swa=mapping))
+    orig_batch = h.batch
+
+    def batch_with_distinct_swa_slots(rows, new_lens, decode):
+        fb = orig_batch(rows, new_lens, decode)
+        mapping[fb.out_cache_loc] = size - fb.out_cache_loc
+        return fb
+
+    h.batch = batch_with_distinct_swa_slots
+    ours = triton_backend(h)
+    run_script(h, [ours], steps=1)  # requests 0 and 1 prefilled
+    ours.init_cuda_graph_state(max_bs, max_bs * d)
+    trees = [random_tree(d, h.gen) for _ in rows]
+    fb = target_verify_batch(h, rows, d, trees, full_layout=True)
+    mapping[fb.out_cache_loc] = size - fb.out_cache_loc
+    view = verify_replay_view(fb, max_bs)
+    swa_k = ours.token_to_kv_pool.swa_kv_pool.get_key_buffer(0)
+    for layer in layers:
+        q, k, v = h.qkv(fb, layer)
+        ours.init_forward_metadata(fb)
+        want = ours.forward(q, k, v, layer, fb)
+        ours.init_forward_metadata_out_graph(view)
+        assert ours.forward_metadata.swa_out_cache_loc.tolist() == (size - fb.out_cache_loc).tolist() + [0] * d
+        swa_k[size - fb.out_cache_loc] = 0  # the graph's store must write them again
+        got = ours.forward(padded_rows(q, d), padded_rows(k, d), padded_rows(v, d), layer, view)
+        assert torch.equal(got[:len(rows) * d], want), layer.layer_id
+        if layer.layer_id == 0:
+            assert torch.equal(swa_k[size - fb.out_cache_loc], k)
+    with pytest.raises(ValueError, match=r"out_cache_loc for the 2 x 4 real draft tokens \(or all 3 x 4\)"):
+        ours.init_forward_metadata_out_graph(SimpleNamespace(**{**vars(view), "out_cache_loc": torch.arange(9)}))
+
+
 def test_target_verify_input_is_checked_naming_it():
     layers = make_layers()
     h = Harness(layers, bf16_pool())
