@@ -130,8 +130,8 @@ def attend(route, spec: LayerSpec, q3: torch.Tensor, kv: PagedKV, keys: StepKeys
             raise ValueError("verify is given but the step has no extend rows (its draft tokens)")
     if rows > nd:
         rails, qo_indptr = keys.extend_keys(spec.window)
-        if verify is not None:
-            verify.check_queries(qo_indptr)
+        if verify is not None:  # the step's query offsets are every layer's: checked once per step and window
+            keys.plans.once(("verify queries", spec.window), lambda: verify.check_queries(qo_indptr))
     decoded = extended = None
     if nd:
         decoded = route.decode(q3[:nd], kv, keys.decode_keys(spec.window, route.reads_page_tables),

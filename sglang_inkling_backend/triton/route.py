@@ -192,10 +192,11 @@ class TritonRoute:
             plans.once(("extend keys", params.window, kv.num_slots),
                        lambda: check_extend_keys(kv, rails, qo_indptr, q.shape[0]))
         family = self.extend_family
-        if verify is not None and getattr(verify, "uniform_len", 0):
-            return self.kernels.uniform_verify_attention(q, kv, rails.indptr, rails.indices, qo_indptr, params,
-                                                         verify, verify.uniform_len)
         if verify is not None:
+            draft_len = self._uniform_draft_len(q, qo_indptr, params, plans, verify)
+            if draft_len:
+                return self.kernels.uniform_verify_attention(q, kv, rails.indptr, rails.indices, qo_indptr, params,
+                                                             verify, draft_len)
             return self.kernels.paged_extend_attention(q, kv, rails.indptr, rails.indices, qo_indptr, params,
                                                        validate=False, verify=verify)
         if family is not None:
@@ -215,6 +216,24 @@ class TritonRoute:
                 logger.info("inkling: extend: the Triton kernel for layers with %s", why)
         return self.kernels.paged_extend_attention(q, kv, rails.indptr, rails.indices, qo_indptr, params,
                                                    validate=False)
+
+
+    @staticmethod
+    def _uniform_draft_len(q, qo_indptr, params, plans, verify) -> int:
+        """``D`` where the verify step can run the launch laid out from its shapes (no device read per layer):
+        a ``SpecVerify.uniform`` (a CUDA graph's), or, with the step's ``plans``, a checked one whose requests all
+        have ``D`` drafts, on ``q``'s device with int64 offsets and depths, once its query offsets were checked
+        against them (``check_queries``, once per step and window; ``check_extend_keys`` checked they start at 0).
+        0 otherwise: the eager launch, which checks and lays out everything itself."""
+        if verify.uniform_len:
+            return verify.uniform_len
+        lens = set(verify.draft_lens)
+        if plans is None or len(lens) != 1 or verify.mask_indptr.dtype != torch.int64 \
+                or verify.depths.dtype != torch.int64 \
+                or any(t.device != q.device for t in (verify.tree_mask, verify.mask_indptr, verify.depths)):
+            return 0
+        plans.once(("verify queries", params.window), lambda: verify.check_queries(qo_indptr))
+        return lens.pop()
 
 
 def unavailable_because(device: Optional[torch.device], head_dims=()) -> str:

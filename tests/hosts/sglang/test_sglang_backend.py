@@ -611,6 +611,40 @@ def test_verify_graph_on_a_hybrid_swa_pool_writes_and_reads_the_drafts_in_the_sw
         ours.init_forward_metadata_out_graph(SimpleNamespace(**{**vars(view), "out_cache_loc": torch.arange(9)}))
 
 
+def test_an_eager_verify_step_checks_its_queries_once_and_lays_out_every_layer_from_its_shapes(monkeypatch):
+    """An eager TARGET_VERIFY step of D drafts per request on the Triton route: its query offsets are checked against
+    the trees once per window for the step (not per layer), and every layer runs the launch laid out from its shapes
+    (no device read per layer), with the bytes of the eager launch, which reads and lays out the batch per layer."""
+    from sglang_inkling_backend import triton as kernels
+    from sglang_inkling_backend.attention_inputs import SpecVerify
+    from sglang_inkling_backend.triton.route import TritonRoute
+
+    d, rows = 5, [0, 1, 3]
+    layers = make_layers(windows=MIXED)
+    h = Harness(layers, bf16_pool(layers=len(MIXED)), context=600)
+    ours = triton_backend(h)
+    run_script(h, [ours], steps=3)
+    fb = target_verify_batch(h, rows, d, [random_tree(d, h.gen) for _ in rows], full_layout=True)
+    inputs = [h.qkv(fb, layer) for layer in layers]
+    monkeypatch.setattr(TritonRoute, "_uniform_draft_len", staticmethod(lambda *args: 0))
+    ours.init_forward_metadata(fb)
+    want = [ours.forward(q, k, v, layer, fb) for layer, (q, k, v) in zip(layers, inputs)]
+    monkeypatch.undo()
+    checks = []
+    real_check = SpecVerify.check_queries
+    monkeypatch.setattr(SpecVerify, "check_queries", lambda self, qo: checks.append(qo) or real_check(self, qo))
+
+    def no_eager_layout(*args, **kwargs):
+        raise AssertionError("a verify step of equal draft counts must not take the eager launch")
+
+    monkeypatch.setattr(kernels, "paged_extend_attention", no_eager_layout)
+    ours.init_forward_metadata(fb)
+    got = [ours.forward(q, k, v, layer, fb) for layer, (q, k, v) in zip(layers, inputs)]
+    assert len(checks) == len(set(MIXED))  # once per window (two), for four layers
+    for layer, a, b in zip(layers, got, want):
+        assert torch.equal(a, b), layer.layer_id
+
+
 def test_target_verify_input_is_checked_naming_it():
     layers = make_layers()
     h = Harness(layers, bf16_pool())
