@@ -22,6 +22,7 @@ within the window).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -172,9 +173,44 @@ def _check_block_sizes(block_rows: int, block_n: int) -> None:
 
 def _row_blocks(q: torch.Tensor, kv: PagedKV, block_rows: int) -> tuple[int, int, int]:
     """``(G, BLOCK_R, BLOCK_M)``: a program's rows are ``BLOCK_M`` tokens of all ``G`` heads of one KV head."""
-    group = q.shape[1] // kv.num_kv_heads
+    return _row_geometry(q.shape[1], kv.num_kv_heads, block_rows)
+
+
+def _row_geometry(num_q_heads: int, num_kv_heads: int, block_rows: int) -> tuple[int, int, int]:
+    group = num_q_heads // num_kv_heads
     block_r = max(block_rows, triton.next_power_of_2(group), 16)
     return group, block_r, max(1, block_r // group)
+
+
+@dataclass(frozen=True)
+class ExtendBlocks:
+    """An extend's programs along the rows: program i serves query rows ``block_row[i]`` .. ``+ block_m`` (int32,
+    device) of request ``block_req[i]``. It depends on the query offsets and the head grouping only, so one serves
+    every layer of a step with that grouping (``extend_blocks``)."""
+
+    block_req: torch.Tensor
+    block_row: torch.Tensor
+    block_m: int
+
+
+def extend_blocks(qo_indptr: torch.Tensor, num_q_heads: int, num_kv_heads: int, *,
+                  block_rows: int = 64) -> ExtendBlocks:
+    """The programs of an extend with these query offsets (read back once: one device sync) for layers of
+    ``num_q_heads`` over ``num_kv_heads``; ``paged_extend_attention(..., blocks=)`` then reads nothing back. The
+    offsets are not checked here (``step_plans.check_extend_keys`` checks them)."""
+    check_index_tensor("qo_indptr", qo_indptr, qo_indptr.device)
+    _check_block_sizes(block_rows, 16)
+    if num_kv_heads < 1 or num_q_heads % num_kv_heads:
+        raise ValueError(f"num_q_heads ({num_q_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+    block_m = _row_geometry(num_q_heads, num_kv_heads, block_rows)[2]
+    qo = qo_indptr.tolist()
+    reqs, rows = [], []
+    for b_idx, (a, e) in enumerate(zip(qo, qo[1:])):
+        for r0 in range(a, e, block_m):
+            reqs.append(b_idx)
+            rows.append(r0)
+    both = torch.tensor([reqs, rows], dtype=torch.int32).to(qo_indptr.device)  # one copy to the device
+    return ExtendBlocks(both[0], both[1], block_m)
 
 
 def _launch(grid, q, kv, keys, qo_indptr, blocks, params, out, tree, *, group, block_r, block_m, block_n,
@@ -239,14 +275,20 @@ def paged_extend_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: Optional[tor
                            params: Optional[AttentionParams] = None, *, page_table: Optional[torch.Tensor] = None,
                            seq_lens: Optional[torch.Tensor] = None, page_size: Optional[int] = None,
                            out: Optional[torch.Tensor] = None, block_rows: int = 64, block_n: int = 64,
-                           validate: bool = True, verify: Optional[SpecVerify] = None) -> torch.Tensor:
+                           validate: bool = True, verify: Optional[SpecVerify] = None,
+                           blocks: Optional[ExtendBlocks] = None) -> torch.Tensor:
     """``q [T, Hq, D]`` -> ``[T, Hq, D]`` (q's dtype unless ``out`` is given). Keys: ``kv_indptr`` / ``kv_indices``
     (CSR) or ``page_table`` / ``seq_lens`` / ``page_size`` (read by the kernel directly). Reads ``qo_indptr`` and
     the key counts on the host to lay out the grid (extend is not graph-captured); ``validate`` also range-checks
     the slots or the page ids the kernel reads, before anything is launched. ``verify``: a speculative verify step
-    (its query rows the drafts of one tree per request; CSR keys only)."""
+    (its query rows the drafts of one tree per request; CSR keys only). ``blocks`` (``extend_blocks`` of the same
+    ``qo_indptr``, e.g. made once per step): nothing is read back, the offsets and key counts having been checked by
+    the caller (``step_plans.check_extend_keys``); not with ``validate`` or ``verify``."""
     if params is None or qo_indptr is None:
         raise TypeError("paged_extend_attention needs qo_indptr and params")
+    if blocks is not None:
+        return _extend_with_blocks(q, kv, kv_indptr, kv_indices, qo_indptr, params, page_table, seq_lens, page_size,
+                                   out, block_rows, block_n, validate, verify, blocks)
     if verify is not None:
         if not isinstance(verify, SpecVerify):
             raise TypeError(f"verify must be None or a SpecVerify, got {type(verify).__name__}")
@@ -307,5 +349,41 @@ def paged_extend_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: Optional[tor
     tree = (verify.tree_mask.to(q.device).view(torch.uint8), verify.mask_indptr.to(q.device, torch.int64),
             verify.depths.to(q.device, torch.int64)) if verify is not None else None
     _launch((len(reqs), kv.num_kv_heads), q, kv, keys, qo_indptr, (block_req, block_row), params, out, tree,
+            group=group, block_r=block_r, block_m=block_m, block_n=block_n, table=table, kv_page=kv_page)
+    return out
+
+
+def _extend_with_blocks(q, kv, kv_indptr, kv_indices, qo_indptr, params, page_table, seq_lens, page_size, out,
+                        block_rows, block_n, validate, verify, blocks: ExtendBlocks) -> torch.Tensor:
+    """``paged_extend_attention`` over a precomputed grid: shapes, dtypes and devices checked, no value read."""
+    if not isinstance(blocks, ExtendBlocks):
+        raise TypeError(f"blocks must be None or an ExtendBlocks, got {type(blocks).__name__}")
+    if validate or verify is not None:
+        raise ValueError("blocks is for a step whose keys were checked (validate=False), without verify")
+    check_query_and_pool(q, kv, params, out)
+    _check_block_sizes(block_rows, block_n)
+    check_index_tensor("qo_indptr", qo_indptr, q.device)
+    batch = qo_indptr.numel() - 1
+    if batch < 1:
+        raise ValueError(f"qo_indptr must have batch + 1 >= 2 entries, got {qo_indptr.numel()}")
+    table = check_kv_map(batch, kv, q.device, kv_indptr, kv_indices, page_table, seq_lens, page_size)
+    group, block_r, block_m = _row_blocks(q, kv, block_rows)
+    if blocks.block_m != block_m:
+        raise ValueError(f"blocks were laid out {blocks.block_m} rows per program; this layer's heads "
+                         f"({q.shape[1]} over {kv.num_kv_heads}) take {block_m}")
+    for name, t in (("blocks.block_req", blocks.block_req), ("blocks.block_row", blocks.block_row)):
+        if t.device != q.device or t.dtype != torch.int32 or t.dim() != 1:
+            raise ValueError(f"{name} must be a 1-D int32 tensor on {q.device}, got {t.dtype} {tuple(t.shape)} on "
+                             f"{t.device}")
+    if out is None:
+        out = torch.empty_like(q)
+    n = blocks.block_req.numel()
+    if not n:
+        return out
+    if table:
+        keys, kv_page = (seq_lens, page_table, page_table.stride(0)), page_size
+    else:
+        keys, kv_page = (kv_indptr, kv_indices, 0), 0
+    _launch((n, kv.num_kv_heads), q, kv, keys, qo_indptr, (blocks.block_req, blocks.block_row), params, out, None,
             group=group, block_r=block_r, block_m=block_m, block_n=block_n, table=table, kv_page=kv_page)
     return out

@@ -214,8 +214,13 @@ class TritonRoute:
             elif why not in self._extend_notes:
                 self._extend_notes.add(why)
                 logger.info("inkling: extend: the Triton kernel for layers with %s", why)
+        blocks = None
+        if plans is not None:  # the step's grid, laid out once for its layers of this head grouping
+            blocks = plans.value(("extend blocks", qo_indptr.data_ptr(), qo_indptr.numel(), q.shape[1],
+                                  kv.num_kv_heads),
+                                 lambda: self.kernels.extend_blocks(qo_indptr, q.shape[1], kv.num_kv_heads))
         return self.kernels.paged_extend_attention(q, kv, rails.indptr, rails.indices, qo_indptr, params,
-                                                   validate=False)
+                                                   validate=False, blocks=blocks)
 
 
     @staticmethod

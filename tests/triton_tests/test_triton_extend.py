@@ -115,3 +115,48 @@ def test_extend_rejects_bad_input():
         paged_extend_attention(q, pool, kv_indptr, kv_indices, qo, AttentionParams(0.1, rel_bias=torch.zeros(2, 8, 4)))
     with pytest.raises(TypeError, match="qo_indptr"):
         paged_extend_attention(q, pool, kv_indptr, kv_indices, qo.float(), p)
+
+
+def test_a_steps_blocks_give_the_same_bytes_and_are_laid_out_once_per_step(monkeypatch):
+    """``extend_blocks`` (the grid read from qo_indptr once) gives the per-call layout's bytes; through
+    TritonRoute.extend with the step's plans it is made once for layers of one head grouping and again for another,
+    and a call then reads nothing back. Blocks of another grouping, or with validate/verify, are refused."""
+    from sglang_inkling_backend import triton as kernels
+    from sglang_inkling_backend.rails import KVRails
+    from sglang_inkling_backend.step_plans import DecodePlanCache
+    from sglang_inkling_backend.triton.route import TritonRoute
+
+    gen = torch.Generator().manual_seed(31)
+    hq, hkv, d = 8, 2, 64
+    pool = make_pool("mxfp8", hkv, d, 256, gen)
+    qo, kv_indptr, kv_indices = make_batch([5, 1, 20], [0, 70, 50], pool.num_slots, gen)
+    qo, kv_indptr, kv_indices = qo.long(), kv_indptr.long(), kv_indices.long()
+    t = int(qo[-1])
+    q = torch.randn(t, hq, d, generator=gen).bfloat16().to(DEV)
+    params = MODES["inkling-local"](t, hq, d, gen)
+    want = paged_extend_attention(q, pool, kv_indptr, kv_indices, qo, params)
+    blocks = kernels.extend_blocks(qo, hq, hkv)
+    assert blocks.block_m == 16 and blocks.block_req.tolist() == [0, 1, 2, 2]
+    assert blocks.block_row.tolist() == [0, 5, 6, 22]
+    assert torch.equal(paged_extend_attention(q, pool, kv_indptr, kv_indices, qo, params, validate=False,
+                                              blocks=blocks), want)
+    made = []
+    real = kernels.extend_blocks
+    monkeypatch.setattr(kernels, "extend_blocks", lambda *a, **k: made.append(a) or real(*a, **k))
+    route, plans = TritonRoute(kernels), DecodePlanCache()
+    rails = KVRails(kv_indptr, kv_indices)
+    wide_q = torch.randn(t, 2 * hq, d, generator=gen).bfloat16().to(DEV)
+    wide = AttentionParams(1.0 / d, window=24, rel_bias=torch.randn(t, 2 * hq, 24, generator=gen).to(DEV))
+    for _ in range(2):
+        assert torch.equal(route.extend(q, pool, rails, qo, params, plans=plans), want)
+        route.extend(wide_q, pool, rails, qo, wide, plans=plans)
+    assert len(made) == 2  # one per head grouping (G 4 and 8), for four layers
+    monkeypatch.undo()
+    for kwargs, err, match in (({"blocks": kernels.extend_blocks(qo, 2 * hq, hkv)}, ValueError,
+                                r"blocks were laid out 8 rows per program; this layer's heads \(8 over 2\) take 16"),
+                               ({"blocks": blocks, "validate": True}, ValueError, "validate=False"),
+                               ({"blocks": (blocks.block_req, blocks.block_row)}, TypeError,
+                                "blocks must be None or an ExtendBlocks")):
+        kwargs.setdefault("validate", False)
+        with pytest.raises(err, match=match):
+            paged_extend_attention(q, pool, kv_indptr, kv_indices, qo, params, **kwargs)
