@@ -84,6 +84,26 @@ def tolerance(kernel=None):
 SHAPES = [("inkling-tp4", 16, 2, 128), ("gqa8-tp1", 64, 8, 128), ("gemma3-270m", 4, 1, 256)]
 BATCHES = [1, 8, 32, 128]
 CTXS = [1024, 4096, 16384, 32768]
+# Shapes users serve off the grid (Hq/Hkv/D per rank), for --points: issue #34's table, one point each
+# (--points issue34).
+MORE_SHAPES = [("qwen2.5-7b", 28, 4, 128), ("qwen2.5-32b", 40, 8, 128), ("llama3-70b-tp8", 8, 1, 128),
+               ("llama3-8b", 32, 8, 128), ("gemma2-9b", 16, 8, 256), ("qwen3-235b-gqa16", 64, 4, 128)]
+POINT_SETS = {"issue34": "qwen2.5-7b:64:8192,qwen2.5-32b:16:65536,llama3-70b-tp8:96:16384,llama3-8b:48:24576,"
+                         "gqa8-tp1:256:4096,inkling-tp4:1:131072,gemma2-9b:32:16384,qwen3-235b-gqa16:32:32768"}
+
+
+def grid_points(spec: str) -> list:
+    """``--points``: ``shape:B:ctx,...`` with a name of SHAPES or MORE_SHAPES, or a name of POINT_SETS."""
+    spec = POINT_SETS.get(spec, spec)
+    by_name = {s[0]: s for s in SHAPES + MORE_SHAPES}
+    grid = []
+    for point in spec.split(","):
+        parts = point.split(":")
+        if len(parts) != 3 or parts[0] not in by_name:
+            raise ValueError(f"--points: {point!r} is not shape:B:ctx with a shape of {sorted(by_name)} (or one of "
+                             f"{sorted(POINT_SETS)})")
+        grid.append((by_name[parts[0]], int(parts[1]), int(parts[2])))
+    return grid
 
 
 def bench(fn, warm=5, rep=30):
@@ -270,8 +290,8 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "bench/results/current"))
     ap.add_argument("--no-grid", action="store_true")
     ap.add_argument("--quick", action="store_true", help="a few grid points only")
-    ap.add_argument("--points", help="these grid points only: 'shape:B:ctx,...' with a SHAPES name, e.g. "
-                    "'inkling-tp4:128:32768,gqa8-tp1:32:16384'")
+    ap.add_argument("--points", help="these points only: 'shape:B:ctx,...' with a name of SHAPES or MORE_SHAPES, "
+                    "e.g. 'inkling-tp4:128:32768,gqa8-tp1:32:16384', or a name of POINT_SETS ('issue34')")
     ap.add_argument("--table", metavar="JSON", help="print the table of a run's JSON (no GPU): each row's check is "
                     "re-applied with tolerance(kernel) to its recorded rel_err")
     args = ap.parse_args()
@@ -312,8 +332,7 @@ def main():
     if args.quick:
         grid = [(SHAPES[0], 1, 1024), (SHAPES[0], 128, 32768), (SHAPES[1], 32, 16384), (SHAPES[2], 8, 32768)]
     if args.points:
-        by_name = {s[0]: s for s in SHAPES}
-        grid = [(by_name[n], int(b), int(c)) for n, b, c in (p.split(":") for p in args.points.split(","))]
+        grid = grid_points(args.points)
     if args.no_grid:
         grid = []
     ws = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=dev) if flashinfer else None

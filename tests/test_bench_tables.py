@@ -51,3 +51,14 @@ def test_the_table_re_applies_the_tolerance_and_gives_each_peer_its_ratio_range(
     assert peers["flashinfer_fp8"] == ["-", "-", "2.00e-01", "0/1"]
     point = next(line for line in out.splitlines() if line.startswith("gqa8-tp1      128  32768"))
     assert "flashinfer_xqa_fp8" in point and "0.70" in point  # the wrong fp8 row (0.5 ms) did not set the bar
+
+
+def test_points_name_the_off_grid_shapes_and_the_issue_table_and_refuse_unknown_names():
+    bd = _bench_decode()
+    grid = bd.grid_points("issue34")
+    assert [(s[1:], b, c) for s, b, c in grid] == [
+        ((28, 4, 128), 64, 8192), ((40, 8, 128), 16, 65536), ((8, 1, 128), 96, 16384), ((32, 8, 128), 48, 24576),
+        ((64, 8, 128), 256, 4096), ((16, 2, 128), 1, 131072), ((16, 8, 256), 32, 16384), ((64, 4, 128), 32, 32768)]
+    assert bd.grid_points("gemma3-270m:8:1024") == [(("gemma3-270m", 4, 1, 256), 8, 1024)]
+    with pytest.raises(ValueError, match="'nope:1:1' is not shape:B:ctx"):
+        bd.grid_points("gqa8-tp1:1:1024,nope:1:1")
