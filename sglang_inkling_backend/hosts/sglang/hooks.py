@@ -117,7 +117,8 @@ def handle_attention_backend_compatibility(server_args: Any, previous: Callable[
         # The target's decode graph runner captures TARGET_VERIFY batches; the backend builds their metadata in
         # graph buffers (VerifyGraphBuffers), opt-in until measured on a GPU through the real server.
         logger.warning("inkling: decode CUDA graphs disabled with --speculative-algorithm %s: verify steps run "
-                       "eagerly (%s=1 captures them)", cfg.speculative_algorithm, VERIFY_GRAPHS_ENV)
+                       "eagerly (%s=1 captures them where the Triton route serves)", cfg.speculative_algorithm,
+                       VERIFY_GRAPHS_ENV)
         graph_config = with_phase(graph_config, Phase.DECODE, backend=Backend.DISABLED)
     elif decode and cfg.speculative_algorithm is not None:
         logger.warning("inkling: %s=1: the target's verify steps run under CUDA graphs (--speculative-algorithm %s)",
