@@ -51,9 +51,10 @@ PLAN_OPTIONS = json.loads(os.environ.get("DECODE_PLAN_OPTIONS", "{}") or "{}")
 # GPU_CHECKS_HOPPER_CONSTEXPRS='{"HEADS_ONCE": true}': the Gluon Hopper kernel's variant constexprs for every launch
 # of it (decode_hopper.EXTRA_CONSTEXPRS, as bench_decode.py's BENCH_HOPPER_VARIANTS)
 HOPPER_CONSTEXPRS = json.loads(os.environ.get("GPU_CHECKS_HOPPER_CONSTEXPRS", "{}") or "{}")
-# GPU_CHECKS_DECODE_SHAPES='8/8/128,32/2/128': the decode checks' (Hq/Hkv/D) shapes instead of the three defaults
+# GPU_CHECKS_DECODE_SHAPES='8/8/128,32/2/128': the decode checks' (Hq/Hkv/D) shapes instead of the four defaults
+# (GQA 8, 32, 4 and 16: the Hopper kernel splits a group past 8 heads across programs, plan.hopper_head_split)
 DECODE_SHAPES = [tuple(int(x) for x in s.split("/")) for s in
-                 (os.environ.get("GPU_CHECKS_DECODE_SHAPES") or "16/2/128,64/8/128,4/1/256").split(",")]
+                 (os.environ.get("GPU_CHECKS_DECODE_SHAPES") or "16/2/128,64/8/128,4/1/256,64/4/128").split(",")]
 RESULTS = []
 
 

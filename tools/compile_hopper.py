@@ -36,7 +36,7 @@ def _executable_tools():
 
 
 def compile_hopper(D=128, G=8, block_n=128, stages=3, one_p=False, flags=(), maxnreg=None, hkv=2,
-                   page_table=True, extra=None):
+                   page_table=True, extra=None, head_split=1):
     """The compiled kernel (``triton.compile``'s result) for one configuration, specialized like a launch."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -54,7 +54,7 @@ def compile_hopper(D=128, G=8, block_n=128, stages=3, one_p=False, flags=(), max
              "out_ptr": "*bf16", "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "sm_scale": "fp32",
              "logit_cap": "fp32"}
     consts = dict(G=G, G_PAD=g_pad, D=D, HKV=hkv, NUM_STAGES=stages, BLOCK_N=block_n, ONE_P=one_p,
-                  PAGE_TABLE=page_table, **{f: f in flags for f in FLAGS}, **(extra or {}))
+                  PAGE_TABLE=page_table, HEAD_SPLIT=head_split, **{f: f in flags for f in FLAGS}, **(extra or {}))
     sig, attrs = launch_signature(fn, types, consts)
     options = {"num_warps": decode_hopper.HOPPER_NUM_WARPS}
     if maxnreg:
@@ -87,6 +87,7 @@ def main():
     ap.add_argument("--stages", type=int, default=3)
     ap.add_argument("--one-p", action="store_true", help="one P' buffer (the 2-stage variant's layout)")
     ap.add_argument("--maxnreg", type=int)
+    ap.add_argument("--head-split", type=int, default=1, help="programs per KV head (G heads each, GQA G x this)")
     ap.add_argument("--csr", action="store_true", help="a CSR of whole pages instead of a page table")
     ap.add_argument("--all-flags", action="store_true", help="rel bias, window, cap, sinks, one split")
     ap.add_argument("--constexpr", action="append", default=[], metavar="NAME=0|1",
@@ -95,7 +96,7 @@ def main():
     ap.add_argument("--ttgir", help="write TTGIR here")
     a = ap.parse_args()
     k = compile_hopper(a.D, a.G, a.block_n, a.stages, a.one_p, FLAGS if a.all_flags else (), a.maxnreg,
-                       page_table=not a.csr,
+                       page_table=not a.csr, head_split=a.head_split,
                        extra={n: bool(int(v)) for n, v in (c.split("=") for c in a.constexpr)})
     print(json.dumps(report(k)))
     if a.ttgir:

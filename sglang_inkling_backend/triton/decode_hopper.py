@@ -33,6 +33,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                    warpgroup_mma_wait)
 
 from ..scale_layout import INTERLEAVED_PAGE_SIZE
+from .plan import hopper_head_split
 from .device import decode_logits, fold_sinks, log2e, q_power_of_two_norm, request_split_len
 
 HOPPER_PAGE = gl.constexpr(INTERLEAVED_PAGE_SIZE)  # its tiles are an MXFP8 pool's pages, scales interleaved per page
@@ -193,15 +194,16 @@ def decode_hopper_kernel(
     G: gl.constexpr, G_PAD: gl.constexpr, D: gl.constexpr, HKV: gl.constexpr,
     HAS_REL_BIAS: gl.constexpr, HAS_WINDOW: gl.constexpr, HAS_CAP: gl.constexpr, HAS_SINKS: gl.constexpr,
     DIRECT: gl.constexpr, NUM_STAGES: gl.constexpr, BLOCK_N: gl.constexpr, ONE_P: gl.constexpr = False,
-    PAGE_TABLE: gl.constexpr = True, SLOTS_AHEAD: gl.constexpr = True,
+    PAGE_TABLE: gl.constexpr = True, SLOTS_AHEAD: gl.constexpr = True, HEAD_SPLIT: gl.constexpr = 1,
 ):
     PAGE: gl.constexpr = HOPPER_PAGE
     NB: gl.constexpr = D // 32
     NH: gl.constexpr = D // 64
     N2: gl.constexpr = 2 * G_PAD
     b = gl.program_id(0)
-    h = gl.program_id(1)
+    h = gl.program_id(1)  # the program's G query heads: h * G ..; they read KV head kvh
     split = gl.program_id(2)
+    kvh = h // HEAD_SPLIT  # HEAD_SPLIT programs share a KV head whose group is larger than one program's G
 
     # the split's keys: device.split_bounds with page-aligned tiles; lens_ptr: seq_lens (PAGE_TABLE) or kv_indptr
     if PAGE_TABLE:
@@ -238,7 +240,7 @@ def decode_hopper_kernel(
     bars = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(NUM_STAGES):
         mbarrier.init(bars.index(s), count=1)
-    col0 = h * D
+    col0 = kvh * D
     for s in gl.static_range(NUM_STAGES - 1):
         if s < n_tiles:
             slot = tile_slot(row_ptr, tok_begin + s * BLOCK_N, PAGE, PAGE_TABLE)
@@ -298,7 +300,7 @@ def decode_hopper_kernel(
         units = units + (gl.full([N2], 1, gl.int32, layout=cols),)  # per column: its block's V unit
 
     # scale bytes: one page's per key as words of (up to) 4 blocks, the first page now, then one page ahead
-    sf_offs = tile_scale_offsets(tile_slot(row_ptr, tok_begin, PAGE, PAGE_TABLE), offs_t, h, HKV, NB, PAGE)
+    sf_offs = tile_scale_offsets(tile_slot(row_ptr, tok_begin, PAGE, PAGE_TABLE), offs_t, kvh, HKV, NB, PAGE)
     k_sf = load_scale_words(ksf_ptr, sf_offs, NB)
     v_sf = load_scale_words(vsf_ptr, sf_offs, NB)
 
@@ -330,7 +332,7 @@ def decode_hopper_kernel(
             nslot = slot_1
         else:
             nslot = tile_slot(row_ptr, tok_begin + gl.minimum(i + 1, last) * BLOCK_N, PAGE, PAGE_TABLE)
-        nsf_offs = tile_scale_offsets(nslot, offs_t, h, HKV, NB, PAGE)
+        nsf_offs = tile_scale_offsets(nslot, offs_t, kvh, HKV, NB, PAGE)
         nk_sf = load_scale_words(ksf_ptr, nsf_offs, NB)
         nv_sf = load_scale_words(vsf_ptr, nsf_offs, NB)
 
@@ -421,7 +423,7 @@ def decode_hopper_kernel(
     offs_r = gl.arange(0, 64, layout=rows)
     own = gl.expand_dims(offs_r >= 32, 1) == right  # the columns of each row's own block
     store_mask = own & gl.expand_dims(mask_g, 0)
-    part_row = (b * (HKV * G) + heads).to(gl.int64) * max_splits + split
+    part_row = (b * (HKV * HEAD_SPLIT * G) + heads).to(gl.int64) * max_splits + split
     for m in gl.static_range(NH):
         o = accs[m] * gl.expand_dims(o_scale * e8m0(units[m]), 0)
         chan = 64 * m + gl.expand_dims(vt_channel(offs_r), 1)
@@ -458,11 +460,12 @@ def launch_decode_hopper(plan, q, kv, params, out, lens, index, stride_index_row
 
     batch, hq, d = q.shape
     hkv = kv.num_kv_heads
-    group = hq // hkv
+    head_split = hopper_head_split(hq // hkv)
+    group = hq // hkv // head_split
     k_map, v_map = hopper_tensor_maps(kv, d, plan.block_n)
     rb = params.rel_bias
     direct = plan.num_splits == 1
-    decode_hopper_kernel[(batch, hkv, plan.num_splits)](
+    decode_hopper_kernel[(batch, hkv * head_split, plan.num_splits)](
         q, k_map, v_map, sf[0], sf[1],
         lens, index, stride_index_row,
         rb if rb is not None else dummy, params.sinks if params.sinks is not None else dummy,
@@ -477,7 +480,7 @@ def launch_decode_hopper(plan, q, kv, params, out, lens, index, stride_index_row
         G=group, G_PAD=max(8, triton.next_power_of_2(group)), D=d, HKV=hkv,
         HAS_REL_BIAS=rb is not None, HAS_WINDOW=params.window is not None, HAS_CAP=params.logit_cap > 0,
         HAS_SINKS=params.sinks is not None, DIRECT=direct, NUM_STAGES=plan.num_stages, BLOCK_N=plan.block_n,
-        PAGE_TABLE=table,
+        PAGE_TABLE=table, HEAD_SPLIT=head_split,
         num_warps=HOPPER_NUM_WARPS, **_launch_options(plan),
     )
 

@@ -257,6 +257,16 @@ def hopper_decode_status(device) -> tuple[bool, str]:
     return _hopper_status[key]
 
 
+HOPPER_MAX_GROUP = 8  # query heads per Hopper program: 16 on the MMA's N side spill (255 registers + 200 B of
+# stack, tools/compile_hopper.py --G 16), 8 do not
+
+
+def hopper_head_split(group: int) -> int:
+    """The Hopper kernel's programs per KV head: the fewest that divide its ``group`` query heads into at most
+    ``HOPPER_MAX_GROUP`` each (GQA 16: 2 programs of 8 heads, each reading the KV head's pages)."""
+    return next(s for s in range(1, group + 1) if group % s == 0 and group // s <= HOPPER_MAX_GROUP)
+
+
 def hopper_decode_fits(batch: int, num_q_heads: int, num_kv_heads: int, head_dim: int, max_keys: int) -> bool:
     """The shapes where the Hopper kernel beat the Triton block kernel on the H200 grid (``HOPPER_MIN_*``)."""
     return (head_dim == 128 and num_q_heads // num_kv_heads <= 8 and max_keys >= HOPPER_MIN_KEYS
@@ -451,7 +461,9 @@ def plan_decode(batch: Union[int, torch.Tensor], *, num_q_heads: int, num_kv_hea
         max_keys += block_n - 1  # page-aligned tiles start up to block_n - 1 keys before the window
     num_splits = config.num_splits
     if num_splits is None:
-        num_splits = choose_num_splits(batch, num_kv_heads, max_keys, num_sms(device), block_n,
+        programs_per_request = num_kv_heads * (hopper_head_split(num_q_heads // num_kv_heads)
+                                               if kernel == "hopper" else 1)
+        num_splits = choose_num_splits(batch, programs_per_request, max_keys, num_sms(device), block_n,
                                        waves=waves, min_split=min_split, resident=resident)
     _positive_int("num_splits", num_splits)
     split_len = triton.cdiv(triton.cdiv(max_keys, num_splits), block_n) * block_n

@@ -124,6 +124,21 @@ def compile_report(**args):
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
+def test_a_group_past_eight_heads_is_split_across_programs_of_a_kv_head(monkeypatch):
+    """GQA 16 (and 12, 9) on the Hopper kernel: programs of at most 8 query heads (16 on one program spill), so a
+    KV head gets 2 (or 3) programs and the splits are planned for that many programs per request; GQA <= 8 keeps one.
+    The route still picks the kernel only where the H200 grid measured it faster (GQA <= 8)."""
+    split = plan_mod.hopper_head_split
+    assert [split(g) for g in (1, 4, 8, 9, 12, 16, 32)] == [1, 1, 1, 3, 2, 2, 4]
+    monkeypatch.setattr(plan_mod, "hopper_decode_status", lambda device: (True, "a test's sm_90"))
+    gqa16 = dict(BIG, num_q_heads=64, num_kv_heads=4)
+    assert plan_decode(32, kv_format="mxfp8", **gqa16).kernel == "blocks"  # not measured: not picked
+    forced = plan_decode(8, kv_format="mxfp8", config=DecodeConfig(kernel="hopper"), **gqa16)
+    same_pairs = plan_decode(8, kv_format="mxfp8", config=DecodeConfig(kernel="hopper"),
+                             **dict(BIG, num_q_heads=64, num_kv_heads=8))
+    assert forced.kernel == "hopper" and forced.num_splits == same_pairs.num_splits  # 8 x 4 x 2 = 8 x 8 programs
+
+
 @pytest.mark.parametrize("d, g, flags, csr, mmas", [(128, 8, False, False, 16), (64, 1, True, True, 8)])
 def test_kernel_compiles_for_sm90(d, g, flags, csr, mmas):
     """The installed Triton builds the kernel for sm_90a with the structure its docstring describes: per page, one
@@ -138,3 +153,16 @@ def test_kernel_compiles_for_sm90(d, g, flags, csr, mmas):
     assert rep["wgmma_e4m3"] == (d // 32) * 2 * 2 and rep["wgmma_f16"] == (d // 64) * (128 // 16)
     assert rep["tma_loads"] == 6 and rep["stack"] == 0
     assert rep["shared"] <= 232448  # an H100/H200 SM's 227 KiB
+
+
+def test_the_head_split_kernel_compiles_without_spills():
+    """GQA 16 as two programs of 8 heads per KV head compiles as the 8-head kernel does (no stack), where 16 heads on
+    one program do not fit (255 registers and a stack)."""
+    try:
+        importlib.util.find_spec("triton.experimental.gluon")
+    except Exception as err:  # noqa: BLE001
+        pytest.skip(f"no Gluon: {err}")
+    split = compile_report(G=8, **{"head-split": 2, "all-flags": True})
+    assert split["stack"] == 0 and split["regs"] <= 232 and split["wgmma_e4m3"] == 16
+    whole = compile_report(G=16)
+    assert whole["stack"] > 0 or whole["regs"] >= 255
