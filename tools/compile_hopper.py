@@ -36,7 +36,7 @@ def _executable_tools():
 
 
 def compile_hopper(D=128, G=8, block_n=128, stages=3, one_p=False, flags=(), maxnreg=None, hkv=2,
-                   page_table=True, extra=None, head_split=1):
+                   page_table=True, extra=None, head_split=1, g_pad=None):
     """The compiled kernel (``triton.compile``'s result) for one configuration, specialized like a launch."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -45,7 +45,7 @@ def compile_hopper(D=128, G=8, block_n=128, stages=3, one_p=False, flags=(), max
     from tools.compile_sm90 import launch_signature
 
     _executable_tools()
-    g_pad = max(8, triton.next_power_of_2(G))
+    g_pad = g_pad or max(8, triton.next_power_of_2(G))
     layout = gl.NVMMASharedLayout.get_default_for([block_n, D], gl.float8e4nv)
     desc = f"tensordesc<fp8e4nv[{block_n}, {D}],{layout!r}>"
     fn = decode_hopper.decode_hopper_kernel
@@ -88,6 +88,7 @@ def main():
     ap.add_argument("--one-p", action="store_true", help="one P' buffer (the 2-stage variant's layout)")
     ap.add_argument("--maxnreg", type=int)
     ap.add_argument("--head-split", type=int, default=1, help="programs per KV head (G heads each, GQA G x this)")
+    ap.add_argument("--g-pad", type=int, help="heads on the MMA's N side (default max(8, next power of 2 of G))")
     ap.add_argument("--csr", action="store_true", help="a CSR of whole pages instead of a page table")
     ap.add_argument("--all-flags", action="store_true", help="rel bias, window, cap, sinks, one split")
     ap.add_argument("--constexpr", action="append", default=[], metavar="NAME=0|1",
@@ -96,7 +97,7 @@ def main():
     ap.add_argument("--ttgir", help="write TTGIR here")
     a = ap.parse_args()
     k = compile_hopper(a.D, a.G, a.block_n, a.stages, a.one_p, FLAGS if a.all_flags else (), a.maxnreg,
-                       page_table=not a.csr, head_split=a.head_split,
+                       page_table=not a.csr, head_split=a.head_split, g_pad=a.g_pad,
                        extra={n: bool(int(v)) for n, v in (c.split("=") for c in a.constexpr)})
     print(json.dumps(report(k)))
     if a.ttgir:
