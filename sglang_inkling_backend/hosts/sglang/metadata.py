@@ -272,7 +272,7 @@ class VerifyGraphBuffers:
       pool), ``max_bs * max_context_len`` int64 slots, and one rail per window over its last ``w + D - 1`` keys;
     - ``swa_out_cache_loc`` ``[max_bs * D]`` on a hybrid SWA pool.
 
-    The drafts' keys are read from the pool (stored by the step's first statement, as at every verify step)."""
+    The drafts' keys are read from the pool, where each layer stores them before it attends."""
 
     def __init__(self, max_bs: int, draft_len: int, max_context_len: int, windows: Iterable[int], device, *,
                  swa: bool):
