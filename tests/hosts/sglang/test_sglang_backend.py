@@ -473,17 +473,31 @@ def speculative_runner(h):
     return h
 
 
-def verify_replay_view(fb, max_bs, runner_out_cache_loc=True):
-    """SGLang's verify-graph view of a live TARGET_VERIFY batch ``fb`` padded to ``max_bs`` rows (request row 0,
-    seq_len 1, positions 0; the out_cache_loc buffer the graph was captured on: the real rows, then slot 0)."""
-    d, pad = fb.spec_info.draft_token_num, max_bs - fb.batch_size
-    seq = torch.cat([fb.seq_lens, torch.ones(pad, dtype=torch.int64)])
-    loc = torch.cat([fb.out_cache_loc, torch.zeros(pad * d, dtype=torch.int64)])
-    rows = torch.cat([fb.req_pool_indices, torch.zeros(pad, dtype=torch.int64)])
-    positions = torch.cat([fb.spec_info.positions, torch.zeros(pad * d, dtype=torch.int64)])
-    return SimpleNamespace(**{**vars(fb), "batch_size": max_bs, "num_padding": pad, "seq_lens": seq,
-                              "seq_lens_cpu": seq.clone(), "req_pool_indices": rows, "positions": positions,
-                              "out_cache_loc": loc if runner_out_cache_loc else fb.out_cache_loc})
+def verify_replay_view(fb, max_bs):
+    """SGLang's verify-graph replay of a live TARGET_VERIFY batch ``fb`` padded to ``max_bs`` rows: the runner's
+    buffers filled as its padding policy fills them (request row 0, seq_len 1, positions and write slots 0 past the
+    real rows), then ``(view, captured)``: the view SGLang's own ``build_replay_fb_view`` hands the backend's
+    metadata (the live out_cache_loc and spec_info), and the batch the graph's layers ran on at capture (the
+    out_cache_loc buffer), for replaying the layers here."""
+    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import build_replay_fb_view
+
+    d, raw = fb.spec_info.draft_token_num, fb.batch_size
+    pad = max_bs - raw
+    buffers = SimpleNamespace(
+        input_ids=torch.zeros(max_bs * d, dtype=torch.int64),
+        positions=torch.cat([fb.spec_info.positions, torch.zeros(pad * d, dtype=torch.int64)]),
+        req_pool_indices=torch.cat([fb.req_pool_indices, torch.zeros(pad, dtype=torch.int64)]),
+        seq_lens=torch.cat([fb.seq_lens, torch.ones(pad, dtype=torch.int64)]),
+        seq_lens_cpu=torch.cat([fb.seq_lens_cpu, torch.ones(pad, dtype=torch.int64)]),
+        out_cache_loc=torch.cat([fb.out_cache_loc, torch.zeros(pad * d, dtype=torch.int64)]),
+        encoder_lens=None, mamba_track_indices=None)
+    live = SimpleNamespace(**vars(fb), max_seq_len_host=None, out_cache_loc_virtual=None, kv_loc_plan=None,
+                           kv_loc_cols=None, max_seq_len_override=None, lora_ids=None,
+                           can_run_decode_cuda_graph=True)
+    view = build_replay_fb_view(live, buffers, bs=max_bs, raw_bs=raw, num_tokens=max_bs * d,
+                                global_num_tokens_cpu=None, seq_len_fill_value=1,
+                                capture_forward_mode=ForwardMode.TARGET_VERIFY, is_encoder_decoder=False)
+    return view, SimpleNamespace(**{**vars(view), "out_cache_loc": buffers.out_cache_loc})
 
 
 def verify_capture_batch(max_bs, d, context):
@@ -548,14 +562,14 @@ def test_verify_graph_metadata_gives_the_eager_verify_steps_bytes(fmt):
             mask.buffer.fill_(True)
             mask.buffer[:len(rows) * d * d].copy_(torch.cat([m.reshape(-1) for m, _ in trees]))
             fb.spec_info.custom_mask = mask.buffer
-        view = verify_replay_view(fb, max_bs)
+        view, captured = verify_replay_view(fb, max_bs)
         for layer in layers:  # each layer eagerly (a batch past max_bs), then as the graph runs it
             q, k, v = h.qkv(fb, layer)
             ours.init_forward_metadata(fb)
             want = ours.forward(q, k, v, layer, fb)
             ours.init_forward_metadata_out_graph(view)
             assert [t.data_ptr() for t in ours._verify_buffers.tensors()] == addresses
-            got = ours.forward(padded_rows(q, d), padded_rows(k, d), padded_rows(v, d), layer, view)
+            got = ours.forward(padded_rows(q, d), padded_rows(k, d), padded_rows(v, d), layer, captured)
             assert torch.equal(got[:len(rows) * d], want), (source, layer.layer_id)
             dense = dense_verify(h, fb, layer, q, k, v, trees, round_trip)
             worst = max(worst, float((want.float() - dense).abs().max()))
@@ -594,7 +608,8 @@ def test_verify_graph_on_a_hybrid_swa_pool_writes_and_reads_the_drafts_in_the_sw
     trees = [random_tree(d, h.gen) for _ in rows]
     fb = target_verify_batch(h, rows, d, trees, full_layout=True)
     mapping[fb.out_cache_loc] = size - fb.out_cache_loc
-    view = verify_replay_view(fb, max_bs)
+    view, captured = verify_replay_view(fb, max_bs)
+    assert view.out_cache_loc.numel() == len(rows) * d  # SGLang's view: the real rows' write slots only
     swa_k = ours.token_to_kv_pool.swa_kv_pool.get_key_buffer(0)
     for layer in layers:
         q, k, v = h.qkv(fb, layer)
@@ -603,7 +618,7 @@ def test_verify_graph_on_a_hybrid_swa_pool_writes_and_reads_the_drafts_in_the_sw
         ours.init_forward_metadata_out_graph(view)
         assert ours.forward_metadata.swa_out_cache_loc.tolist() == (size - fb.out_cache_loc).tolist() + [0] * d
         swa_k[size - fb.out_cache_loc] = 0  # the graph's store must write them again
-        got = ours.forward(padded_rows(q, d), padded_rows(k, d), padded_rows(v, d), layer, view)
+        got = ours.forward(padded_rows(q, d), padded_rows(k, d), padded_rows(v, d), layer, captured)
         assert torch.equal(got[:len(rows) * d], want), layer.layer_id
         if layer.layer_id == 0:
             assert torch.equal(swa_k[size - fb.out_cache_loc], k)
