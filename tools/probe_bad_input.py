@@ -2061,6 +2061,95 @@ def define_sglang_forward_cases():
 # ---------------------------------------------------------------------------------------------------------------
 # Running and classifying
 # ---------------------------------------------------------------------------------------------------------------
+def define_verify_graph_cases():
+    """A verify step's graph metadata (``SpecVerify.uniform``, ``VerifyGraphBuffers``) and the Triton extend's
+    step grid (``extend_blocks``): bad input refused naming it, the graph buffers untouched."""
+    torch = _torch()
+    from sglang_inkling_backend.attention_inputs import SpecVerify
+    from sglang_inkling_backend.hosts.sglang.metadata import VerifyGraphBuffers
+    S = "core.attention_inputs"
+    d, b = 3, 2
+    T = torch.tensor
+
+    def uniform(mask=None, ptr=None, depths=None, draft=d, batch=b):
+        return lambda: SpecVerify.uniform(torch.ones(b * d * d, dtype=torch.bool) if mask is None else mask(),
+                                          torch.arange(b + 1) * d * d if ptr is None else ptr(),
+                                          torch.zeros(b * d, dtype=torch.int64) if depths is None else depths(),
+                                          draft, batch).draft_lens
+
+    for tag, fn, names, kind in (
+            ("valid", uniform(), (), "control"),
+            ("mask_uint8", uniform(mask=lambda: torch.ones(b * d * d, dtype=torch.uint8)), "tree_mask", "bad"),
+            ("mask_short", uniform(mask=lambda: torch.ones(b * d * d - 1, dtype=torch.bool)), "tree_mask", "bad"),
+            ("ptr_int32", uniform(ptr=lambda: (torch.arange(b + 1) * d * d).int()), "mask_indptr", "bad"),
+            ("depths_2d", uniform(depths=lambda: torch.zeros(b, d, dtype=torch.int64)), "depths", "bad"),
+            ("depths_meta", uniform(depths=lambda: torch.zeros(b * d, dtype=torch.int64, device="meta")), "depths",
+             "bad"),
+            ("draft_zero", uniform(draft=0), "draft_len", "bad"),
+            ("draft_bool", uniform(draft=True), "draft_len", "bad"),
+            ("batch_float", uniform(batch=2.0), "batch", "bad")):
+        call_case(f"core.attention_inputs.spec_verify_uniform.{tag}", S, "attention_inputs.py:SpecVerify.uniform",
+                  tag, fn, names, kind, expect=(lambda r: None) if kind == "control" else
+                  (lambda r: ("accepted", str(r))))
+
+    S = "sglang.verify_graph_buffers"
+    for tag, args, names in (("max_bs_zero", (0, d, 40), "max_bs"), ("draft_past_context", (4, 40, 40), "draft_len"),
+                             ("draft_bool", (4, True, 40), "draft_len")):
+        call_case(f"sglang.verify_graph_buffers.init_{tag}", S, "hosts/sglang/metadata.py:VerifyGraphBuffers",
+                  tag, lambda a=args: VerifyGraphBuffers(*a, [6], "cpu", swa=False), names,
+                  expect=lambda r: ("accepted", "constructed"))
+
+    def refill_setup(mutate, swa=False):
+        def build():
+            r2t = (torch.randperm(8 * 40, generator=torch.Generator().manual_seed(3)) + 1).view(8, 40).int()
+            buffers = VerifyGraphBuffers(4, d, 40, [6], "cpu", swa=swa)
+            rows, prefix = T([3, 1, 0, 0]), T([20, 5, 1, 1])
+            positions = T([20, 21, 21, 5, 6, 7] + [0] * 6)
+            mask = torch.cat([torch.cat([torch.ones(d, p, dtype=torch.bool), torch.eye(d, dtype=torch.bool)],
+                                        1).reshape(-1) for p in (20, 5)])
+            args = dict(req_to_token=r2t, req_pool_indices=rows, seq_lens=prefix, positions=positions, mask=mask,
+                        num_real=2, seq_lens_host=prefix.clone(),
+                        full_to_swa=torch.arange(400) if swa else None,
+                        out_cache_loc=torch.arange(6) + 100 if swa else None)
+            mutate(args)
+            snap = {f"buffer{i}": t for i, t in enumerate(buffers.tensors())}
+            return Setup(lambda: buffers.refill(**args).verify.draft_lens, snap,
+                         (lambda r: None) if mutate is _keep else (lambda r: ("accepted", str(r))))
+        return build
+
+    for tag, mutate, names in (
+            ("valid", _keep, ()),
+            ("mask_short", lambda a: a.update(mask=a["mask"][:-1]), "mask"),
+            ("mask_int", lambda a: a.update(mask=a["mask"].int()), "mask"),
+            ("positions_short", lambda a: a.update(positions=a["positions"][:-1]), "positions"),
+            ("positions_float", lambda a: a.update(positions=a["positions"].float()), "positions"),
+            ("num_real_past", lambda a: a.update(num_real=5), "num_real"),
+            ("num_real_bool", lambda a: a.update(num_real=True), "num_real"),
+            ("host_past_context", lambda a: a.update(seq_lens_host=T([38, 5, 1, 1])), "seq_lens_host"),
+            ("host_on_wrong_count", lambda a: a.update(seq_lens_host=T([20, 5])), "seq_lens_host"),
+            ("batch_past_max_bs", lambda a: a.update(req_pool_indices=T([3, 1, 0, 0, 0]), seq_lens=T([20, 5, 1, 1, 1]),
+                                                     seq_lens_host=None), "max_bs"),
+            ("map_without_swa", lambda a: a.update(full_to_swa=torch.arange(400)), "full_to_swa")):
+        case(f"sglang.verify_graph_buffers.refill_{tag}", S, "hosts/sglang/metadata.py:VerifyGraphBuffers.refill",
+             tag, refill_setup(mutate), names, "control" if tag == "valid" else "bad")
+    case("sglang.verify_graph_buffers.refill_swa_loc_count", S,
+         "hosts/sglang/metadata.py:VerifyGraphBuffers.refill", "5 write slots for 2 real requests of 3 drafts",
+         refill_setup(lambda a: a.update(out_cache_loc=torch.arange(5) + 100), swa=True), "out_cache_loc")
+
+    from sglang_inkling_backend import triton as kernels
+    S = "core.triton.extend_blocks"
+    for tag, fn, names in (("qo_float", lambda: kernels.extend_blocks(T([0.0, 4.0]), 8, 2), "qo_indptr"),
+                           ("heads_not_multiple", lambda: kernels.extend_blocks(T([0, 4]), 6, 4), "num_q_heads"),
+                           ("block_rows_odd", lambda: kernels.extend_blocks(T([0, 4]), 8, 2, block_rows=24),
+                            "block_rows")):
+        call_case(f"core.triton.extend_blocks.{tag}", S, "triton/extend_attention.py:extend_blocks", tag, fn, names,
+                  expect=lambda r: ("accepted", str(r)))
+
+
+def _keep(args):
+    pass
+
+
 def all_cases() -> list[Case]:
     if CASES:
         return CASES
@@ -2082,6 +2171,7 @@ def all_cases() -> list[Case]:
     define_routes_misc_cases()
     define_sglang_pool_cases()
     define_sglang_forward_cases()
+    define_verify_graph_cases()
     return CASES
 
 
