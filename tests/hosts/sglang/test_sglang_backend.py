@@ -1117,3 +1117,54 @@ def test_step_property_refuses_before_writing_or_matches_the_dense_reference(dat
         step()
     # the first layer's call is refused before its store; nothing of the step reached the pool
     assert unchanged(), defect
+
+
+HOST_READS = ("tolist", "item", "__bool__", "__int__", "__float__", "__index__", "cpu")
+
+
+def count_host_reads(monkeypatch):
+    """Count the tensor reads to the host (``tolist``, ``item``, ``bool``/``int``/``float``, ``cpu``) that this
+    package's own code makes (on a GPU each one waits for the device to drain); the Triton interpreter's are not
+    counted. Returns the list the calls are appended to (the caller's file and line)."""
+    import sys as _sys
+
+    calls = []
+    for name in HOST_READS:
+        real = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _real=real, _name=name, **kwargs):
+            frame = _sys._getframe(1)
+            if "sglang_inkling_backend" in frame.f_code.co_filename:
+                calls.append((_name, frame.f_code.co_filename.rsplit("/", 1)[-1], frame.f_lineno))
+            return _real(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize("step", ["decode", "extend", "verify"])
+def test_an_eager_step_reads_the_device_a_fixed_number_of_times_whatever_its_layer_count(step, monkeypatch):
+    """An eager decode, extend (a prefix hit through the Triton extend kernel, layers of two windows) and verify
+    step: the host reads this package makes (each a device sync on a GPU) are the same for a
+    model of 4 layers and of 8, so none is made per layer. A per-layer read (what left the H200 idle 20-28 ms in a
+    128 x 1k prefill, bench/results/current/sglang-h200/speed/call-fast-plan/) fails it."""
+    counts = {}
+    for n_layers in (4, 8):
+        windows = MIXED * (n_layers // len(MIXED))
+        layers = make_layers(windows=windows)
+        h = Harness(layers, bf16_pool(layers=n_layers), context=600, seed=3)
+        ours = triton_backend(h)
+        ours.route.extend_family = None  # the Triton extend kernel (no FlashInfer here anyway)
+        run_script(h, [ours], steps=1)  # requests 0 and 1 prefilled
+        if step in ("decode", "extend"):
+            fb = h.batch([0, 1], [1, 1] if step == "decode" else [5, 3], decode=step == "decode")
+        else:
+            fb = target_verify_batch(h, [0, 1], 4, [random_tree(4, h.gen) for _ in range(2)], full_layout=True)
+        inputs = [h.qkv(fb, layer) for layer in layers]
+        calls = count_host_reads(monkeypatch)
+        ours.init_forward_metadata(fb)
+        for layer, (q, k, v) in zip(layers, inputs):
+            ours.forward(q, k, v, layer, fb)
+        counts[n_layers] = list(calls)
+        monkeypatch.undo()
+    assert counts[4] and len(counts[4]) == len(counts[8]), (counts[4], counts[8])
