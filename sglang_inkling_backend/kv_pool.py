@@ -146,14 +146,16 @@ class InklingKVPool:
                                  f"got shape {tuple(t.shape)}")
 
     def set_kv_buffer(self, layer: Union[int, Any], loc: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
-                      k_scale: Optional[float] = None, v_scale: Optional[float] = None, **_: Any) -> None:
+                      k_scale: Optional[float] = None, v_scale: Optional[float] = None, *, loc_name: str = "loc",
+                      **_: Any) -> None:
         """Store ``cache_k``/``cache_v`` (``[N, Hkv, D]`` or ``[N, Hkv * D]``, float) at slots ``loc``,
         quantizing on the way in for fp8 and MXFP8 pools. ``k_scale``/``v_scale`` (fp8_e4m3 only; None: the
         pool's) must be finite and > 0; reads (``read_kv``, ``paged_kv``) dequantize with the pool's scales, so a
-        per-call scale is for callers whose readers use the same one (SGLang passes the layer's)."""
+        per-call scale is for callers whose readers use the same one (SGLang passes the layer's). ``loc_name``: what
+        a refusal of ``loc`` calls it (a host's name for its write slots)."""
         layer_id = _layer_id(layer)
         buf = self._layer(layer_id)
-        loc = self._check_loc(loc, "loc", layer_id)
+        loc = self._check_loc(loc, loc_name, layer_id)
         self._check_values(buf, loc.numel(), cache_k=cache_k, cache_v=cache_v)
         for name, t in (("cache_k", cache_k), ("cache_v", cache_v)):
             if not t.is_floating_point() or t.element_size() == 1:
@@ -172,7 +174,8 @@ class InklingKVPool:
         kv_views.store_kv_unchecked(kv, loc, k, v, fused_store=self.fused_store)
 
     def set_mxfp8_kv_buffer(self, layer: Union[int, Any], loc: torch.Tensor, k_data: torch.Tensor,
-                            k_scales: torch.Tensor, v_data: torch.Tensor, v_scales: torch.Tensor) -> None:
+                            k_scales: torch.Tensor, v_data: torch.Tensor, v_scales: torch.Tensor, *,
+                            loc_name: str = "loc") -> None:
         """Store already-quantized MXFP8 K/V (what a fused prologue produces): data float8_e4m3fn (or its uint8
         bytes) ``[N, Hkv, D]`` or ``[N, Hkv * D]``, scales uint8 / float8_e8m0fnu ``[N, Hkv, D // 32]`` or
         ``[N, Hkv * D // 32]``."""
@@ -180,7 +183,7 @@ class InklingKVPool:
         buf = self._layer(layer_id)
         if self.kv_format != "mxfp8":
             raise ValueError(f"set_mxfp8_kv_buffer needs kv_format='mxfp8', this pool is {self.kv_format!r}")
-        loc = self._check_loc(loc, "loc", layer_id)
+        loc = self._check_loc(loc, loc_name, layer_id)
         n, hkv = loc.numel(), buf.k.shape[1]
         nb = buf.layout.blocks_per_head
         self._check_values(buf, n, k_data=k_data, v_data=v_data)

@@ -147,7 +147,7 @@ def gather_rails_host_lengths(req_to_token: torch.Tensor, rows: torch.Tensor, se
         out_indptr = torch.empty(bs + 1, dtype=INDEX_DTYPE, device=device)
         out_indices = torch.empty(nnz, dtype=INDEX_DTYPE, device=device)
     if out_indptr.numel() < bs + 1 or out_indices is None or out_indices.numel() < nnz:
-        raise ValueError(f"graph buffers too small: need indptr >= {bs + 1} and indices >= {nnz} entries, have "
+        raise ValueError(f"out_indptr / out_indices too small: need >= {bs + 1} and >= {nnz} entries, have "
                          f"{out_indptr.numel()} and {None if out_indices is None else out_indices.numel()}")
     host = torch.cat([indptr, start])  # one copy to the device
     dev = host.to(device, non_blocking=True)

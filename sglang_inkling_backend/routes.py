@@ -33,6 +33,7 @@ from typing import Optional
 import torch
 
 from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV, SpecVerify
+from sglang_inkling_backend.checks import require_slots
 from sglang_inkling_backend.rails import KVRails
 from sglang_inkling_backend.reference import attention as reference
 from sglang_inkling_backend.step_plans import DecodePlanCache
@@ -45,7 +46,9 @@ def gather_rails_kv(kv: PagedKV, rails: KVRails) -> tuple[PagedKV, KVRails]:
     rails renumbered 0..nnz-1. The reference then loops over requests without re-reading scales per request:
     same numbers (the reference dequantizes to float32 too), one gather per layer instead of one per request."""
     nnz = int(rails.indptr[-1])
-    k, v = kv.read(rails.indices[:nnz])
+    if nnz > rails.indices.numel():
+        raise ValueError(f"the rails' indptr ends at {nnz}, past their {rails.indices.numel()} indices")
+    k, v = kv.read(require_slots(rails.indices[:nnz], "the rails' indices", kv.num_slots), check=False)
     return PagedKV(k, v), KVRails(rails.indptr, torch.arange(nnz, device=k.device))
 
 

@@ -80,7 +80,7 @@ def check_extend_keys(kv: PagedKV, rails: KVRails, qo_indptr: torch.Tensor, rows
     short = [b for b in range(len(qo) - 1) if qo[b + 1] - qo[b] > kvp[b + 1] - kvp[b]]
     if short:
         b = short[0]
-        raise ValueError(f"extend request {b} has {qo[b + 1] - qo[b]} queries but {kvp[b + 1] - kvp[b]} keys; each "
-                         "request's keys include its queries")
+        raise ValueError(f"extend request {b} has {qo[b + 1] - qo[b]} queries (qo_indptr) but {kvp[b + 1] - kvp[b]} "
+                         "keys (the rails' indptr); each request's keys include its queries")
     require_slots(rails.indices[:kvp[-1]], "the extend rails' slots", kv.num_slots)
     return True

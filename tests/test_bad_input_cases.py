@@ -250,8 +250,8 @@ def test_a_write_loc_is_read_once_per_tensor_and_version(monkeypatch):
 
 def test_reference_decode_refuses_a_request_without_keys():
     kv = PagedKV(torch.randn(8, 1, 64), torch.randn(8, 1, 64))
-    with pytest.raises(ValueError, match=r"every decode request needs at least one key \(its own\), got kv lens "
-                                         r"\[2, 0\]"):
+    with pytest.raises(ValueError, match=r"every decode request needs at least one key \(its own\): kv_indptr "
+                                         r"gives key counts \[2, 0\]"):
         paged_decode_attention(torch.randn(2, 1, 64), kv, torch.tensor([0, 2, 2]), torch.tensor([1, 2]),
                                AttentionParams(0.1))
 

@@ -106,7 +106,7 @@ def paged_decode_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: torch.Tensor
     batch = q.shape[0]
     _check_indices(kv, kv_indptr, kv_indices, batch)
     if bool((kv_indptr[1:] == kv_indptr[:-1]).any()):  # the Triton kernels' rule too (validate_slots)
-        raise ValueError(f"every decode request needs at least one key (its own), got kv lens "
+        raise ValueError(f"every decode request needs at least one key (its own): kv_indptr gives key counts "
                          f"{kv_indptr.diff().tolist()}")
     qo_indptr = torch.arange(batch + 1, device=q.device)
     return _paged_attention(q, kv, kv_indptr, kv_indices, qo_indptr, params)
@@ -126,6 +126,8 @@ def paged_extend_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: torch.Tensor
                                                                                                    torch.int64):
         raise TypeError("qo_indptr must be a 1-D int32/int64 tensor")
     batch = qo_indptr.numel() - 1
+    if batch < 1:
+        raise ValueError(f"qo_indptr must have batch + 1 >= 2 entries, got {qo_indptr.numel()}")
     _check_indices(kv, kv_indptr, kv_indices, batch)
     if batch < 1 or int(qo_indptr[0]) != 0 or bool((qo_indptr.diff() < 0).any()):
         raise ValueError(f"qo_indptr must start at 0 and be non-decreasing, with batch + 1 >= 2 entries, got "
@@ -134,8 +136,8 @@ def paged_extend_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: torch.Tensor
         raise ValueError(f"qo_indptr[-1]={int(qo_indptr[-1])} must equal q's row count {q.shape[0]}")
     qlens, kvlens = qo_indptr.diff(), kv_indptr.diff()
     if bool((qlens > kvlens).any()):
-        raise ValueError(f"each request needs at least as many keys as queries, got qlens {qlens.tolist()} "
-                         f"and kv lens {kvlens.tolist()}")
+        raise ValueError(f"each request needs at least as many keys as queries: qo_indptr gives query counts "
+                         f"{qlens.tolist()}, kv_indptr key counts {kvlens.tolist()}")
     if verify is not None:
         verify.check_queries(qo_indptr)
     return _paged_attention(q, kv, kv_indptr, kv_indices, qo_indptr, params, verify)

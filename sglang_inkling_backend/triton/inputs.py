@@ -230,9 +230,11 @@ def validate_slots(kv: PagedKV, kv_indptr: torch.Tensor, kv_indices: torch.Tenso
         raise ValueError("kv_indptr must start at 0 and be non-decreasing")
     total = int(kv_indptr[-1])
     if total > kv_indices.numel():
-        raise ValueError(f"kv_indptr[-1]={total} exceeds kv_indices' length {kv_indices.numel()}")
+        raise ValueError(f"kv_indptr[-1]={total} exceeds kv_indices' length {kv_indices.numel()} (the rails' indptr "
+                         "ends past their indices)")
     if bool((kv_indptr[1:] == kv_indptr[:-1]).any()):
-        raise ValueError("every decode request needs at least one key (its own), got an empty request")
+        b = int((kv_indptr[1:] == kv_indptr[:-1]).nonzero()[0])
+        raise ValueError(f"every decode request needs at least one key (its own): kv_indptr gives request {b} none")
     if max_seq_len is not None:
         check_max_seq_len(max_seq_len)
         longest = int(kv_indptr.diff().max())

@@ -97,7 +97,7 @@ def extend_args(indices, kv_lens, q_lens):
 @pytest.mark.parametrize("indices, kv_lens, q_lens, match", [
     ([1, 2, PAGE * PAGES], [3], [2], r"the extend rails' slots must be slots in \[0, 64\)"),
     ([1, -2, 3], [3], [2], r"the extend rails' slots must be slots in \[0, 64\)"),
-    ([1, 2, 3], [3], [4], r"extend request 0 has 4 queries but 3 keys"),
+    ([1, 2, 3], [3], [4], r"extend request 0 has 4 queries \(qo_indptr\) but 3 keys"),
     ([1, 2], [3], [2], r"past its 2 indices"),
 ])
 def test_bad_extend_keys_raise_before_any_kernel(indices, kv_lens, q_lens, match):

@@ -75,7 +75,7 @@ def test_a_wrong_slot_would_show():
 def test_buffers_too_small_are_refused_before_writing():
     req_to_token = table(2, 64, torch.Generator().manual_seed(7))
     indptr, indices = torch.zeros(3, dtype=torch.int64, device=DEV), torch.zeros(10, dtype=torch.int64, device=DEV)
-    with pytest.raises(ValueError, match=r"graph buffers too small: need indptr >= 3 and indices >= 49 entries"):
+    with pytest.raises(ValueError, match=r"out_indptr / out_indices too small: need >= 3 and >= 49 entries"):
         gather_rails_host_lengths(req_to_token, torch.tensor([1, 0]).to(DEV), torch.tensor([40, 9]),
                                   out_indptr=indptr, out_indices=indices)
     assert not indptr.any() and not indices.any()

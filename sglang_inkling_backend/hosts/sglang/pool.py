@@ -37,6 +37,9 @@ SUPPORTED_FORMATS = mxfp8.KV_FORMATS
 E8M0 = getattr(torch, "float8_e8m0fnu", None)
 
 
+# set_kv_buffer's loc is the step's out_cache_loc (its SWA slots for a windowed layer of a hybrid pool)
+WRITE_LOC_NAME = "loc (the step's out_cache_loc)"
+
 class InklingMHATokenToKVPool(MHATokenToKVPool):
     """An MHA token-to-KV pool whose storage and writes are the core ``InklingKVPool``'s."""
 
@@ -137,7 +140,7 @@ class InklingMHATokenToKVPool(MHATokenToKVPool):
                                  f"pool, this one is {self.KV_FORMAT}")
             if not (_is_block_scales(k_scale) and _is_block_scales(v_scale)):
                 raise ValueError("k_scale and v_scale must both be block-scale tensors for pre-quantized MXFP8 K/V")
-            self.core.set_mxfp8_kv_buffer(local, loc, cache_k, k_scale, cache_v, v_scale)
+            self.core.set_mxfp8_kv_buffer(local, loc, cache_k, k_scale, cache_v, v_scale, loc_name=WRITE_LOC_NAME)
             return
         ks, vs = _scalar(k_scale, "k_scale"), _scalar(v_scale, "v_scale")
         if self.KV_FORMAT != "fp8_e4m3":
@@ -147,7 +150,7 @@ class InklingMHATokenToKVPool(MHATokenToKVPool):
                 raise ValueError(f"a per-tensor k_scale/v_scale ({ks}, {vs}) applies to fp8_e4m3 pools only; this "
                                  f"pool is {self.KV_FORMAT}")
             ks = vs = None
-        self.core.set_kv_buffer(local, loc, cache_k, cache_v, k_scale=ks, v_scale=vs)
+        self.core.set_kv_buffer(local, loc, cache_k, cache_v, k_scale=ks, v_scale=vs, loc_name=WRITE_LOC_NAME)
 
     def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor):
         if self.layer_num:

@@ -706,7 +706,7 @@ def test_pool_rejects_bad_writes_before_writing():
     layer = make_layers(windows=(-1,))[0]
     before = pool.get_key_buffer(0).clone()
     k = torch.randn(2, HKV, D, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match=r"loc must be slots in \[0, 384\)"):
+    with pytest.raises(ValueError, match=r"loc \(the step's out_cache_loc\) must be slots in \[0, 384\)"):
         pool.set_kv_buffer(layer, torch.tensor([5, 384]), k, k)
     with pytest.raises(ValueError, match="per-tensor k_scale/v_scale"):
         pool.set_kv_buffer(layer, torch.tensor([5, 6]), k, k, 2.0, 2.0)
