@@ -161,6 +161,44 @@ def build_forward_metadata(req_to_token: torch.Tensor, req_pool_indices: torch.T
                                   max_seq_len=max_seq_len)
 
 
+def _checked_host_lengths(req_to_token, rows, seq_lens, seq_lens_host, max_len: int) -> torch.Tensor:
+    """A graph refill's lengths on the host: ``seq_lens_host`` checked on the host (in ``[1, max_len]``), or, without
+    it, the rows and lengths read back from the device and checked (several syncs)."""
+    if seq_lens_host is None:
+        check_token_table(req_to_token, rows, seq_lens)
+        return seq_lens.to("cpu", INDEX_DTYPE)
+    check_host_lengths(seq_lens_host, seq_lens.numel(), max_len)
+    check_token_table(req_to_token, rows, seq_lens, ranges=False)
+    return seq_lens_host
+
+
+def _refill_window_rails(buffers, req_to_token, rows, keys_host, query_lens_host, full_to_swa,
+                         gather_slots) -> dict:
+    """Each of ``buffers.windows``' rails (into ``buffers.window_indptr`` / ``window_indices``): the keys of requests
+    of ``keys_host`` keys whose last ``query_lens_host`` are queries that a window can see, translated to the SWA
+    sub-pool's slots by ``full_to_swa`` (a hybrid pool), with no device read."""
+    windows = {}
+    for w in buffers.windows:
+        start = window_start(keys_host, query_lens_host, w)
+        rails = gather_rails_host_lengths(req_to_token, rows, keys_host, start, out_indptr=buffers.window_indptr[w],
+                                          out_indices=buffers.window_indices[w], gather_slots=gather_slots)
+        if full_to_swa is not None:
+            nnz = int((keys_host - start).sum())
+            rails.indices[:nnz].copy_(full_to_swa[rails.indices[:nnz]])
+        windows[w] = rails
+    return windows
+
+
+def _refill_swa_loc(buffer: torch.Tensor, out_cache_loc: torch.Tensor, full_to_swa: torch.Tensor,
+                    rows: int) -> torch.Tensor:
+    """``buffer[:rows]``: the real rows' write slots (``out_cache_loc``, the first rows) in the SWA sub-pool, then the
+    padding slot 0 for SGLang's padding rows, as their full-pool writes do."""
+    real = out_cache_loc.numel()
+    buffer[:real].copy_(full_to_swa[out_cache_loc.to(INDEX_DTYPE)])
+    buffer[real:rows].fill_(PADDING_SLOT)
+    return buffer[:rows]
+
+
 class DecodeGraphBuffers:
     """Address-stable decode metadata for CUDA-graph capture and replay: allocated once at the largest batch and
     context, refilled in place for every batch. With ``page_size`` the full pool's layers read a page table
@@ -220,12 +258,8 @@ class DecodeGraphBuffers:
             got = None if out_cache_loc is None else tuple(out_cache_loc.shape)
             raise ValueError(f"out_cache_loc must hold one slot per real request (at most {bs}, the padding "
                              f"rows last) with a hybrid SWA pool, got {got}")
-        if seq_lens_host is None:  # the rows and lengths read back and checked, the lengths kept on the host
-            check_token_table(req_to_token, req_pool_indices, seq_lens)
-            seq_lens_host = seq_lens.to("cpu", INDEX_DTYPE)
-        else:
-            check_host_lengths(seq_lens_host, bs, min(req_to_token.shape[1], self.max_context_len))
-            check_token_table(req_to_token, req_pool_indices, seq_lens, ranges=False)
+        seq_lens_host = _checked_host_lengths(req_to_token, req_pool_indices, seq_lens, seq_lens_host,
+                                              min(req_to_token.shape[1], self.max_context_len))
         seq_lens = seq_lens.to(device=req_to_token.device, dtype=INDEX_DTYPE)
         full = pages = None
         if self.page_size is None:
@@ -237,25 +271,13 @@ class DecodeGraphBuffers:
                                                   self.page_table.shape[1], check=False))
             self.seq_lens[:bs].copy_(seq_lens)
             pages = KVPages(self.page_table[:bs], self.seq_lens[:bs], self.page_size)
-        windows = {}
-        for w in self.windows:
-            start = window_start(seq_lens_host, torch.ones_like(seq_lens_host), w)
-            rails = gather_rails_host_lengths(req_to_token, req_pool_indices, seq_lens_host, start,
-                                              out_indptr=self.window_indptr[w], out_indices=self.window_indices[w],
-                                              gather_slots=gather_slots)
-            if full_to_swa is not None:
-                nnz = int((seq_lens_host - start).sum())
-                rails.indices[:nnz].copy_(full_to_swa[rails.indices[:nnz]])
-            windows[w] = rails
+        windows = _refill_window_rails(self, req_to_token, req_pool_indices, seq_lens_host,
+                                       torch.ones_like(seq_lens_host), full_to_swa, gather_slots)
         swa_loc = None
         if self.swa_out_cache_loc is not None:
             # SGLang's replay view carries the real rows' out_cache_loc (raw_bs of them) next to the padded batch's
-            # bs rows (decode_cuda_graph_runner.build_replay_fb_view); the padding rows behind them write the
-            # padding slot 0, as their full-pool writes do.
-            real = out_cache_loc.numel()
-            self.swa_out_cache_loc[:real].copy_(full_to_swa[out_cache_loc.to(INDEX_DTYPE)])
-            self.swa_out_cache_loc[real:bs].fill_(PADDING_SLOT)
-            swa_loc = self.swa_out_cache_loc[:bs]
+            # bs rows (decode_cuda_graph_runner.build_replay_fb_view)
+            swa_loc = _refill_swa_loc(self.swa_out_cache_loc, out_cache_loc, full_to_swa, bs)
         return InklingForwardMetadata(is_decode=True, batch_size=bs, qo_indptr=self.qo_indptr[: bs + 1], full=full,
                                       windows=windows, pages=pages, swa_out_cache_loc=swa_loc)
 
@@ -338,12 +360,8 @@ class VerifyGraphBuffers:
             got = None if out_cache_loc is None else tuple(out_cache_loc.shape)
             raise ValueError(f"out_cache_loc must hold the real requests' {num_real} x {d} write slots with a hybrid "
                              f"SWA pool, got {got}")
-        if seq_lens_host is None:  # the rows and lengths read back and checked, the lengths kept on the host
-            check_token_table(req_to_token, req_pool_indices, seq_lens)
-            seq_lens_host = seq_lens.to("cpu", INDEX_DTYPE)
-        else:
-            check_host_lengths(seq_lens_host, bs, min(req_to_token.shape[1], self.max_context_len) - d)
-            check_token_table(req_to_token, req_pool_indices, seq_lens, ranges=False)
+        seq_lens_host = _checked_host_lengths(req_to_token, req_pool_indices, seq_lens, seq_lens_host,
+                                              min(req_to_token.shape[1], self.max_context_len) - d)
         device = req_to_token.device
         seq_lens = seq_lens.to(device=device, dtype=INDEX_DTYPE)
         tree_copy = None  # the real requests' trees, gathered before any buffer is written
@@ -362,16 +380,8 @@ class VerifyGraphBuffers:
         keys_host = seq_lens_host.to(INDEX_DTYPE) + d  # each request's keys: its prefix and its drafts
         full = gather_rails_host_lengths(req_to_token, req_pool_indices, keys_host, out_indptr=self.full_indptr,
                                          out_indices=self.full_indices, gather_slots=gather_slots)
-        windows = {}
-        for w in self.windows:
-            start = window_start(keys_host, torch.full_like(keys_host, d), w)
-            rails = gather_rails_host_lengths(req_to_token, req_pool_indices, keys_host, start,
-                                              out_indptr=self.window_indptr[w], out_indices=self.window_indices[w],
-                                              gather_slots=gather_slots)
-            if full_to_swa is not None:
-                nnz = int((keys_host - start).sum())
-                rails.indices[:nnz].copy_(full_to_swa[rails.indices[:nnz]])
-            windows[w] = rails
+        windows = _refill_window_rails(self, req_to_token, req_pool_indices, keys_host, torch.full_like(keys_host, d),
+                                       full_to_swa, gather_slots)
         if tree_copy is not None:
             self.tree_mask[:tree_copy.numel()].copy_(tree_copy)
         # depth = position - seq_len; SGLang's padding rows (position 0, seq_len 1) get depth 0
@@ -380,10 +390,7 @@ class VerifyGraphBuffers:
         depths.clamp_(min=0)
         swa_loc = None
         if self.swa_out_cache_loc is not None:
-            real = num_real * d
-            self.swa_out_cache_loc[:real].copy_(full_to_swa[out_cache_loc.to(INDEX_DTYPE)])
-            self.swa_out_cache_loc[real:bs * d].fill_(PADDING_SLOT)
-            swa_loc = self.swa_out_cache_loc[:bs * d]
+            swa_loc = _refill_swa_loc(self.swa_out_cache_loc, out_cache_loc, full_to_swa, bs * d)
         verify = SpecVerify.uniform(self.tree_mask[:bs * d * d], self.mask_indptr[:bs + 1], self.depths[:bs * d], d,
                                     bs)
         return InklingForwardMetadata(is_decode=False, batch_size=bs, qo_indptr=self.qo_indptr[:bs + 1], full=full,
