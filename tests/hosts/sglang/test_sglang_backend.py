@@ -315,23 +315,40 @@ def test_quantized_kv_matches_dense_reference_of_the_round_trip(fmt, new_keys, m
                            (v_hist.float() / 0.25).to(torch.float8_e4m3fn).view(torch.uint8))
 
 
-def test_swa_pool_window_rails_and_write_loc():
-    """A hybrid SWA pool (SGLang's SWAKVPool around ours): the windowed layer lives in a sub-pool with its own
-    slots, reached through full_to_swa_index_mapping, and must match the dense reference."""
-    layers = make_layers()
-    size = 256
-    mapping = torch.zeros(size + 2, dtype=torch.int64)
+SWA_SIZE = 256
+
+
+def swa_harness(layers):
+    """A Harness over a hybrid SWA pool (SGLang's SWAKVPool around ours: layer 0 windowed, layer 1 full) whose
+    batches give their tokens SWA slots that differ from the full ones (reversed, ``SWA_SIZE - slot``, a permutation
+    of 1..SWA_SIZE-1), so a missed translation reads the wrong rows; and the full->SWA map."""
+    mapping = torch.zeros(SWA_SIZE + 2, dtype=torch.int64)
     mapping[-1] = -1
 
     def swa_pool():
-        pool = SWAKVPool(size=size, size_swa=size, page_size=1, dtype=torch.bfloat16, head_num=HKV, head_dim=D,
-                         swa_attention_layer_ids=[0], full_attention_layer_ids=[1], device="cpu",
+        pool = SWAKVPool(size=SWA_SIZE, size_swa=SWA_SIZE, page_size=1, dtype=torch.bfloat16, head_num=HKV,
+                         head_dim=D, swa_attention_layer_ids=[0], full_attention_layer_ids=[1], device="cpu",
                          token_to_kv_pool_class=inkling_pool_class("bf16"))
         pool.register_mapping(mapping)
         return pool
 
     h = Harness(layers, swa_pool, swa=mapping)
-    # SWA slots differ from full slots: reverse them so a missed translation reads the wrong rows
+    plain_batch = h.batch
+
+    def batch_with_distinct_swa_slots(rows, new_lens, decode):
+        fb = plain_batch(rows, new_lens, decode)
+        mapping[fb.out_cache_loc] = SWA_SIZE - fb.out_cache_loc
+        return fb
+
+    h.batch = batch_with_distinct_swa_slots
+    return h, mapping
+
+
+def test_swa_pool_window_rails_and_write_loc():
+    """A hybrid SWA pool (SGLang's SWAKVPool around ours): the windowed layer lives in a sub-pool with its own
+    slots, reached through full_to_swa_index_mapping, and must match the dense reference."""
+    size = SWA_SIZE
+    h, mapping = swa_harness(make_layers())
     ours = InklingAttnBackend(h.runner)
     assert ours.is_swa_pool
     worst = [0.0]
@@ -340,14 +357,6 @@ def test_swa_pool_window_rails_and_write_loc():
         worst[0] = max(worst[0], float((outs[0].float() - dense_reference(h, fb, layer, q, lambda x: x.float()))
                                        .abs().max()))
 
-    orig_batch = h.batch
-
-    def batch_with_distinct_swa_slots(rows, new_lens, decode):
-        fb = orig_batch(rows, new_lens, decode)
-        mapping[fb.out_cache_loc] = size - fb.out_cache_loc  # a permutation of 1..size-1
-        return fb
-
-    h.batch = batch_with_distinct_swa_slots
     run_script(h, [ours], check)
     assert worst[0] <= 2 ** -7
     # the windowed layer's K went to the SWA sub-pool at the translated slot
@@ -580,29 +589,10 @@ def test_verify_graph_on_a_hybrid_swa_pool_writes_and_reads_the_drafts_in_the_sw
     """A hybrid SWA pool (the windowed layer in a sub-pool reached through full_to_swa, whose slots differ from the
     full ones): the verify graph path stores the windowed layer's drafts at their SWA slots (the padding rows' at SWA
     slot 0) and reads its window rails translated, giving the eager verify step's bytes on both layers."""
-    d, max_bs, rows = 4, 3, [0, 1]
+    d, max_bs, rows, size = 4, 3, [0, 1], SWA_SIZE
     layers = make_layers()
-    size = 256
-    mapping = torch.zeros(size + 2, dtype=torch.int64)
-    mapping[-1] = -1
-
-    def swa_pool():
-        pool = SWAKVPool(size=size, size_swa=size, page_size=1, dtype=torch.bfloat16, head_num=HKV, head_dim=D,
-                         swa_attention_layer_ids=[0], full_attention_layer_ids=[1], device="cpu",
-                         token_to_kv_pool_class=inkling_pool_class("bf16"))
-        pool.register_mapping(mapping)
-        return pool
-
-    h = speculative_runner(Harness(layers, swa_pool, swa=mapping))
-    orig_batch = h.batch
-
-    def batch_with_distinct_swa_slots(rows, new_lens, decode):
-        fb = orig_batch(rows, new_lens, decode)
-        mapping[fb.out_cache_loc] = size - fb.out_cache_loc
-        return fb
-
-    h.batch = batch_with_distinct_swa_slots
-    ours = triton_backend(h)
+    h, mapping = swa_harness(layers)
+    ours = triton_backend(speculative_runner(h))
     run_script(h, [ours], steps=1)  # requests 0 and 1 prefilled
     ours.init_cuda_graph_state(max_bs, max_bs * d)
     trees = [random_tree(d, h.gen) for _ in rows]
