@@ -203,14 +203,25 @@ def extend_blocks(qo_indptr: torch.Tensor, num_q_heads: int, num_kv_heads: int, 
     if num_kv_heads < 1 or num_q_heads % num_kv_heads:
         raise ValueError(f"num_q_heads ({num_q_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
     block_m = _row_geometry(num_q_heads, num_kv_heads, block_rows)[2]
-    qo = qo_indptr.tolist()
+    return _blocks_of(qo_indptr.tolist(), block_m, qo_indptr.device)
+
+
+def _blocks_of(qo: list, block_m: int, device) -> ExtendBlocks:
+    """The programs over host query offsets ``qo``: each request's rows in runs of ``block_m``."""
     reqs, rows = [], []
     for b_idx, (a, e) in enumerate(zip(qo, qo[1:])):
         for r0 in range(a, e, block_m):
             reqs.append(b_idx)
             rows.append(r0)
-    both = torch.tensor([reqs, rows], dtype=torch.int32).to(qo_indptr.device)  # one copy to the device
+    both = torch.tensor([reqs, rows], dtype=torch.int32).to(device)  # one copy to the device
     return ExtendBlocks(both[0], both[1], block_m)
+
+
+def _key_args(table: bool, kv_indptr, kv_indices, page_table, seq_lens, page_size) -> tuple[tuple, int]:
+    """The kernel's key arguments ``(lens, index, stride_index_row)`` and ``KV_PAGE`` for a page table or a CSR."""
+    if table:
+        return (seq_lens, page_table, page_table.stride(0)), page_size
+    return (kv_indptr, kv_indices, 0), 0
 
 
 def _launch(grid, q, kv, keys, qo_indptr, blocks, params, out, tree, *, group, block_r, block_m, block_n,
@@ -331,25 +342,17 @@ def paged_extend_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: Optional[tor
                 raise ValueError(f"kv_indices must be slots in [0, {kv.num_slots}), got [{int(used.min())}, "
                                  f"{int(used.max())}]")
     group, block_r, block_m = _row_blocks(q, kv, block_rows)
-    reqs, rows = [], []
-    for b_idx, (a, ql) in enumerate(zip(qo, qlens)):
-        for r0 in range(0, ql, block_m):
-            reqs.append(b_idx)
-            rows.append(a + r0)
+    blocks = _blocks_of(qo, block_m, q.device)
     if out is None:
         out = torch.empty_like(q)
-    if not reqs:
+    if not blocks.block_req.numel():
         return out
-    block_req = torch.tensor(reqs, dtype=torch.int32, device=q.device)
-    block_row = torch.tensor(rows, dtype=torch.int32, device=q.device)
-    if table:
-        keys, kv_page = (seq_lens, page_table, page_table.stride(0)), page_size
-    else:
-        keys, kv_page = (kv_indptr, kv_indices, 0), 0
+    keys, kv_page = _key_args(table, kv_indptr, kv_indices, page_table, seq_lens, page_size)
     tree = (verify.tree_mask.to(q.device).view(torch.uint8), verify.mask_indptr.to(q.device, torch.int64),
             verify.depths.to(q.device, torch.int64)) if verify is not None else None
-    _launch((len(reqs), kv.num_kv_heads), q, kv, keys, qo_indptr, (block_req, block_row), params, out, tree,
-            group=group, block_r=block_r, block_m=block_m, block_n=block_n, table=table, kv_page=kv_page)
+    _launch((blocks.block_req.numel(), kv.num_kv_heads), q, kv, keys, qo_indptr,
+            (blocks.block_req, blocks.block_row), params, out, tree, group=group, block_r=block_r, block_m=block_m,
+            block_n=block_n, table=table, kv_page=kv_page)
     return out
 
 
@@ -380,10 +383,7 @@ def _extend_with_blocks(q, kv, kv_indptr, kv_indices, qo_indptr, params, page_ta
     n = blocks.block_req.numel()
     if not n:
         return out
-    if table:
-        keys, kv_page = (seq_lens, page_table, page_table.stride(0)), page_size
-    else:
-        keys, kv_page = (kv_indptr, kv_indices, 0), 0
+    keys, kv_page = _key_args(table, kv_indptr, kv_indices, page_table, seq_lens, page_size)
     _launch((n, kv.num_kv_heads), q, kv, keys, qo_indptr, (blocks.block_req, blocks.block_row), params, out, None,
             group=group, block_r=block_r, block_m=block_m, block_n=block_n, table=table, kv_page=kv_page)
     return out
