@@ -598,10 +598,10 @@ def define_vllm_forward_cases(route):
       seq_set(0, 40), ("seq_lens", ))
     F("prefill_seq_past_table", "prefill seq_lens longer than its row covers", seq_set(2, 40), ("seq_lens", ))
     F(
-        "decode_seq_zero", "decode seq_lens 0 (a decode has at least its own key)" if route == "torch" else
+        "decode_seq_zero",
         "documented: decode seq_lens 0 is vLLM's CUDA-graph padding row, read as one key, its output discarded",
         lambda S: (seq_set(1, 0)
-                   (S), S.ignore_rows.append(1)), ("seq_lens", ), kind="control" if route == "triton" else "bad")
+                   (S), S.ignore_rows.append(1)), ("seq_lens", ), kind="control")
     F("decode_seq_negative", "decode seq_lens -3", seq_set(1, -3), ("seq_lens", ))
     F("prefill_seq_below_query", "a 4-token prefill whose seq_len is 2 (the issue's partial-write example)",
       seq_set(2, 2), ("seq_lens", "query_start_loc"))

@@ -95,7 +95,8 @@ class VllmBatch:
             i = short[0]
             raise ValueError(f"seq_lens[{i}]={lens[i]} is shorter than request {i}'s {qsl[i + 1] - qsl[i]} query "
                              "tokens (seq_lens count the cached tokens and the new ones)")
-        blocks = [-(-n // self.block_size) for n in lens]
+        # A decode padding row (0 keys) is read as one key, in its table's first block: check that block too.
+        blocks = [-(-max(n, 1 if i < nd else 0) // self.block_size) for i, n in enumerate(lens)]
         first = [0] * nr if window is None else \
             [max(0, lens[i] - (qsl[i + 1] - qsl[i]) - (window - 1)) // self.block_size for i in range(nr)]
         if max(blocks) > self.block_table.shape[1]:
@@ -135,6 +136,8 @@ class VllmBatch:
         return KVPages(self.block_table[:nd], torch.clamp(self.seq_lens[:nd], min=1), self.block_size)
 
     def decode_rails(self, window: Optional[int]) -> KVRails:
+        """The decode requests' rails, vLLM's CUDA-graph padding rows (length 0) read as one key, as
+        ``decode_pages`` reads them: every decode request then has a key, which the kernels require."""
         return self._rails_of(window, 0, self.num_decodes)
 
     def prefill_rails(self, window: Optional[int]) -> tuple[KVRails, torch.Tensor]:
@@ -148,6 +151,8 @@ class VllmBatch:
         found = self._rails.get(key)
         if found is None:
             seq_lens = self.seq_lens[first:last].to(torch.int64)
+            if first < self.num_decodes:
+                seq_lens = torch.clamp(seq_lens, min=1)
             table = rails_mod.block_table_token_table(self.block_table[first:last], self.block_size)
             start = None
             if window is not None:

@@ -153,6 +153,26 @@ def test_what_vllm_leaves_unread_is_not_refused():
         stale.check_values(BLOCKS)
 
 
+@pytest.mark.parametrize("window", [None, 4])
+def test_a_padding_decode_row_is_served_on_the_torch_route_without_changing_the_others(window):
+    """vLLM's CUDA-graph padding row (a decode of 0 keys) is read as one key, its table's first block, on the torch
+    route as on the page-table route (``VllmBatch.decode_pages``): the other rows' outputs are the bytes of the same
+    step with that row given 5 real keys, and a padding row whose first block is past the cache is refused."""
+    spec = LayerSpec(window=window, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D, softmax_scale=1 / math.sqrt(D))
+    layer = LayerAttention(spec, "bf16", torch.bfloat16)
+    _, cache = layer_cache()
+    query = torch.randn(6, HQ * D, generator=torch.Generator().manual_seed(1)).bfloat16()
+    padded = layer.forward(query, cache, batch(seq_lens=torch.tensor([20, 0, 10], dtype=torch.int32)),
+                           torch.zeros(6, HQ * D).bfloat16())
+    real = layer.forward(query, cache, batch(), torch.zeros(6, HQ * D).bfloat16())
+    assert torch.equal(padded[[0, 2, 3, 4, 5]], real[[0, 2, 3, 4, 5]])
+    assert not torch.equal(padded[1], real[1])  # the padding row read 1 key, not request 1's 5
+    past = batch(seq_lens=torch.tensor([20, 0, 10], dtype=torch.int32),
+                 block_table=torch.tensor([[1, 2], [9, 0], [4, 0]], dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"block_table entries that seq_lens reach.* got 9"):
+        layer.forward(query, cache, past, torch.zeros(6, HQ * D).bfloat16())
+
+
 def test_a_slot_mapping_refilled_in_place_is_checked_again():
     """A mapping refilled through its numpy view keeps its torch version: on a CPU every store checks anyway; on an
     accelerator the once-per-step memo is emptied by ``new_step`` (the metadata builder's first act)."""
