@@ -231,6 +231,8 @@ DECODE_CONFIGS = {
     "table(auto,merge-32)": ("table", {"merge_block_d": 32}),
 }
 HOPPER = {"kernel": "hopper"}  # the Gluon kernel (sm_90a): main() adds "table(hopper)" on an H100/H200
+# and its half-page tiles, 2 stages (head_dim 256 fits its registers only so: plan.HOPPER_BLOCK_NS)
+HOPPER_HALF_PAGE = {"kernel": "hopper", "block_n": 64, "num_stages": 2}
 
 
 def check_decode():
@@ -393,6 +395,7 @@ def main():
           flush=True)
     if not SMOKE and torch.cuda.get_device_capability() == (9, 0):
         DECODE_CONFIGS["table(hopper)"] = ("table", HOPPER)
+        DECODE_CONFIGS["table(hopper,64)"] = ("table", HOPPER_HALF_PAGE)
     # GPU_CHECKS_ONLY=check_decode,check_store: only those checks
     only = [n for n in os.environ.get("GPU_CHECKS_ONLY", "").split(",") if n]
     for fn in (check_store, check_gather_rails, check_decode, check_format_error, check_extend):

@@ -465,6 +465,14 @@ def launch_decode_hopper(plan, q, kv, params, out, lens, index, stride_index_row
     k_map, v_map = hopper_tensor_maps(kv, d, plan.block_n)
     rb = params.rel_bias
     direct = plan.num_splits == 1
+    constexprs = dict(
+        G=group, G_PAD=max(8, triton.next_power_of_2(group)), D=d, HKV=hkv,
+        HAS_REL_BIAS=rb is not None, HAS_WINDOW=params.window is not None, HAS_CAP=params.logit_cap > 0,
+        HAS_SINKS=params.sinks is not None, DIRECT=direct, NUM_STAGES=plan.num_stages, BLOCK_N=plan.block_n,
+        PAGE_TABLE=table, HEAD_SPLIT=head_split, num_warps=HOPPER_NUM_WARPS, **_launch_options(plan))
+    constexprs.update(EXTRA_CONSTEXPRS)  # a benchmark's variant may replace any of them (G_PAD 4: N = 8 columns)
+    if constexprs["G_PAD"] < group:
+        raise ValueError(f"G_PAD={constexprs['G_PAD']} holds fewer than the program's {group} query heads")
     decode_hopper_kernel[(batch, hkv * head_split, plan.num_splits)](
         q, k_map, v_map, sf[0], sf[1],
         lens, index, stride_index_row,
@@ -477,11 +485,7 @@ def launch_decode_hopper(plan, q, kv, params, out, lens, index, stride_index_row
         float(params.softmax_scale), float(params.logit_cap),
         params.window if params.window is not None else 0,
         plan.split_len, plan.num_splits,
-        G=group, G_PAD=max(8, triton.next_power_of_2(group)), D=d, HKV=hkv,
-        HAS_REL_BIAS=rb is not None, HAS_WINDOW=params.window is not None, HAS_CAP=params.logit_cap > 0,
-        HAS_SINKS=params.sinks is not None, DIRECT=direct, NUM_STAGES=plan.num_stages, BLOCK_N=plan.block_n,
-        PAGE_TABLE=table, HEAD_SPLIT=head_split,
-        num_warps=HOPPER_NUM_WARPS, **_launch_options(plan),
+        **constexprs,
     )
 
 
@@ -491,9 +495,10 @@ EXTRA_CONSTEXPRS: dict = {}
 
 
 def _launch_options(plan):
-    """Variant constexprs and launch options by stage count (offline ptxas for sm_90a, head_dim 128):
+    """Variant constexprs and launch options by stage count (offline ptxas for sm_90a, head_dim 128, 128-key
+    tiles; other shapes take the defaults):
     - 2 stages: one P' buffer and at most 168 registers, so 3 programs fit an SM (74.5 KiB of shared memory each;
       64 bytes of spills; 1.11-1.32x the 3-stage kernel's time in bench/results/current/2026-12-02-h200.json);
     - 3 stages (the plan's): 111 KiB and 223 registers on Triton 3.6 (tools/compile_hopper.py), 2 programs per SM."""
-    options = {"ONE_P": True, "maxnreg": 168} if plan.num_stages == 2 else {}
-    return {**options, **EXTRA_CONSTEXPRS}
+    two_stage_128 = plan.num_stages == 2 and plan.block_n == 128 and plan.head_dim == 128
+    return {"ONE_P": True, "maxnreg": 168} if two_stage_128 else {}

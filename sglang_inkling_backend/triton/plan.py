@@ -257,6 +257,9 @@ def hopper_decode_status(device) -> tuple[bool, str]:
     return _hopper_status[key]
 
 
+# Its tiles: a page, or half of one (the warpgroup MMA's M side is 64 rows; head_dim 256 on 128-key tiles spills,
+# 255 registers and a 320-byte stack, on 64-key tiles 199 and none: tools/compile_hopper.py --D 256 --G 2 --stages 2)
+HOPPER_BLOCK_NS = (64, 128)
 HOPPER_MAX_GROUP = 8  # query heads per Hopper program: 16 on the MMA's N side spill (255 registers + 200 B of
 # stack, tools/compile_hopper.py --G 16), 8 do not
 
@@ -448,10 +451,10 @@ def plan_decode(batch: Union[int, torch.Tensor], *, num_q_heads: int, num_kv_hea
         raise ValueError(f"block_n must be a power of two >= 16, got {block_n}")
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-    if kernel == "hopper" and (block_n != INTERLEAVED_PAGE_SIZE or page_size != INTERLEAVED_PAGE_SIZE):
-        raise ValueError(f"kernel='hopper' reads whole {INTERLEAVED_PAGE_SIZE}-slot pages (an MXFP8 pool's) as its "
-                         f"tiles: it needs page_size={INTERLEAVED_PAGE_SIZE} and block_n={INTERLEAVED_PAGE_SIZE}, got "
-                         f"page_size={page_size!r}, block_n={block_n}")
+    if kernel == "hopper" and (block_n not in HOPPER_BLOCK_NS or page_size != INTERLEAVED_PAGE_SIZE):
+        raise ValueError(f"kernel='hopper' reads {INTERLEAVED_PAGE_SIZE}-slot pages (an MXFP8 pool's) in tiles of "
+                         f"one page or half of one: it needs page_size={INTERLEAVED_PAGE_SIZE} and block_n in "
+                         f"{HOPPER_BLOCK_NS}, got page_size={page_size!r}, block_n={block_n}")
     if page_size is not None:
         if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size <= 0 or page_size % block_n:
             raise ValueError(f"page_size must be a positive multiple of block_n={block_n}, got {page_size!r}")

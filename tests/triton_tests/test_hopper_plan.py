@@ -96,14 +96,16 @@ def test_hopper_plan_refuses_other_pools_and_maps_before_launch():
     with pytest.raises(ValueError, match="kernel='hopper' reads MXFP8 pages .* got a CSR over a torch.bfloat16 pool"):
         run_decode(plan, q, bf, indptr, torch.arange(128, 384, dtype=torch.int32), params, out=out)
     assert bool((out == 7.0).all())  # nothing written
-    with pytest.raises(ValueError, match="kernel='hopper' reads whole 128-slot pages .* "
+    with pytest.raises(ValueError, match=r"kernel='hopper' reads 128-slot pages .* in \(64, 128\), "
                                          "got page_size=64, block_n=128"):
         plan_decode(2, num_q_heads=16, num_kv_heads=2, head_dim=128, max_seq_len=256, page_size=64,
                     config=DecodeConfig(kernel="hopper"), device="cpu")
-    with pytest.raises(ValueError, match="kernel='hopper' reads whole 128-slot pages .* "
-                                         "got page_size=128, block_n=64"):
+    with pytest.raises(ValueError, match="kernel='hopper' reads 128-slot pages .* got page_size=128, block_n=32"):
         plan_decode(2, num_q_heads=16, num_kv_heads=2, head_dim=128, max_seq_len=256, page_size=128,
-                    config=DecodeConfig(kernel="hopper", block_n=64), device="cpu")
+                    config=DecodeConfig(kernel="hopper", block_n=32), device="cpu")
+    half = plan_decode(2, num_q_heads=16, num_kv_heads=2, head_dim=256, max_seq_len=256, page_size=128,
+                       config=DecodeConfig(kernel="hopper", block_n=64, num_stages=2), device="cpu")
+    assert (half.kernel, half.block_n, half.num_stages) == ("hopper", 64, 2)
 
 
 def compile_report(**args):
