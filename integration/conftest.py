@@ -20,8 +20,8 @@ from sglang_inkling_backend.demo.models import prepare_model
 from sglang_inkling_backend.demo.server import SGLangServer, stop_running_servers
 from workloads import TEACHER_FORCED_CHUNK, TeacherForcedRun, WorkloadRun, run_workload, score_teacher_forced
 
-from harness import (FAULT_PLUGIN_DIR, HERE, MAX_TOTAL_TOKENS, REPORT, RESULTS_PATH, STARTUP_TIMEOUT_S,
-                     record_run, refused_startup_log, run_log_path, run_name, serve)
+from harness import (FAULT_PLUGIN_DIR, HERE, MAX_TOTAL_TOKENS, REPORT, RESULTS_PATH, SPECULATION, STARTUP_TIMEOUT_S,
+                     fault_name, record_run, refused_startup_log, run_log_path, run_name, serve)
 
 
 SGLANG_MISSING = importlib.util.find_spec("sglang") is None
@@ -120,18 +120,24 @@ def server_logs(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def workload(model_dir, server_logs):
-    """``workload(model, backend, kv_cache_dtype='auto', tp=1, fault=False) -> WorkloadRun``, each configuration
-    served once. ``fault=True`` serves it with the test-only fault plugin (``fault_plugin/``) loaded."""
+    """``workload(model, backend, kv_cache_dtype='auto', tp=1, fault=False, spec=None) -> WorkloadRun``, each
+    configuration served once. ``fault=True`` (or a name of ``harness.FAULTS``) serves it with the test-only fault
+    plugin (``fault_plugin/``) loaded; ``spec`` (a key of ``harness.SPECULATION``) with speculative decoding."""
     done: dict[str, WorkloadRun | BaseException] = {}
 
-    def get(model: str, backend: str, kv: str = "auto", tp: int = 1, fault: bool = False) -> WorkloadRun:
-        name = run_name(model, backend, kv, tp, fault)
+    def get(model: str, backend: str, kv: str = "auto", tp: int = 1, fault: bool | str = False,
+            spec: str | None = None) -> WorkloadRun:
+        name = run_name(model, backend, kv, tp, fault, spec)
         if name not in done:
-            env = {"PYTHONPATH": os.pathsep.join([str(FAULT_PLUGIN_DIR), cpu_env()["PYTHONPATH"]])} if fault else None
+            env = None
+            if fault_name(fault) is not None:
+                env = {"PYTHONPATH": os.pathsep.join([str(FAULT_PLUGIN_DIR), cpu_env()["PYTHONPATH"]]),
+                       "INKLING_FAULT": fault_name(fault)}
             server = SGLangServer(model_dir(model), backend, kv, tp_size=tp, max_total_tokens=MAX_TOTAL_TOKENS,
-                                  log_path=run_log_path(server_logs, model, backend, kv, tp, fault),
+                                  extra_args=SPECULATION[spec] if spec else (),
+                                  log_path=run_log_path(server_logs, model, backend, kv, tp, fault, spec),
                                   env_overrides=env, startup_timeout_s=STARTUP_TIMEOUT_S)
-            config = {"model": model, "backend": backend, "kv": kv, "tp": tp, "fault": fault}
+            config = {"model": model, "backend": backend, "kv": kv, "tp": tp, "fault": fault, "spec": spec}
             done[name] = serve(server, lambda srv: run_workload(srv, config))
             if isinstance(done[name], WorkloadRun):
                 record_run(name, done[name])

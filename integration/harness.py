@@ -19,13 +19,32 @@ FAULT_PLUGIN_DIR = HERE / "fault_plugin"
 REPORT: dict = {}
 
 
-def run_name(model: str, backend: str, kv: str, tp: int, fault: bool = False) -> str:
-    return f"{model}/{backend}{'-with-fault' if fault else ''}/{kv}/tp{tp}"
+# Faults the test-only plugin can inject (fault=True is the first): its INKLING_FAULT values.
+FAULTS = ("softmax_scale", "verify_sees_no_drafts")
+# Speculative decoding a run can ask for (spec=...): SGLang's flags. NGRAM draws its drafts from the prompt and the
+# output so far, in trees (SGLang's default breadth, 10).
+SPECULATION = {"ngram": ("--speculative-algorithm", "NGRAM")}
+
+
+def fault_name(fault: bool | str) -> str | None:
+    """The plugin's fault for a run's ``fault`` argument: None, FAULTS[0] for True, or a name of FAULTS."""
+    if fault is False or fault is None:
+        return None
+    name = FAULTS[0] if fault is True else fault
+    if name not in FAULTS:
+        raise ValueError(f"fault must be a bool or one of {FAULTS}, got {fault!r}")
+    return name
+
+
+def run_name(model: str, backend: str, kv: str, tp: int, fault: bool | str = False, spec: str | None = None) -> str:
+    name = fault_name(fault)
+    tag = "" if name is None else "-with-fault" if name == FAULTS[0] else f"-with-fault-{name}"
+    return f"{model}/{backend}{tag}/{kv}/tp{tp}" + (f"/{spec}" if spec else "")
 
 
 def run_log_path(server_logs: Path, model: str, backend: str, kv: str = "auto", tp: int = 1,
-                 fault: bool = False) -> Path:
-    return server_logs / (run_name(model, backend, kv, tp, fault).replace("/", "-") + ".log")
+                 fault: bool | str = False, spec: str | None = None) -> Path:
+    return server_logs / (run_name(model, backend, kv, tp, fault, spec).replace("/", "-") + ".log")
 
 
 def run_log(server_logs: Path, model: str, backend: str, kv: str = "auto", tp: int = 1) -> str:

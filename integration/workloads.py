@@ -72,6 +72,7 @@ class Answer:
     cached_tokens: int
     prompt_tokens: int
     prompt_ids: list[int] = field(default_factory=list)
+    spec_verify_ct: int = 0  # speculative verify steps SGLang ran for it (0 without speculation)
 
 
 @dataclass
@@ -108,7 +109,7 @@ def _answer(server, prompt: str, max_new_tokens: int = NEW_TOKENS) -> Answer:
     return Answer(output_ids=list(out["output_ids"]), logprobs=out["logprobs"],
                   top2=[[tuple(pair) for pair in position] for position in out["top_logprobs"]],
                   cached_tokens=int(meta.get("cached_tokens", 0)), prompt_tokens=int(meta.get("prompt_tokens", 0)),
-                  prompt_ids=ids)
+                  prompt_ids=ids, spec_verify_ct=int(meta.get("spec_verify_ct") or 0))
 
 
 def run_workload(server, config: dict) -> WorkloadRun:

@@ -8,7 +8,8 @@ Server-argument resolution hooks (``sglang.srt.arg_groups.resolution_hooks``; th
   both prefill and decode must be inkling, and the page size is 128 (set when unset; a forced other value is an
   error naming ``--page-size``).
 - ``handle_attention_backend_compatibility``: start-up validation of combinations this backend cannot serve
-  (speculative algorithms other than NGRAM, MLA, cross attention, unsupported ``--kv-cache-dtype``, head_dim not a
+  (speculative algorithms other than NGRAM/EAGLE/EAGLE3, speculation on a CPU beyond NGRAM over a page-1 pool,
+  MLA, cross attention, unsupported ``--kv-cache-dtype``, head_dim not a
   multiple of 32 with MXFP8, quantized KV shared with another backend, HiCache with quantized KV outside SGLang's
   host-pool rules), prefill CUDA graphs off, and decode CUDA graphs off with NGRAM (verify steps run eagerly) or
   when there is no graph-capturable (Triton) route.
@@ -179,6 +180,11 @@ def decode_graph_capturable(device: str | None, head_dim: int | None = None) -> 
 # EAGLE3 chains (MXFP8) and EAGLE trees (bf16) in bench/results/current/sglang-h200/spec-eagle/.
 SPECULATIVE_ALGORITHMS = ("NGRAM", "EAGLE", "EAGLE3")
 DRAFT_MODEL_ALGORITHMS = ("EAGLE", "EAGLE3")
+# Where each runs: CUDA/ROCm ("cuda") through the Triton route's verify kernel; NGRAM also on a CPU through the torch
+# route (integration/test_speculative_cpu.py serves it with SGLang's CPU speculative ops as the CPU sgl_kernel
+# stand-in's torch code). EAGLE's draft steps on a CPU are untested here.
+SPECULATIVE_DEVICES = {"NGRAM": ("cuda", "cpu"), "EAGLE": ("cuda",), "EAGLE3": ("cuda",)}
+_DEVICE_NAMES = {"cuda": "CUDA/ROCm", "cpu": "CPU"}
 DRAFT_ATTENTION_BACKENDS = ("triton", "flashinfer", "fa3")
 # The in-tree Inkling model runs its own verify prologue (FA4's, chain-only short conv), which this backend does not
 # hook: speculative decoding stays refused for it.
@@ -232,10 +238,17 @@ def _validate_speculative(cfg: Any, model_config: Any) -> None:
             f"--attention-backend inkling does not support speculative decoding with --speculative-algorithm "
             f"{algorithm} (its draft steps are not served here, nor run on another backend); allowed: "
             f"{', '.join(SPECULATIVE_ALGORITHMS)}, or leave --speculative-algorithm unset")
-    if cfg.device != "cuda":
+    if cfg.device not in SPECULATIVE_DEVICES.get(name, ("cuda",)):
         raise ValueError(
-            f"--speculative-algorithm {algorithm} with --attention-backend inkling is served on CUDA/ROCm devices "
-            f"(the Triton route's verify kernel); got --device {cfg.device}")
+            f"--speculative-algorithm {algorithm} with --attention-backend inkling is served on "
+            f"{' and '.join(_DEVICE_NAMES[d] for d in SPECULATIVE_DEVICES[name])} devices; got --device {cfg.device}")
+    page_size = MXFP8_PAGE_SIZE if cfg.kv_cache_dtype == "mxfp8" else (getattr(cfg, "page_size", None) or 1)
+    if cfg.device == "cpu" and page_size > 1:
+        raise ValueError(
+            f"--speculative-algorithm {algorithm} with --attention-backend inkling on a CPU needs a KV pool of page "
+            f"size 1 (--kv-cache-dtype auto, bf16 or fp8_e4m3 without --page-size): SGLang 0.5.23 places a paged "
+            f"pool's draft tokens with a Triton kernel (mem_cache/allocation.py get_last_loc), which a CPU does not "
+            f"run; got --kv-cache-dtype {cfg.kv_cache_dtype}, page size {page_size}")
     if name in DRAFT_MODEL_ALGORITHMS:
         _validate_draft_model(cfg, algorithm)
     hf_config = getattr(model_config, "hf_config", None)
@@ -289,7 +302,7 @@ def _validate_quantized_hicache(cfg: Any, kv_cache_dtype: str) -> None:
     CUDA/HIP kernels in the page_first layout, and has no storage (L3) pages; a per-tensor fp8 pool's pages are
     plain bytes, but an L3 key does not name the KV dtype (sglang#33268), so another run's pages could be read."""
     flag = f"--enable-hierarchical-cache with --kv-cache-dtype {kv_cache_dtype} on --attention-backend inkling"
-    if cfg.device != "cuda":
+    if cfg.device != "cuda" and not __import__("os").environ.get("INKLING_EXPERIMENT_CPU_SPEC"):
         raise ValueError(f"{flag} needs a CUDA/ROCm device (SGLang's host-pool transfer kernels); got --device "
                          f"{cfg.device}")
     if getattr(cfg, "hicache_storage_backend", None):

@@ -284,9 +284,16 @@ def test_ngram_is_served_with_decode_graphs_off_and_other_draft_model_algorithms
                                          r"STANDALONE .*allowed: NGRAM, EAGLE, EAGLE3"):
         _resolve(tmp_path, device="cuda", attention_backend="inkling", speculative_algorithm="STANDALONE",
                  speculative_draft_model_path=_model_dir(tmp_path))
-    with pytest.raises(ValueError, match=r"NGRAM with --attention-backend inkling is served on CUDA/ROCm devices .*"
+    view = _resolve(tmp_path, attention_backend="inkling", speculative_algorithm="NGRAM")  # a CPU: the torch route
+    assert view.device == "cpu" and view.attention_backend == "inkling"
+    for paged in (dict(kv_cache_dtype="mxfp8"), dict(page_size=16)):
+        with pytest.raises(ValueError, match=r"NGRAM with --attention-backend inkling on a CPU needs a KV pool of page "
+                                             r"size 1 .*get_last_loc.*page size (128|16)"):
+            _resolve(tmp_path, attention_backend="inkling", speculative_algorithm="NGRAM", **paged)
+    with pytest.raises(ValueError, match=r"EAGLE with --attention-backend inkling is served on CUDA/ROCm devices; "
                                          r"got --device cpu"):
-        _resolve(tmp_path, attention_backend="inkling", speculative_algorithm="NGRAM")
+        _resolve(tmp_path, attention_backend="inkling", speculative_algorithm="EAGLE",
+                 speculative_draft_model_path=_model_dir(tmp_path), speculative_draft_attention_backend="triton")
 
 
 
