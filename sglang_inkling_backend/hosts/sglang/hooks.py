@@ -249,6 +249,11 @@ def _validate_speculative(cfg: Any, model_config: Any) -> None:
             f"size 1 (--kv-cache-dtype auto, bf16 or fp8_e4m3 without --page-size): SGLang 0.5.23 places a paged "
             f"pool's draft tokens with a Triton kernel (mem_cache/allocation.py get_last_loc), which a CPU does not "
             f"run; got --kv-cache-dtype {cfg.kv_cache_dtype}, page size {page_size}")
+    if cfg.device == "cpu" and getattr(cfg, "enable_torch_compile", False):
+        raise ValueError(
+            f"--speculative-algorithm {algorithm} with --attention-backend inkling on a CPU runs its verify steps "
+            f"eagerly: leave --enable-torch-compile unset (SGLang's CPU graph runner would capture verify steps, "
+            f"which this backend captures on CUDA only)")
     if name in DRAFT_MODEL_ALGORITHMS:
         _validate_draft_model(cfg, algorithm)
     hf_config = getattr(model_config, "hf_config", None)

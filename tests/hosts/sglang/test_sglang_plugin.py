@@ -286,6 +286,9 @@ def test_ngram_is_served_with_decode_graphs_off_and_other_draft_model_algorithms
                  speculative_draft_model_path=_model_dir(tmp_path))
     view = _resolve(tmp_path, attention_backend="inkling", speculative_algorithm="NGRAM")  # a CPU: the torch route
     assert view.device == "cpu" and view.attention_backend == "inkling"
+    with pytest.raises(ValueError, match=r"NGRAM with --attention-backend inkling on a CPU runs its verify steps "
+                                         r"eagerly: leave --enable-torch-compile unset"):
+        _resolve(tmp_path, attention_backend="inkling", speculative_algorithm="NGRAM", enable_torch_compile=True)
     for paged in (dict(kv_cache_dtype="mxfp8"), dict(page_size=16)):
         with pytest.raises(ValueError, match=r"NGRAM with --attention-backend inkling on a CPU needs a KV pool of page "
                                              r"size 1 .*get_last_loc.*page size (128|16)"):
