@@ -252,8 +252,8 @@ def _validate_speculative(cfg: Any, model_config: Any) -> None:
     if cfg.device == "cpu" and getattr(cfg, "enable_torch_compile", False):
         raise ValueError(
             f"--speculative-algorithm {algorithm} with --attention-backend inkling on a CPU runs its verify steps "
-            f"eagerly: leave --enable-torch-compile unset (SGLang's CPU graph runner would capture verify steps, "
-            f"which this backend captures on CUDA only)")
+            f"eagerly: leave --enable-torch-compile unset (SGLang 0.5.23's CPU graph runner, which that flag builds, "
+            f"asserts that no speculative algorithm is set)")
     if name in DRAFT_MODEL_ALGORITHMS:
         _validate_draft_model(cfg, algorithm)
     hf_config = getattr(model_config, "hf_config", None)
