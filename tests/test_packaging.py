@@ -3,6 +3,8 @@ package (never as a top-level `entry_points` module), and the core imports with 
 
 import configparser
 import importlib.metadata
+import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -42,3 +44,13 @@ def test_core_imports_with_torch_only():
             "print(s.mxfp8.BLOCK)")
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
     assert out.stdout.strip() == "32"
+
+
+def test_the_cpu_servers_environment_finds_this_pythons_scripts_first():
+    """SGLang's JIT C++ builds in the server (NGRAM's n-gram corpus) run ``ninja``, which the test extras install
+    next to this Python: the server's PATH starts there, as an activated venv's does."""
+    from sglang_inkling_backend.demo.cpu_host import cpu_env
+
+    env = cpu_env(base={"PATH": "/usr/bin:/bin"})
+    assert env["PATH"].split(os.pathsep) == [os.path.dirname(sys.executable), "/usr/bin", "/bin"]
+    assert shutil.which("ninja", path=env["PATH"]) is not None, "ninja (the test extras) is not installed"

@@ -5,6 +5,7 @@ torchvision work-around (``sitecustomize.py``) and the GGUF -> safetensors conve
 points elsewhere when the package is not used from a checkout.
 """
 import os
+import sys
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -22,8 +23,12 @@ def shims_dir() -> Path:
 
 def cpu_env(omp_threads_bind: str | None = None, base: dict | None = None) -> dict:
     """Environment for SGLang (server or converter) on a CPU: CPU engine, shims first on PYTHONPATH,
-    no torch.compile (Gemma-3's rotary function would otherwise spend ~15 s in a C++ compile)."""
+    no torch.compile (Gemma-3's rotary function would otherwise spend ~15 s in a C++ compile), and this Python's
+    scripts directory first on PATH, as an activated venv has it (SGLang's JIT C++ builds, NGRAM's n-gram corpus,
+    run ``ninja``, which the test extras install there)."""
     env = dict(os.environ if base is None else base)
+    scripts = os.path.dirname(sys.executable)
+    env["PATH"] = scripts + (os.pathsep + env["PATH"] if env.get("PATH") else "")
     pythonpath = str(shims_dir() / "pythonpath")
     env["PYTHONPATH"] = pythonpath + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["SGLANG_USE_CPU_ENGINE"] = "1"
