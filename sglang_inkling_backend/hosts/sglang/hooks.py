@@ -307,7 +307,7 @@ def _validate_quantized_hicache(cfg: Any, kv_cache_dtype: str) -> None:
     CUDA/HIP kernels in the page_first layout, and has no storage (L3) pages; a per-tensor fp8 pool's pages are
     plain bytes, but an L3 key does not name the KV dtype (sglang#33268), so another run's pages could be read."""
     flag = f"--enable-hierarchical-cache with --kv-cache-dtype {kv_cache_dtype} on --attention-backend inkling"
-    if cfg.device != "cuda" and not __import__("os").environ.get("INKLING_EXPERIMENT_CPU_SPEC"):
+    if cfg.device != "cuda":
         raise ValueError(f"{flag} needs a CUDA/ROCm device (SGLang's host-pool transfer kernels); got --device "
                          f"{cfg.device}")
     if getattr(cfg, "hicache_storage_backend", None):
