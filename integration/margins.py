@@ -138,3 +138,11 @@ def compare_on_margins(model_dir, reference: WorkloadRun, candidates: dict[str, 
         judged[key] = verdict | {"error_level": level,
                                  "passed": not verdict["mismatches"] and not level["exceeds_reference"]}
     return {"reference_noise": round(noise, 4), "noise_bound": round(bound, 4), "candidates": judged}
+
+
+def verdict_summary(result: dict, candidate: str) -> str:
+    """What decided ``candidate``'s verdict in a ``compare_on_margins`` result (an assertion's message): its
+    divergences beyond the noise bound, its error level and the near-ties it was excused."""
+    judged = result["candidates"][candidate]
+    return (f"divergences beyond the noise bound {result['noise_bound']} nats {judged['mismatches']}, error level "
+            f"{judged['error_level']} (excused near-ties: {judged['excused_near_ties']})")
