@@ -129,7 +129,7 @@ def paged_extend_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: torch.Tensor
     if batch < 1:
         raise ValueError(f"qo_indptr must have batch + 1 >= 2 entries, got {qo_indptr.numel()}")
     _check_indices(kv, kv_indptr, kv_indices, batch)
-    if batch < 1 or int(qo_indptr[0]) != 0 or bool((qo_indptr.diff() < 0).any()):
+    if int(qo_indptr[0]) != 0 or bool((qo_indptr.diff() < 0).any()):
         raise ValueError(f"qo_indptr must start at 0 and be non-decreasing, with batch + 1 >= 2 entries, got "
                          f"{qo_indptr.tolist()[:8]}")
     if int(qo_indptr[-1]) != q.shape[0]:

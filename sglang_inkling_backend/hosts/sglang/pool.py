@@ -40,6 +40,7 @@ E8M0 = getattr(torch, "float8_e8m0fnu", None)
 # set_kv_buffer's loc is the step's out_cache_loc (its SWA slots for a windowed layer of a hybrid pool)
 WRITE_LOC_NAME = "loc (the step's out_cache_loc)"
 
+
 class InklingMHATokenToKVPool(MHATokenToKVPool):
     """An MHA token-to-KV pool whose storage and writes are the core ``InklingKVPool``'s."""
 
