@@ -187,12 +187,18 @@ _BLOCKS = dict(kernel="blocks", block_n=32, num_warps=1, num_stages=3)  # V load
 # The Hopper kernel: one page per tile, one warpgroup, 3 TMA stages; 2 programs per SM (shared memory: 3 x 32 KiB
 # of K/V stages at head_dim 128) split into one round of them
 HOPPER = dict(kernel="hopper", block_n=128, num_warps=4, num_stages=3, resident=2, waves=1, min_split=512)
+# head_dim 256 takes half-page tiles on 2 stages (on 128-key tiles it spills: HOPPER_BLOCK_NS): 199 registers and
+# 83 KiB, 2 programs per SM. On an H100 at 16/8/256, B 32 x 16k: 0.753 ms against the Triton block kernel's 0.876
+# and 128-key tiles' 1.677; 2.94 TB/s against a 3.02 TB/s copy
+# (bench/results/current/h100-2026-12-05/decode/call3-d256-gqa16.json).
+HOPPER_WIDE = dict(HOPPER, block_n=64, num_stages=2)
 # Where plan_decode picks the Hopper kernel on its own (an H200 grid, bench/results/current/2026-12-02-h200.json,
 # rows ours_mxfp8_hopper against ours_mxfp8; bench/hopper_route_table.py applies this rule to it): head_dim 128
-# with at most 8 query heads per KV head, at least 2**18 keys over all (request, KV head) pairs and at least 2048
-# keys per request. At the 18 grid points the rule picks (16/2/128 and 64/8/128) it took 0.84-0.98x the Triton block
-# kernel's time; of the 14 head_dim-128 points it leaves out, 11 ran 1.00-1.66x (short or few requests: its
-# per-page overhead and one warpgroup per program) and 3 ran 0.79-0.92x; at head_dim 256 (4/1/256) it took 1.76-2.97x.
+# or 256 with at most 8 query heads per KV head, at least 2**18 keys over all (request, KV head) pairs and at least
+# 2048 keys per request. At the 18 grid points the rule picks at head_dim 128 (16/2/128 and 64/8/128) it took
+# 0.84-0.98x the Triton block kernel's time; of the 14 head_dim-128 points it leaves out, 11 ran 1.00-1.66x (short
+# or few requests: its per-page overhead and one warpgroup per program) and 3 ran 0.79-0.92x. head_dim 256 follows
+# the same thresholds on the one point above (its grid points, 4/1/256, ran the spilling 128-key tiles).
 HOPPER_MIN_PAIR_KEYS = 1 << 18
 HOPPER_MIN_KEYS = 2048
 _hopper_status: dict = {}
@@ -272,8 +278,14 @@ def hopper_head_split(group: int) -> int:
 
 def hopper_decode_fits(batch: int, num_q_heads: int, num_kv_heads: int, head_dim: int, max_keys: int) -> bool:
     """The shapes where the Hopper kernel beat the Triton block kernel on the H200 grid (``HOPPER_MIN_*``)."""
-    return (head_dim == 128 and num_q_heads // num_kv_heads <= 8 and max_keys >= HOPPER_MIN_KEYS
+    return (head_dim in (128, 256) and num_q_heads // num_kv_heads <= 8 and max_keys >= HOPPER_MIN_KEYS
             and batch * num_kv_heads * max_keys >= HOPPER_MIN_PAIR_KEYS)
+
+
+def hopper_config(head_dim: int) -> dict:
+    """The Hopper kernel's configuration for ``head_dim``: whole-page tiles on 3 stages, half-page tiles on 2
+    stages above head_dim 128 (``HOPPER_WIDE``)."""
+    return dict(HOPPER_WIDE if head_dim > 128 else HOPPER)
 
 
 def _resident_blocks(wide: bool) -> int:
@@ -391,8 +403,8 @@ def plan_decode(batch: Union[int, torch.Tensor], *, num_q_heads: int, num_kv_hea
     workspace, where the plan's own buffers go (default: the workspace's, the kv_indptr's, else the current CUDA
     device, else the CPU). ``config``: kernel configuration overrides (``DecodeConfig``). ``kv_format``: the pool's
     format (``PagedKV.kv_format``); for "mxfp8" with a page table of 128-slot pages on an sm_90 GPU
-    (``hopper_decode_status``) the plan then takes the Gluon Hopper kernel where the H200 grid measured it faster (``hopper_decode_fits``) unless
-    ``config`` names a kernel.
+    (``hopper_decode_status``) the plan then takes the Gluon Hopper kernel where it was measured faster
+    (``hopper_decode_fits``, in ``hopper_config``'s tiles) unless ``config`` names a kernel.
     """
     if isinstance(batch, torch.Tensor):
         kv_indptr = batch
@@ -433,7 +445,7 @@ def plan_decode(batch: Union[int, torch.Tensor], *, num_q_heads: int, num_kv_hea
             config.kernel is None and kv_format == "mxfp8" and page_size == HOPPER["block_n"]
             and hopper_decode_fits(batch, num_q_heads, num_kv_heads, head_dim, max_keys)
             and hopper_decode_status(device)[0]):
-        chosen = dict(HOPPER)
+        chosen = hopper_config(head_dim)
     kernel = chosen["kernel"] if config.kernel is None else config.kernel
     block_n = chosen["block_n"] if config.block_n is None else config.block_n
     num_warps = chosen["num_warps"] if config.num_warps is None else config.num_warps

@@ -28,7 +28,8 @@ def test_fits_rule_numbers():
     assert fits(1, 64, 8, 128, 32768)  # 8 pairs x 32768 keys = 2**18 exactly
     assert not fits(1, 64, 8, 128, 16384)  # 2**17 pair-keys
     assert not fits(128, 64, 8, 128, 1024)  # fewer than 2048 keys per request
-    assert not fits(128, 4, 1, 256, 32768)  # head_dim 256: 1.76-2.97x the Triton kernel's time
+    assert fits(32, 16, 8, 256, 16384)  # head_dim 256 on half-page tiles: 0.86x the Triton kernel's time (H100)
+    assert not fits(128, 8, 8, 64, 32768)  # head_dim 64: not measured
     assert not fits(128, 32, 2, 128, 32768)  # 16 query heads per KV head
 
 
@@ -42,7 +43,11 @@ def test_plan_takes_hopper_only_where_it_can_run(monkeypatch):
     for kv_format in ("fp8_e4m3", "bf16", None):  # only MXFP8 pools
         assert plan_decode(128, kv_format=kv_format, **BIG).kernel != "hopper"
     assert plan_decode(128, kv_format="mxfp8", **dict(BIG, page_size=64)).kernel != "hopper"
-    assert plan_decode(128, kv_format="mxfp8", **dict(BIG, head_dim=256)).kernel != "hopper"
+    wide = plan_decode(128, kv_format="mxfp8", **dict(BIG, head_dim=256))  # half-page tiles, 2 stages
+    assert (wide.kernel, wide.block_n, wide.num_warps, wide.num_stages) == ("hopper", 64, 4, 2)
+    forced = plan_decode(2, kv_format="mxfp8", config=DecodeConfig(kernel="hopper"), **dict(BIG, head_dim=256))
+    assert (forced.kernel, forced.block_n, forced.num_stages) == ("hopper", 64, 2)  # a forced kernel too
+    assert plan_decode(128, kv_format="mxfp8", **dict(BIG, head_dim=64)).kernel != "hopper"
     assert plan_decode(2, kv_format="mxfp8", **dict(BIG, max_seq_len=4096)).kernel != "hopper"  # 2**14 pair-keys
     # a kernel named by the caller wins over the route
     assert plan_decode(128, kv_format="mxfp8", config=DecodeConfig(kernel="blocks"), **BIG).kernel == "blocks"
