@@ -20,8 +20,9 @@
 # PARITY_SERVE_ARGS="--evict-tokens 16000" the workload's documents (3 x 2051 tokens) are pushed out of the device
 # pool but stay in the host pool (a flood beyond it evicts them there too: no host hit) and are loaded back, see
 # serve_check.py; compare.py against the same entry with smallpool, whose documents are computed again, and without
-# it, whose documents stay on the device), verifygraph (INKLING_VERIFY_GRAPHS=1: with ngram/eagle*, decode CUDA graphs
-# stay on, the target's verify steps and EAGLE's draft steps captured; compare.py against the same entry without it).
+# it, whose documents stay on the device), eagerverify (INKLING_VERIFY_GRAPHS=0: with ngram/eagle*, decode CUDA graphs
+# off, the target's verify steps and EAGLE's draft steps eager; without it, the default, they are captured),
+# verifygraph (INKLING_VERIFY_GRAPHS=1, the default since 2026-12-05, named for results recorded before).
 # Tags combine with "+", e.g. inkling-swa:triton:auto:tp2+noprefillgraph, llama-gqa4:inkling:mxfp8:ngram+verifygraph.
 # PARITY_SERVE_ARGS: more serve_check.py flags for every entry (e.g. "--prompt-logprobs --rescore").
 # FlashInfer: with the trimmed 0.7.2 tree carried in ../.fi072 (carry ".fi072") it is importable for EVERY entry, as
@@ -64,6 +65,7 @@ for entry in "$@"; do
       ngram) extra+=(--speculative-algorithm NGRAM --speculative-ngram-max-bfs-breadth 1) ;;
       ngramtree) extra+=(--speculative-algorithm NGRAM) ;;
       verifygraph) envs+=(INKLING_VERIFY_GRAPHS=1) ;;
+      eagerverify) envs+=(INKLING_VERIFY_GRAPHS=0) ;;
       smallpool) extra+=(--max-total-tokens ${PARITY_SMALL_POOL_TOKENS:-8192}) ;;
       hicache) extra+=(--enable-hierarchical-cache --hicache-ratio 4 --max-total-tokens ${PARITY_SMALL_POOL_TOKENS:-8192}) ;;
       eagle|eagletree|eagle3)
@@ -75,7 +77,7 @@ for entry in "$@"; do
                 --speculative-draft-kv-cache-dtype bf16 --speculative-num-steps ${spec[0]}
                 --speculative-eagle-topk ${spec[1]} --speculative-num-draft-tokens ${spec[2]}) ;;
       *) echo "entry $entry: unknown tag $t (nograph, noprefillgraph, broken, tp2, noprologue, qbf16, querybf16," \
-           "querymxfp8, ngram, ngramtree, smallpool, hicache, eagle, eagletree, eagle3, verifygraph)"
+           "querymxfp8, ngram, ngramtree, smallpool, hicache, eagle, eagletree, eagle3, verifygraph, eagerverify)"
          exit 2 ;;
     esac
   done

@@ -13,7 +13,7 @@ What SGLang expects of a backend and where it is met:
   turns decode graphs off otherwise;
 - a speculative target's graphs (TARGET_VERIFY, ``D`` drafts per request): ``VerifyGraphBuffers`` in place of the
   decode buffers, and ``verify_mask`` (its tree mask as SGLang's QLEN_ONLY ``VerifyMask``: EAGLE writes its trees
-  there); the resolution hook keeps these graphs only with ``INKLING_VERIFY_GRAPHS=1`` (hooks.py);
+  there); the resolution hook drops these graphs with ``INKLING_VERIFY_GRAPHS=0`` (hooks.py);
 - ``forward_metadata.swa_out_cache_loc`` (the in-tree Inkling model reads it).
 The CPU graph runner (``--enable-torch-compile`` on CPU): its duck-typed hooks are implemented, and attention runs
 eagerly inside the compiled model.

@@ -11,8 +11,8 @@ Server-argument resolution hooks (``sglang.srt.arg_groups.resolution_hooks``; th
   (speculative algorithms other than NGRAM/EAGLE/EAGLE3, speculation on a CPU beyond NGRAM over a page-1 pool,
   MLA, cross attention, unsupported ``--kv-cache-dtype``, head_dim not a
   multiple of 32 with MXFP8, quantized KV shared with another backend, HiCache with quantized KV outside SGLang's
-  host-pool rules), prefill CUDA graphs off, and decode CUDA graphs off with NGRAM (verify steps run eagerly) or
-  when there is no graph-capturable (Triton) route.
+  host-pool rules), prefill CUDA graphs off, and decode CUDA graphs off when there is no graph-capturable (Triton)
+  route or, with speculation, when ``INKLING_VERIFY_GRAPHS=0`` (verify steps then run eagerly).
 - ``apply_inkling_prefill_cuda_graph_default``: the Inkling model's FULL prefill graph needs FA4-only metadata; skip
   it when inkling serves attention.
 
@@ -113,17 +113,20 @@ def handle_attention_backend_compatibility(server_args: Any, previous: Callable[
     # Prefill graphs (FULL or breakable) need metadata this backend does not build.
     graph_config = with_phase(graph_config, Phase.PREFILL, backend=Backend.DISABLED)
     head_dim = getattr(model_config_of(server_args), "head_dim", None)
-    if decode and cfg.speculative_algorithm is not None and not (
-            verify_graphs_setting() and decode_graph_capturable(cfg.device, head_dim)):
+    speculative = decode and cfg.speculative_algorithm is not None
+    if speculative and decode_graph_capturable(cfg.device, head_dim) and not verify_graphs_setting():
         # The target's decode graph runner captures TARGET_VERIFY batches; the backend builds their metadata in
-        # graph buffers (VerifyGraphBuffers), opt-in until measured on a GPU through the real server.
-        logger.warning("inkling: decode CUDA graphs disabled with --speculative-algorithm %s: verify steps run "
-                       "eagerly (%s=1 captures them where the Triton route serves)", cfg.speculative_algorithm,
-                       VERIFY_GRAPHS_ENV)
+        # graph buffers (VerifyGraphBuffers). 0 turns that off: decode graphs go, and EAGLE's draft graphs with them.
+        logger.warning("inkling: %s=0: decode CUDA graphs disabled with --speculative-algorithm %s, verify steps "
+                       "run eagerly", VERIFY_GRAPHS_ENV, cfg.speculative_algorithm)
         graph_config = with_phase(graph_config, Phase.DECODE, backend=Backend.DISABLED)
-    elif decode and cfg.speculative_algorithm is not None:
-        logger.warning("inkling: %s=1: the target's verify steps run under CUDA graphs (--speculative-algorithm %s)",
-                       VERIFY_GRAPHS_ENV, cfg.speculative_algorithm)
+    elif speculative and decode_graph_capturable(cfg.device, head_dim):
+        logger.info("inkling: the target's verify steps run under CUDA graphs (--speculative-algorithm %s; %s=0 "
+                    "runs them eagerly)", cfg.speculative_algorithm, VERIFY_GRAPHS_ENV)
+    elif speculative:
+        logger.warning("inkling: decode CUDA graphs disabled with --speculative-algorithm %s on device %r: the torch "
+                       "route cannot be captured, verify steps run eagerly", cfg.speculative_algorithm, cfg.device)
+        graph_config = with_phase(graph_config, Phase.DECODE, backend=Backend.DISABLED)
     elif decode and not decode_graph_capturable(cfg.device, head_dim):
         if cfg.device == "cpu":
             # SGLang builds its CPU graph runner from --enable-torch-compile alone; the backend implements its hooks
@@ -152,11 +155,13 @@ VERIFY_GRAPHS_ENV = "INKLING_VERIFY_GRAPHS"
 
 
 def verify_graphs_setting() -> bool:
-    """Whether a speculative target's verify steps run under CUDA graphs (``INKLING_VERIFY_GRAPHS``: 0, the default,
-    or 1). Off, start-up turns decode graphs off with speculation, which also drops EAGLE's draft graphs (SGLang has
-    one switch for both, ``Phase.DECODE``)."""
+    """Whether a speculative target's verify steps run under CUDA graphs where the Triton route serves
+    (``INKLING_VERIFY_GRAPHS``: 1, the default, or 0). Off, start-up turns decode graphs off with speculation, which
+    also drops EAGLE's draft graphs (SGLang has one switch for both, ``Phase.DECODE``). On an H100, NGRAM over MXFP8
+    gave the eager run's tokens and logprobs exactly at 1.43-1.81x its decode rate
+    (bench/results/current/h100-2026-12-05/sglang/)."""
     import os
-    value = os.environ.get(VERIFY_GRAPHS_ENV, "0")
+    value = os.environ.get(VERIFY_GRAPHS_ENV, "1")
     if value not in ("0", "1"):
         raise ValueError(f"{VERIFY_GRAPHS_ENV} must be 0 or 1, got {value!r}")
     return value == "1"

@@ -250,42 +250,50 @@ def test_hierarchical_cache_with_quantized_kv_follows_the_host_pool_rules(tmp_pa
     assert view.hicache_mem_layout == "layer_first"
 
 
-def test_verify_graphs_are_kept_with_speculation_only_when_asked(tmp_path, caplog, monkeypatch):
-    """INKLING_VERIFY_GRAPHS=1 keeps decode CUDA graphs on with speculation (the target's runner then captures its
-    verify steps, and EAGLE its draft steps), saying so; without it they are off; any other value is refused."""
+def test_verify_graphs_are_on_with_speculation_unless_turned_off(tmp_path, caplog, monkeypatch):
+    """By default decode CUDA graphs stay on with speculation where the Triton route serves (the target's runner then
+    captures its verify steps, and EAGLE its draft steps), saying so; INKLING_VERIFY_GRAPHS=0 turns them off, saying
+    so; any other value is refused."""
     eagle = dict(device="cuda", attention_backend="inkling", kv_cache_dtype="mxfp8", speculative_algorithm="EAGLE",
                  speculative_draft_model_path=_model_dir(tmp_path), speculative_num_steps=3, speculative_eagle_topk=1,
                  speculative_num_draft_tokens=4, speculative_draft_attention_backend="triton",
                  speculative_draft_kv_cache_dtype="bf16")
-    assert _resolve(tmp_path, **eagle).cuda_graph_config.decode.backend == "disabled"
-    monkeypatch.setenv("INKLING_VERIFY_GRAPHS", "1")
-    with caplog.at_level(logging.WARNING, logger="sglang_inkling_backend.hosts.sglang.hooks"):
-        for args in (eagle, dict(device="cuda", attention_backend="inkling", speculative_algorithm="NGRAM")):
+    ngram = dict(device="cuda", attention_backend="inkling", speculative_algorithm="NGRAM")
+    monkeypatch.delenv("INKLING_VERIFY_GRAPHS", raising=False)
+    with caplog.at_level(logging.INFO, logger="sglang_inkling_backend.hosts.sglang.hooks"):
+        for args in (eagle, ngram):
             assert _resolve(tmp_path, **args).cuda_graph_config.decode.backend != "disabled"
-    assert "INKLING_VERIFY_GRAPHS=1: the target's verify steps run under CUDA graphs" in caplog.text
+    assert "the target's verify steps run under CUDA graphs (--speculative-algorithm EAGLE" in caplog.text
+    caplog.clear()
+    monkeypatch.setenv("INKLING_VERIFY_GRAPHS", "0")
+    with caplog.at_level(logging.WARNING, logger="sglang_inkling_backend.hosts.sglang.hooks"):
+        for args in (eagle, ngram):
+            assert _resolve(tmp_path, **args).cuda_graph_config.decode.backend == "disabled"
+    assert "INKLING_VERIFY_GRAPHS=0: decode CUDA graphs disabled with --speculative-algorithm NGRAM" in caplog.text
+    assert _resolve(tmp_path, device="cuda", attention_backend="inkling").cuda_graph_config.decode.backend \
+        != "disabled"  # without speculation the setting does nothing
     monkeypatch.setenv("INKLING_VERIFY_GRAPHS", "yes")
     with pytest.raises(ValueError, match="INKLING_VERIFY_GRAPHS must be 0 or 1, got 'yes'"):
         _resolve(tmp_path, **eagle)
 
 
-def test_ngram_is_served_with_decode_graphs_off_and_other_draft_model_algorithms_are_refused(tmp_path, caplog):
-    with caplog.at_level(logging.WARNING, logger="sglang_inkling_backend.hosts.sglang.hooks"):
-        view = _resolve(tmp_path, device="cuda", attention_backend="inkling", speculative_algorithm="NGRAM")
+def test_ngram_is_served_and_other_draft_model_algorithms_are_refused(tmp_path, caplog, monkeypatch):
+    monkeypatch.delenv("INKLING_VERIFY_GRAPHS", raising=False)
+    view = _resolve(tmp_path, device="cuda", attention_backend="inkling", speculative_algorithm="NGRAM")
     assert view.speculative_algorithm == "NGRAM" and view.speculative_eagle_topk == 10  # a bf16 pool: page 1, trees
-    assert view.cuda_graph_config.decode.backend == "disabled"
-    assert "decode CUDA graphs disabled with --speculative-algorithm NGRAM" in caplog.text
-    assert "INKLING_VERIFY_GRAPHS=1 captures them" in caplog.text
     view = _resolve(tmp_path, device="cuda", attention_backend="inkling", kv_cache_dtype="mxfp8",
                     speculative_algorithm="NGRAM", speculative_ngram_max_bfs_breadth=1)
-    assert view.page_size == 128 and view.cuda_graph_config.decode.backend == "disabled"
-    view = _resolve(tmp_path, device="cuda", attention_backend="inkling")
-    assert view.cuda_graph_config.decode.backend != "disabled"  # without speculation the decode graphs stay on
+    assert view.page_size == 128 and view.cuda_graph_config.decode.backend != "disabled"
     with pytest.raises(ValueError, match=r"does not support speculative decoding with --speculative-algorithm "
                                          r"STANDALONE .*allowed: NGRAM, EAGLE, EAGLE3"):
         _resolve(tmp_path, device="cuda", attention_backend="inkling", speculative_algorithm="STANDALONE",
                  speculative_draft_model_path=_model_dir(tmp_path))
-    view = _resolve(tmp_path, attention_backend="inkling", speculative_algorithm="NGRAM")  # a CPU: the torch route
+    with caplog.at_level(logging.WARNING, logger="sglang_inkling_backend.hosts.sglang.hooks"):
+        view = _resolve(tmp_path, attention_backend="inkling", speculative_algorithm="NGRAM")  # a CPU: the torch route
     assert view.device == "cpu" and view.attention_backend == "inkling"
+    assert view.cuda_graph_config.decode.backend == "disabled"
+    assert "disabled with --speculative-algorithm NGRAM on device 'cpu': the torch route cannot be captured" \
+        in caplog.text
     with pytest.raises(ValueError, match=r"NGRAM with --attention-backend inkling on a CPU runs its verify steps "
                                          r"eagerly: leave --enable-torch-compile unset"):
         _resolve(tmp_path, attention_backend="inkling", speculative_algorithm="NGRAM", enable_torch_compile=True)
@@ -318,7 +326,7 @@ def test_eagle_needs_another_draft_backend_and_a_16_bit_draft_pool(tmp_path, mon
     view = _resolve(tmp_path, speculative_draft_attention_backend="triton", speculative_draft_kv_cache_dtype="bf16",
                     **eagle)
     assert view.speculative_algorithm == "EAGLE" and view.page_size == 128
-    assert view.cuda_graph_config.decode.backend == "disabled"
+    assert view.cuda_graph_config.decode.backend != "disabled"  # verify graphs on by default
     bf16_target = {**eagle, "kv_cache_dtype": "auto"}  # a 16-bit target pool: the draft's dtype may stay unset
     assert _resolve(tmp_path, speculative_draft_attention_backend="flashinfer", **bf16_target).page_size == 1
     monkeypatch.setenv("SGLANG_ENABLE_OVERLAP_PLAN_STREAM", "1")
