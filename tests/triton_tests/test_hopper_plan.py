@@ -173,3 +173,17 @@ def test_the_head_split_kernel_compiles_without_spills():
     assert split["stack"] == 0 and split["regs"] <= 232 and split["wgmma_e4m3"] == 16
     whole = compile_report(G=16)
     assert whole["stack"] > 0 or whole["regs"] >= 255
+
+
+def test_the_routes_head_dim_256_configuration_compiles_without_spills():
+    """plan.HOPPER_WIDE (what the route launches at head_dim 256) builds without a stack, and 2 programs fit an SM
+    as its split policy assumes (``resident``: registers and shared memory for two)."""
+    try:
+        importlib.util.find_spec("triton.experimental.gluon")
+    except Exception as err:  # noqa: BLE001
+        pytest.skip(f"no Gluon: {err}")
+    wide = plan_mod.hopper_config(256)
+    rep = compile_report(D=256, G=2, stages=wide["num_stages"], **{"block-n": wide["block_n"]})
+    assert rep["stack"] == 0
+    assert wide["resident"] * rep["regs"] * 128 <= 65536 and wide["resident"] * rep["shared"] <= 232448
+    assert rep["wgmma_e4m3"] == (256 // 32) * 2 * (wide["block_n"] // 64) and rep["wgmma_f16"] == (256 // 64) * (wide["block_n"] // 16)
