@@ -23,7 +23,9 @@ What is asserted is what holds beyond noise:
    stays at its error on the unscaled data, per-tensor fp8 at scale 1.0 loses 2-5x more (measured 0.0259 against
    0.0547 for K, 0.0266 against 0.1467 for V).
 
-Greedy token agreement with the bf16 run and the mean |Δ logprob| over shared greedy prefixes are recorded too.
+With ``INKLING_FULL_INTEGRATION=1``, greedy token agreement with the bf16 run and the mean |Δ logprob| over shared
+greedy prefixes are recorded too (not asserted; CI leaves their two servers, MXFP8 and fp8 greedy workloads, out for
+time: MXFP8 decode through the real server is served in CI by ``test_load_and_faults.py``).
 """
 import json
 import math
@@ -38,9 +40,11 @@ from harness import HERE, REPORT
 from sglang_inkling_backend.demo.cpu_host import cpu_env
 from workloads import common_prefix, logprob_deltas, token_agreement
 
-# CI serves the drift runs on Gemma-3 (the hybrid model); SmolLM2's two extra servers (about 3 minutes on the 2-core
-# CI machine) run with INKLING_FULL_INTEGRATION=1. Its numbers are in integration/results/README.md.
-MODELS = ["gemma-3-270m"] + (["smollm2-135m-instruct"] if os.environ.get("INKLING_FULL_INTEGRATION") == "1" else [])
+# CI serves the drift runs on Gemma-3 (the hybrid model); SmolLM2's extra servers (about 3 minutes on the 2-core
+# CI machine) and the greedy workloads run with INKLING_FULL_INTEGRATION=1. Its numbers are in
+# integration/results/README.md.
+FULL = os.environ.get("INKLING_FULL_INTEGRATION") == "1"
+MODELS = ["gemma-3-270m"] + (["smollm2-135m-instruct"] if FULL else [])
 BLOCK = 64
 SIGNIFICANT_Z = 4.0  # one-sided; P(z > 4) < 1e-4 for a difference that is only noise
 
@@ -85,12 +89,14 @@ def greedy_drift(bf16, mxfp8, fp8) -> dict:
 
 @pytest.mark.parametrize("model", MODELS)
 def test_mxfp8_is_not_worse_than_per_tensor_fp8_beyond_noise(workload, teacher_forced, model):
-    bf16, mxfp8, fp8 = (workload(model, "inkling", kv) for kv in ("auto", "mxfp8", "fp8_e4m3"))
     text = [teacher_forced(model, kv) for kv in ("auto", "mxfp8", "fp8_e4m3")]
     assert len(text[0].text_ids) > 1024 and len(text[0].text_logprobs) == len(text[0].text_ids) - 1
-    numbers = {"teacher_forced": teacher_forced_drift(*text), "greedy": greedy_drift(bf16, mxfp8, fp8),
-               "per_token_ms": {"bf16": round(bf16.per_token_ms, 1), "mxfp8": round(mxfp8.per_token_ms, 1),
-                                "fp8_e4m3": round(fp8.per_token_ms, 1)}}
+    numbers = {"teacher_forced": teacher_forced_drift(*text)}
+    if FULL:
+        bf16, mxfp8, fp8 = (workload(model, "inkling", kv) for kv in ("auto", "mxfp8", "fp8_e4m3"))
+        numbers["greedy"] = greedy_drift(bf16, mxfp8, fp8)
+        numbers["per_token_ms"] = {"bf16": round(bf16.per_token_ms, 1), "mxfp8": round(mxfp8.per_token_ms, 1),
+                                   "fp8_e4m3": round(fp8.per_token_ms, 1)}
     REPORT.setdefault("kv_quant_vs_bf16", {})[model] = numbers
     print(model, json.dumps(numbers))
     tf = numbers["teacher_forced"]
