@@ -113,21 +113,24 @@ def handle_attention_backend_compatibility(server_args: Any, previous: Callable[
     # Prefill graphs (FULL or breakable) need metadata this backend does not build.
     graph_config = with_phase(graph_config, Phase.PREFILL, backend=Backend.DISABLED)
     head_dim = getattr(model_config_of(server_args), "head_dim", None)
-    speculative = decode and cfg.speculative_algorithm is not None
-    if speculative and decode_graph_capturable(cfg.device, head_dim) and not verify_graphs_setting():
-        # The target's decode graph runner captures TARGET_VERIFY batches; the backend builds their metadata in
-        # graph buffers (VerifyGraphBuffers). 0 turns that off: decode graphs go, and EAGLE's draft graphs with them.
-        logger.warning("inkling: %s=0: decode CUDA graphs disabled with --speculative-algorithm %s, verify steps "
-                       "run eagerly", VERIFY_GRAPHS_ENV, cfg.speculative_algorithm)
-        graph_config = with_phase(graph_config, Phase.DECODE, backend=Backend.DISABLED)
-    elif speculative and decode_graph_capturable(cfg.device, head_dim):
-        logger.info("inkling: the target's verify steps run under CUDA graphs (--speculative-algorithm %s; %s=0 "
-                    "runs them eagerly)", cfg.speculative_algorithm, VERIFY_GRAPHS_ENV)
-    elif speculative:
-        logger.warning("inkling: decode CUDA graphs disabled with --speculative-algorithm %s on device %r: the torch "
-                       "route cannot be captured, verify steps run eagerly", cfg.speculative_algorithm, cfg.device)
-        graph_config = with_phase(graph_config, Phase.DECODE, backend=Backend.DISABLED)
-    elif decode and not decode_graph_capturable(cfg.device, head_dim):
+    capturable = decode and decode_graph_capturable(cfg.device, head_dim)
+    if decode and cfg.speculative_algorithm is not None:
+        verify_graphs = verify_graphs_setting()  # a bad value is refused wherever speculation is asked for
+        if not capturable:
+            logger.warning("inkling: decode CUDA graphs disabled with --speculative-algorithm %s on device %r: the "
+                           "torch route cannot be captured, verify steps run eagerly", cfg.speculative_algorithm,
+                           cfg.device)
+            graph_config = with_phase(graph_config, Phase.DECODE, backend=Backend.DISABLED)
+        elif not verify_graphs:
+            # The target's decode graph runner captures TARGET_VERIFY batches; the backend builds their metadata in
+            # graph buffers (VerifyGraphBuffers). 0 turns that off: decode graphs go, and EAGLE's draft graphs too.
+            logger.warning("inkling: %s=0: decode CUDA graphs disabled with --speculative-algorithm %s, verify steps "
+                           "run eagerly", VERIFY_GRAPHS_ENV, cfg.speculative_algorithm)
+            graph_config = with_phase(graph_config, Phase.DECODE, backend=Backend.DISABLED)
+        else:
+            logger.info("inkling: the target's verify steps run under CUDA graphs (--speculative-algorithm %s; %s=0 "
+                        "runs them eagerly)", cfg.speculative_algorithm, VERIFY_GRAPHS_ENV)
+    elif decode and not capturable:
         if cfg.device == "cpu":
             # SGLang builds its CPU graph runner from --enable-torch-compile alone; the backend implements its hooks
             # and keeps attention out of the compiled graphs (torch.compiler.disable).

@@ -275,6 +275,8 @@ def test_verify_graphs_are_on_with_speculation_unless_turned_off(tmp_path, caplo
     monkeypatch.setenv("INKLING_VERIFY_GRAPHS", "yes")
     with pytest.raises(ValueError, match="INKLING_VERIFY_GRAPHS must be 0 or 1, got 'yes'"):
         _resolve(tmp_path, **eagle)
+    with pytest.raises(ValueError, match="INKLING_VERIFY_GRAPHS must be 0 or 1, got 'yes'"):
+        _resolve(tmp_path, attention_backend="inkling", speculative_algorithm="NGRAM")  # a CPU too
 
 
 def test_ngram_is_served_and_other_draft_model_algorithms_are_refused(tmp_path, caplog, monkeypatch):
