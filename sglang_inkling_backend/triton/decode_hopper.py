@@ -181,6 +181,146 @@ def pair_layout_for(block_n):
 
 
 @gluon.jit
+def split_tiles(lens_ptr, table_ptr, stride_table_row, b, split, window, split_len, max_splits,
+                BLOCK_N: gl.constexpr, HAS_WINDOW: gl.constexpr, PAGE_TABLE: gl.constexpr):
+    """Request ``b``'s split ``split`` as whole tiles: (seq_len, its page-table row or first CSR entry, the first key
+    its window sees, the split's keys ``[tok_begin, tok_end)``, empty when ``tok_begin >= tok_end``).
+    ``device.split_bounds`` with page-aligned tiles; ``lens_ptr``: seq_lens (``PAGE_TABLE``) or kv_indptr."""
+    if PAGE_TABLE:
+        seq_len = gl.load(lens_ptr + b).to(gl.int32)
+        row_ptr = table_ptr + b.to(gl.int64) * stride_table_row
+    else:
+        kv_start = gl.load(lens_ptr + b).to(gl.int64)
+        seq_len = (gl.load(lens_ptr + b + 1) - gl.load(lens_ptr + b)).to(gl.int32)
+        row_ptr = table_ptr + kv_start
+    first = seq_len * 0
+    if HAS_WINDOW:
+        first = gl.maximum(seq_len - window, 0)
+    start0 = (first // BLOCK_N) * BLOCK_N
+    length = g_request_split_len(seq_len - start0, split_len, max_splits, BLOCK_N)
+    tok_begin = start0 + split * length
+    tok_end = gl.minimum(tok_begin + length, seq_len)
+    return seq_len, row_ptr, first, tok_begin, tok_end
+
+
+@gluon.jit
+def q_parts_to_shared(q_ptr, b, h, stride_qb, stride_qh, sm_scale, G: gl.constexpr, G_PAD: gl.constexpr,
+                      NB: gl.constexpr):
+    """Q as two e4m3 parts of one scale in shared memory, ``[NB, N2, 32]`` each (block j's channels, every head
+    twice): 16 q' = hi + lo with q' = q * 2**(130 - E) (|q'| < 16, E: max|q|'s biased exponent), hi = 16 e4m3(q')
+    (exact), lo = e4m3(16 (q' - e4m3(q'))). Both dots chain into one accumulator and give 16 q'.k exactly for bf16
+    q down to about 2**-17 of its largest element (relative error 1e-4 on random q and K over 4096 keys, against 0
+    for q in fp16), so K's dots run in e4m3 on the stored bytes, with no conversion of K. Returns (hi, lo, the
+    logits' scale: sm_scale * log2(e) over the factors applied to q)."""
+    N2: gl.constexpr = 2 * G_PAD
+    q_blocked: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([N2, 32], gl.float8e4nv)
+    offs_qn = gl.arange(0, N2, layout=gl.SliceLayout(1, q_blocked))
+    offs_qc = gl.arange(0, 32, layout=gl.SliceLayout(0, q_blocked))
+    q_rows = q_ptr + b * stride_qb + gl.expand_dims((h * G + offs_qn % G_PAD) * stride_qh, 1) \
+        + gl.expand_dims(offs_qc, 0)
+    q_mask = gl.expand_dims(offs_qn % G_PAD < G, 1) & gl.expand_dims(offs_qc < 32, 0)
+    q_max = 0.0
+    for j in gl.static_range(NB):
+        qj = gl.abs(gl.load(q_rows + 32 * j, mask=q_mask, other=0.0).to(gl.float32))
+        q_max = gl.maximum(q_max, gl.max(gl.max(qj, 1), 0))
+    q_norm, qk_scale = g_q_power_of_two_norm(q_max, sm_scale * g_log2e())
+    q_norm = q_norm * 8.0
+    qk_scale = qk_scale * 0.0078125  # 1 / (8 * 16)
+    q_hi = gl.allocate_shared_memory(gl.float8e4nv, [NB, N2, 32], q_layout)
+    q_lo = gl.allocate_shared_memory(gl.float8e4nv, [NB, N2, 32], q_layout)
+    for j in gl.static_range(NB):
+        qj = gl.load(q_rows + 32 * j, mask=q_mask, other=0.0).to(gl.float32) * q_norm
+        hi = qj.to(gl.float8e4nv).to(gl.float32)
+        q_hi.index(j).store((hi * 16.0).to(gl.float8e4nv))
+        q_lo.index(j).store(((qj - hi) * 16.0).to(gl.float8e4nv))
+    return q_hi, q_lo, qk_scale
+
+
+@gluon.jit
+def issue_k_dots(kst, q_hi, q_lo, mma8: gl.constexpr, NB: gl.constexpr, BLOCK_N: gl.constexpr, N2: gl.constexpr):
+    """A tile's K dots, issued (asynchronous): per 32-channel block j, ``[BLOCK_N, N2] = K_j @ (hi_j + lo_j)^T`` in
+    e4m3, K straight from the TMA stage ``kst``. Returns one accumulator per block (its K scales come after)."""
+    zero8 = gl.zeros([BLOCK_N, N2], gl.float32, layout=mma8)
+    parts = ()
+    for j in gl.static_range(NB):
+        kj = kst.slice(32 * j, 32, dim=1)
+        dot = warpgroup_mma(kj, q_hi.index(j).permute((1, 0)), zero8, use_acc=False, is_async=True)
+        parts = parts + (warpgroup_mma(kj, q_lo.index(j).permute((1, 0)), dot, is_async=True),)
+    return parts
+
+
+@gluon.jit
+def tile_softmax(parts, k_sf, v_sf, m_i, l_acc, units, qk_scale, start, offs_n, mask_n, q_pos, bias_row_ptr, heads,
+                 mask_g, right, stride_rb_head, rel_extent, logit_cap, mma: gl.constexpr, NB: gl.constexpr,
+                 NH: gl.constexpr, BLOCK_N: gl.constexpr, HAS_REL_BIAS: gl.constexpr, HAS_CAP: gl.constexpr):
+    """One tile's online softmax from its K dots (``issue_k_dots``; waited for here): the logits (K scales, bias,
+    cap, masked keys), one reduction over the tile's keys for the logits' column maxima and each half's V exponent
+    maxima, then the probabilities. Returns (p, alpha (the old state's factor), m_new, l_acc, each half's per-column
+    V exponents ``ecols``, the new per-column V units)."""
+    parts = warpgroup_mma_wait(num_outstanding=0, deps=parts)
+    if NB == 1:
+        parts = (parts,)
+    qk = gl.zeros([BLOCK_N, parts[0].shape[1]], gl.float32, layout=mma)
+    for j in gl.static_range(NB):
+        qk += gl.convert_layout(parts[j], mma) * gl.expand_dims(e8m0(scale_byte(k_sf, j)), 1)
+    qk = g_decode_logits(qk, qk_scale, start, offs_n, mask_n, q_pos, bias_row_ptr, heads, mask_g, stride_rb_head,
+                         rel_extent, logit_cap, BLOCK_N, HAS_REL_BIAS, HAS_CAP, KEYS_FIRST=True)
+    # one reduction over the page's keys: the logits' max and each column's V exponent max
+    ecols = ()
+    for m in gl.static_range(NH):
+        e0 = gl.expand_dims(gl.where(mask_n, scale_byte(v_sf, 2 * m), 0), 1)
+        e1 = gl.expand_dims(gl.where(mask_n, scale_byte(v_sf, 2 * m + 1), 0), 1)
+        ecols = ecols + (gl.where(right, e1, e0),)
+    maxes = column_maxes(qk, ecols, NH)
+    m_new = gl.maximum(m_i, maxes[0])
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.exp2(qk - gl.expand_dims(m_new, 0))
+    l_acc = l_acc * gl.expand_dims(alpha, 0) + p
+    new_units = ()
+    for m in gl.static_range(NH):
+        new_units = new_units + (gl.maximum(units[m], maxes[1 + m]),)
+    return p, alpha, m_new, l_acc, ecols, new_units
+
+
+@gluon.jit
+def v_block_factor(ecol, unit):
+    """Each key's V block scale relative to its column's running unit, ``2**(e - unit)`` (<= 1: fp16-safe)."""
+    return e8m0(gl.maximum(ecol - gl.expand_dims(unit, 0), -126) + 127)
+
+
+@gluon.jit
+def acc_rescale(alpha, unit, new_unit):
+    """The factor on a half's output accumulator when the softmax maximum and its columns' V units move."""
+    return alpha * e8m0(unit - new_unit + 127)
+
+
+@gluon.jit
+def output_factor(l_acc, m_i, sinks_ptr, heads, mask_g, DIRECT: gl.constexpr, HAS_SINKS: gl.constexpr):
+    """After the last tile: (the per-column factor on the accumulators before their V units, l_i, m_i), the sinks
+    folded in when this program writes the final output."""
+    l_i = gl.sum(l_acc, 0)
+    if DIRECT and HAS_SINKS:
+        scale_old, l_i, m_i = g_fold_sinks(m_i, l_i, sinks_ptr, heads, mask_g)
+    else:
+        scale_old = gl.full(l_i.shape, 1.0, gl.float32, layout=l_i.type.layout)
+    return scale_old / l_i, l_i, m_i
+
+
+@gluon.jit
+def store_half(o, m: gl.constexpr, offs_r, store_mask, heads, part_row, out_ptr, part_o_ptr, b, stride_ob, stride_oh,
+               D: gl.constexpr, DIRECT: gl.constexpr):
+    """One 64-channel half of the output (rows as ``load_vt_pairs``' V^T: ``vt_channel``), to ``out`` or to the
+    split's partial rows."""
+    chan = 64 * m + gl.expand_dims(vt_channel(offs_r), 1)
+    if DIRECT:
+        gl.store(out_ptr + b * stride_ob + gl.expand_dims(heads, 0) * stride_oh + chan,
+                 o.to(out_ptr.dtype.element_ty), mask=store_mask)
+    else:
+        gl.store(part_o_ptr + gl.expand_dims(part_row, 0) * D + chan, o, mask=store_mask)
+
+
+@gluon.jit
 def decode_hopper_kernel(
     q_ptr, k_desc, v_desc, ksf_ptr, vsf_ptr,
     lens_ptr, table_ptr, stride_table_row,
@@ -205,21 +345,9 @@ def decode_hopper_kernel(
     split = gl.program_id(2)
     kvh = h // HEAD_SPLIT  # HEAD_SPLIT programs share a KV head whose group is larger than one program's G
 
-    # the split's keys: device.split_bounds with page-aligned tiles; lens_ptr: seq_lens (PAGE_TABLE) or kv_indptr
-    if PAGE_TABLE:
-        seq_len = gl.load(lens_ptr + b).to(gl.int32)
-        row_ptr = table_ptr + b.to(gl.int64) * stride_table_row
-    else:
-        kv_start = gl.load(lens_ptr + b).to(gl.int64)
-        seq_len = (gl.load(lens_ptr + b + 1) - gl.load(lens_ptr + b)).to(gl.int32)
-        row_ptr = table_ptr + kv_start
-    first = seq_len * 0
-    if HAS_WINDOW:
-        first = gl.maximum(seq_len - window, 0)
-    start0 = (first // BLOCK_N) * BLOCK_N
-    length = g_request_split_len(seq_len - start0, split_len, max_splits, BLOCK_N)
-    tok_begin = start0 + split * length
-    tok_end = gl.minimum(tok_begin + length, seq_len)
+    seq_len, row_ptr, first, tok_begin, tok_end = split_tiles(
+        lens_ptr, table_ptr, stride_table_row, b, split, window, split_len, max_splits, BLOCK_N, HAS_WINDOW,
+        PAGE_TABLE)
     if tok_begin >= tok_end:
         return
     q_pos = seq_len - 1
@@ -230,8 +358,6 @@ def decode_hopper_kernel(
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     rows: gl.constexpr = gl.SliceLayout(1, mma)
     cols: gl.constexpr = gl.SliceLayout(0, mma)
-    q_blocked: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
-    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([N2, 32], gl.float8e4nv)
     p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, N2], gl.float16)
 
     # the ring: K and V pages, one barrier per stage; issue the first NUM_STAGES - 1 pages now
@@ -254,30 +380,7 @@ def decode_hopper_kernel(
     slot_1 = tile_slot(row_ptr, tok_begin + gl.minimum(1, last) * BLOCK_N, PAGE, PAGE_TABLE)
     slot_2 = tile_slot(row_ptr, tok_begin + gl.minimum(2, last) * BLOCK_N, PAGE, PAGE_TABLE)
 
-    # Q as two e4m3 parts of one scale, 16 q' = hi + lo with q' = q * 2**(130 - E) (|q'| < 16, E: max|q|'s
-    # biased exponent), hi = 16 e4m3(q') (exact), lo = e4m3(16 (q' - e4m3(q'))): both dots chain into one
-    # accumulator and give 16 q'.k exactly for bf16 q down to about 2**-17 of its largest element (relative error
-    # 1e-4 on random q and K over 4096 keys, against 0 for q in fp16), so K's dots run in e4m3 on the stored
-    # bytes, with no conversion of K. [N2, 32] per block, every head twice.
-    offs_qn = gl.arange(0, N2, layout=gl.SliceLayout(1, q_blocked))
-    offs_qc = gl.arange(0, 32, layout=gl.SliceLayout(0, q_blocked))
-    q_rows = q_ptr + b * stride_qb + gl.expand_dims((h * G + offs_qn % G_PAD) * stride_qh, 1) \
-        + gl.expand_dims(offs_qc, 0)
-    q_mask = gl.expand_dims(offs_qn % G_PAD < G, 1) & gl.expand_dims(offs_qc < 32, 0)
-    q_max = 0.0
-    for j in gl.static_range(NB):
-        qj = gl.abs(gl.load(q_rows + 32 * j, mask=q_mask, other=0.0).to(gl.float32))
-        q_max = gl.maximum(q_max, gl.max(gl.max(qj, 1), 0))
-    q_norm, qk_scale = g_q_power_of_two_norm(q_max, sm_scale * g_log2e())
-    q_norm = q_norm * 8.0
-    qk_scale = qk_scale * 0.0078125  # 1 / (8 * 16)
-    q_hi = gl.allocate_shared_memory(gl.float8e4nv, [NB, N2, 32], q_layout)
-    q_lo = gl.allocate_shared_memory(gl.float8e4nv, [NB, N2, 32], q_layout)
-    for j in gl.static_range(NB):
-        qj = gl.load(q_rows + 32 * j, mask=q_mask, other=0.0).to(gl.float32) * q_norm
-        hi = qj.to(gl.float8e4nv).to(gl.float32)
-        q_hi.index(j).store((hi * 16.0).to(gl.float8e4nv))
-        q_lo.index(j).store(((qj - hi) * 16.0).to(gl.float8e4nv))
+    q_hi, q_lo, qk_scale = q_parts_to_shared(q_ptr, b, h, stride_qb, stride_qh, sm_scale, G, G_PAD, NB)
     P_BUFFERS: gl.constexpr = 1 if ONE_P else NH
     p_smem = gl.allocate_shared_memory(gl.float16, [P_BUFFERS, BLOCK_N, N2], p_layout)
     fence_async_shared()
@@ -339,58 +442,32 @@ def decode_hopper_kernel(
         mbarrier.wait(bars.index(stage), (i // NUM_STAGES) & 1)
         kst = k_smem.index(stage)
         vst = v_smem.index(stage)
-        # all the page's K dots at once (e4m3 x e4m3, K straight from the TMA stage), then V^T's first half into
-        # registers while they run
-        zero8 = gl.zeros([BLOCK_N, N2], gl.float32, layout=mma8)
-        parts = ()
-        for j in gl.static_range(NB):
-            kj = kst.slice(32 * j, 32, dim=1)
-            dot = warpgroup_mma(kj, q_hi.index(j).permute((1, 0)), zero8, use_acc=False, is_async=True)
-            parts = parts + (warpgroup_mma(kj, q_lo.index(j).permute((1, 0)), dot, is_async=True),)
+        # all the page's K dots at once, then V^T's first half into registers while they run
+        parts = issue_k_dots(kst, q_hi, q_lo, mma8, NB, BLOCK_N, N2)
         vt = load_vt_pairs(vst, 0, partial, pairs, a_op, D, BLOCK_N)
-        parts = warpgroup_mma_wait(num_outstanding=0, deps=parts)
-        if NB == 1:
-            parts = (parts,)
-        qk = gl.zeros([BLOCK_N, N2], gl.float32, layout=mma)
-        for j in gl.static_range(NB):
-            qk += gl.convert_layout(parts[j], mma) * gl.expand_dims(e8m0(scale_byte(k_sf, j)), 1)
-        qk = g_decode_logits(qk, qk_scale, start, offs_n, mask_n, q_pos, rel_bias_ptr + b * stride_rb_row, heads,
-                             mask_g, stride_rb_head, rel_extent, logit_cap, BLOCK_N, HAS_REL_BIAS, HAS_CAP,
-                             KEYS_FIRST=True)
-        # one reduction over the page's keys: the logits' max and each column's V exponent max
-        ecols = ()
-        for m in gl.static_range(NH):
-            e0 = gl.expand_dims(gl.where(mask_n, scale_byte(v_sf, 2 * m), 0), 1)
-            e1 = gl.expand_dims(gl.where(mask_n, scale_byte(v_sf, 2 * m + 1), 0), 1)
-            ecols = ecols + (gl.where(right, e1, e0),)
-        maxes = column_maxes(qk, ecols, NH)
-        m_new = gl.maximum(m_i, maxes[0])
-        alpha = gl.exp2(m_i - m_new)
-        p = gl.exp2(qk - gl.expand_dims(m_new, 0))
-        l_acc = l_acc * gl.expand_dims(alpha, 0) + p
-        m_i = m_new
+        p, alpha, m_i, l_acc, ecols, new_units = tile_softmax(
+            parts, k_sf, v_sf, m_i, l_acc, units, qk_scale, start, offs_n, mask_n, q_pos,
+            rel_bias_ptr + b * stride_rb_row, heads, mask_g, right, stride_rb_head, rel_extent, logit_cap, mma, NB, NH,
+            BLOCK_N, HAS_REL_BIAS, HAS_CAP)
 
-        new_units = ()
-        for m in gl.static_range(NH):
-            new_units = new_units + (gl.maximum(units[m], maxes[1 + m]),)
         if ONE_P:
             # one P' buffer for all halves (4 KiB less shared memory): each half's dots finish before the next
             # half's probabilities overwrite it
             new_accs = ()
             for m in gl.static_range(NH):
-                f = e8m0(gl.maximum(ecols[m] - gl.expand_dims(new_units[m], 0), -126) + 127)
+                f = v_block_factor(ecols[m], new_units[m])
                 p_smem.index(0).store((p * f).to(gl.float16))
                 if m > 0:
                     vt = load_vt_pairs(vst, m, partial, pairs, a_op, D, BLOCK_N)
                 fence_async_shared()
                 cta_barrier()
-                acc = accs[m] * gl.expand_dims(alpha * e8m0(units[m] - new_units[m] + 127), 0)
+                acc = accs[m] * gl.expand_dims(acc_rescale(alpha, units[m], new_units[m]), 0)
                 acc = warpgroup_mma(vt, p_smem.index(0), acc, is_async=True)
                 new_accs = new_accs + (warpgroup_mma_wait(num_outstanding=0, deps=(acc,)),)
             accs = new_accs
         else:
             for m in gl.static_range(NH):
-                f = e8m0(gl.maximum(ecols[m] - gl.expand_dims(new_units[m], 0), -126) + 127)
+                f = v_block_factor(ecols[m], new_units[m])
                 p_smem.index(m).store((p * f).to(gl.float16))
             fence_async_shared()
             cta_barrier()
@@ -398,7 +475,7 @@ def decode_hopper_kernel(
             for m in gl.static_range(NH):
                 if m > 0:
                     vt = load_vt_pairs(vst, m, partial, pairs, a_op, D, BLOCK_N)
-                acc = accs[m] * gl.expand_dims(alpha * e8m0(units[m] - new_units[m] + 127), 0)
+                acc = accs[m] * gl.expand_dims(acc_rescale(alpha, units[m], new_units[m]), 0)
                 new_accs = new_accs + (warpgroup_mma(vt, p_smem.index(m), acc, is_async=True),)
             accs = warpgroup_mma_wait(num_outstanding=0, deps=new_accs)
             if NH == 1:
@@ -414,24 +491,14 @@ def decode_hopper_kernel(
     for s in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(bars.index(s))
 
-    l_i = gl.sum(l_acc, 0)
-    if DIRECT and HAS_SINKS:
-        scale_old, l_i, m_i = g_fold_sinks(m_i, l_i, sinks_ptr, heads, mask_g)
-    else:
-        scale_old = gl.full([N2], 1.0, gl.float32, layout=cols)
-    o_scale = scale_old / l_i
+    o_scale, l_i, m_i = output_factor(l_acc, m_i, sinks_ptr, heads, mask_g, DIRECT, HAS_SINKS)
     offs_r = gl.arange(0, 64, layout=rows)
     own = gl.expand_dims(offs_r >= 32, 1) == right  # the columns of each row's own block
     store_mask = own & gl.expand_dims(mask_g, 0)
     part_row = (b * (HKV * HEAD_SPLIT * G) + heads).to(gl.int64) * max_splits + split
     for m in gl.static_range(NH):
         o = accs[m] * gl.expand_dims(o_scale * e8m0(units[m]), 0)
-        chan = 64 * m + gl.expand_dims(vt_channel(offs_r), 1)
-        if DIRECT:
-            gl.store(out_ptr + b * stride_ob + gl.expand_dims(heads, 0) * stride_oh + chan,
-                     o.to(out_ptr.dtype.element_ty), mask=store_mask)
-        else:
-            gl.store(part_o_ptr + gl.expand_dims(part_row, 0) * D + chan, o, mask=store_mask)
+        store_half(o, m, offs_r, store_mask, heads, part_row, out_ptr, part_o_ptr, b, stride_ob, stride_oh, D, DIRECT)
     if not DIRECT:
         gl.store(part_lse_ptr + part_row, m_i + gl.log2(l_i), mask=mask_g & (offs_c < G_PAD))
 
