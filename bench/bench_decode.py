@@ -359,14 +359,17 @@ def main():
         if HOPPER:  # the Gluon kernel, forced (the Triton block kernel is ours_mxfp8 unless the route picks it)
             ours.insert(1, ("ours_mxfp8_hopper", case.mx, case.bytes_mxfp8, False, DecodeConfig(kernel="hopper"),
                             {}))
+            # and its warp-specialized form (not routed until timed here)
+            ours.insert(2, ("ours_mxfp8_hopper_ws", case.mx, case.bytes_mxfp8, False,
+                            DecodeConfig(kernel="hopper_ws"), {}))
             # BENCH_HOPPER_VARIANTS='{"s2": {"num_stages": 2}}': more configurations of it, rows ours_mxfp8_hopper_<name>
             # (a "constexprs" entry: the kernel's variant constexprs, decode_hopper.EXTRA_CONSTEXPRS while it is
             # captured)
             for vname, fields in json.loads(os.environ.get("BENCH_HOPPER_VARIANTS", "{}")).items():
                 fields = dict(fields)
                 consts = fields.pop("constexprs", {})
-                ours.insert(2, (f"ours_mxfp8_hopper_{vname}", case.mx, case.bytes_mxfp8, False,
-                                DecodeConfig(kernel="hopper", **fields), consts))
+                ours.insert(3, (f"ours_mxfp8_hopper_{vname}", case.mx, case.bytes_mxfp8, False,
+                                DecodeConfig(**{"kernel": "hopper", **fields}), consts))
         for kernel, kv, nbytes, eager, config, consts in ours:
             try:
                 if consts:

@@ -22,10 +22,12 @@ FP8_PEERS = ("flashinfer_fp8", "flashinfer_xqa_fp8", "hpcops_fp8")
 
 def hopper_row(rows, shape, b, ctx, head_dim):
     """The run's Hopper-kernel row at a point in the configuration the route launches (``plan.hopper_config``: its
-    tiles and stages, no variant constexprs), whichever variant name it was timed under; None if the run has none."""
+    kernel, tiles and stages, no variant constexprs), whichever variant name it was timed under; None if the run
+    has none. (A row without ``variant`` predates the warp-specialized kernel: the one-warpgroup kernel's.)"""
     want = hopper_config(head_dim)
     for r in rows:
         if (r["kernel"].startswith("ours_mxfp8_hopper") and (r["shape"], r["B"], r["ctx"]) == (shape, b, ctx)
+                and r.get("variant", "hopper") == want["kernel"]
                 and (r.get("block_n"), r.get("num_stages")) == (want["block_n"], want["num_stages"])
                 and not r.get("constexprs") and r.get("correct", True)):
             return r

@@ -233,6 +233,9 @@ DECODE_CONFIGS = {
 HOPPER = {"kernel": "hopper"}  # the Gluon kernel (sm_90a): main() adds "table(hopper)" on an H100/H200
 # and its half-page tiles, 2 stages (head_dim 256 fits its registers only so: plan.HOPPER_BLOCK_NS)
 HOPPER_HALF_PAGE = {"kernel": "hopper", "block_n": 64, "num_stages": 2}
+# the warp-specialized kernel (decode_hopper_ws), in the tiles and stages of plan.hopper_ws_config and on half pages
+HOPPER_WS = {"kernel": "hopper_ws"}
+HOPPER_WS_HALF_PAGE = {"kernel": "hopper_ws", "block_n": 64, "num_stages": 2}
 
 
 def check_decode():
@@ -396,6 +399,9 @@ def main():
     if not SMOKE and torch.cuda.get_device_capability() == (9, 0):
         DECODE_CONFIGS["table(hopper)"] = ("table", HOPPER)
         DECODE_CONFIGS["table(hopper,64)"] = ("table", HOPPER_HALF_PAGE)
+        DECODE_CONFIGS["table(hopper_ws)"] = ("table", HOPPER_WS)
+        DECODE_CONFIGS["table(hopper_ws,64)"] = ("table", HOPPER_WS_HALF_PAGE)
+        DECODE_CONFIGS["pages(hopper_ws)"] = ("pages", HOPPER_WS)  # a CSR of whole pages
     # GPU_CHECKS_ONLY=check_decode,check_store: only those checks
     only = [n for n in os.environ.get("GPU_CHECKS_ONLY", "").split(",") if n]
     for fn in (check_store, check_gather_rails, check_decode, check_format_error, check_extend):

@@ -4,6 +4,7 @@ without a GPU, and report registers, spills, shared memory and its MMA and TMA i
     python tools/compile_hopper.py                       # head_dim 128, 8 heads per KV head, 128-key tiles, 3 stages
     python tools/compile_hopper.py --D 256 --G 4 --stages 2 --all-flags --sass /tmp/k.sass
     python tools/compile_hopper.py --block-n 128 --stages 2 --one-p --maxnreg 168   # the 3-programs-per-SM variant
+    python tools/compile_hopper.py --ws [--D 256 --block-n 64 --stages 2]   # the warp-specialized kernel
 
 Triton's wheel carries ptxas and cuobjdump (made executable here if the wheel's unzip dropped the bit). The numbers
 are the installed Triton's; the GPU machine runs 3.6 (``pip install --target /tmp/t36 triton==3.6.0`` and
@@ -36,27 +37,32 @@ def _executable_tools():
 
 
 def compile_hopper(D=128, G=8, block_n=128, stages=3, one_p=False, flags=(), maxnreg=None, hkv=2,
-                   page_table=True, extra=None, head_split=1, g_pad=None):
-    """The compiled kernel (``triton.compile``'s result) for one configuration, specialized like a launch."""
+                   page_table=True, extra=None, head_split=1, g_pad=None, ws=False):
+    """The compiled kernel (``triton.compile``'s result) for one configuration, specialized like a launch.
+    ``ws``: the warp-specialized kernel (``decode_hopper_ws``; no ``one_p``; ``maxnreg`` defaults to its launch's)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from sglang_inkling_backend.triton import decode_hopper
+    from sglang_inkling_backend.triton import decode_hopper, decode_hopper_ws
     from tools.compile_sm90 import launch_signature
 
     _executable_tools()
     g_pad = g_pad or max(8, triton.next_power_of_2(G))
     layout = gl.NVMMASharedLayout.get_default_for([block_n, D], gl.float8e4nv)
     desc = f"tensordesc<fp8e4nv[{block_n}, {D}],{layout!r}>"
-    fn = decode_hopper.decode_hopper_kernel
+    fn = decode_hopper_ws.decode_hopper_ws_kernel if ws else decode_hopper.decode_hopper_kernel
     types = {"q_ptr": "*bf16", "k_desc": desc, "v_desc": desc, "ksf_ptr": "*u8", "vsf_ptr": "*u8",
              "lens_ptr": "*i32", "table_ptr": "*i32", "rel_bias_ptr": "*bf16", "sinks_ptr": "*bf16",
              "out_ptr": "*bf16", "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "sm_scale": "fp32",
              "logit_cap": "fp32"}
-    consts = dict(G=G, G_PAD=g_pad, D=D, HKV=hkv, NUM_STAGES=stages, BLOCK_N=block_n, ONE_P=one_p,
-                  PAGE_TABLE=page_table, HEAD_SPLIT=head_split, **{f: f in flags for f in FLAGS}, **(extra or {}))
+    consts = dict(G=G, G_PAD=g_pad, D=D, HKV=hkv, NUM_STAGES=stages, BLOCK_N=block_n, PAGE_TABLE=page_table,
+                  HEAD_SPLIT=head_split, **{f: f in flags for f in FLAGS}, **(extra or {}))
+    if not ws:
+        consts["ONE_P"] = one_p
     sig, attrs = launch_signature(fn, types, consts)
     options = {"num_warps": decode_hopper.HOPPER_NUM_WARPS}
+    if ws:
+        options = {"num_warps": decode_hopper_ws.HOPPER_WS_NUM_WARPS, "maxnreg": decode_hopper_ws.HOPPER_WS_MAXNREG}
     if maxnreg:
         options["maxnreg"] = maxnreg
     return triton.compile(GluonASTSource(fn, sig, constexprs=consts, attrs=attrs), target=GPUTarget("cuda", 90, 32),
@@ -76,7 +82,9 @@ def report(kernel) -> dict:
             "shared": kernel.metadata.shared,
             "wgmma_e4m3": len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.f32\.e4m3\.e4m3", ptx)),
             "wgmma_f16": len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.f16\.f16", ptx)),
-            "tma_loads": len(re.findall(r"cp\.async\.bulk\.tensor\.2d", ptx))}
+            "tma_loads": len(re.findall(r"cp\.async\.bulk\.tensor\.2d", ptx)),
+            # register budgets a warp-specialized kernel moves its warps to (its partitions' in the order emitted)
+            "setmaxnreg": [int(n) for n in re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx)]}
 
 
 def main():
@@ -93,11 +101,12 @@ def main():
     ap.add_argument("--all-flags", action="store_true", help="rel bias, window, cap, sinks, one split")
     ap.add_argument("--constexpr", action="append", default=[], metavar="NAME=0|1",
                     help="a variant constexpr of the kernel, e.g. SLOTS_AHEAD=0")
+    ap.add_argument("--ws", action="store_true", help="the warp-specialized kernel (decode_hopper_ws)")
     ap.add_argument("--sass", help="write SASS here")
     ap.add_argument("--ttgir", help="write TTGIR here")
     a = ap.parse_args()
     k = compile_hopper(a.D, a.G, a.block_n, a.stages, a.one_p, FLAGS if a.all_flags else (), a.maxnreg,
-                       page_table=not a.csr, head_split=a.head_split, g_pad=a.g_pad,
+                       page_table=not a.csr, head_split=a.head_split, g_pad=a.g_pad, ws=a.ws,
                        extra={n: bool(int(v)) for n, v in (c.split("=") for c in a.constexpr)})
     print(json.dumps(report(k)))
     if a.ttgir:

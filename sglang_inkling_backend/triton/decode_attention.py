@@ -6,8 +6,9 @@ every KV byte is read once; stage 2 merges the splits' partial results (skipped 
 
 - stage 1: ``decode_tiles.decode_tiles_kernel`` ("tiles": per-token slots, or page-aligned tiles),
   ``decode_blocks.decode_blocks_kernel`` ("blocks": page-aligned tiles, one dot per 32-channel block) or, on sm_90a
-  over MXFP8 pages, ``decode_hopper.decode_hopper_kernel`` ("hopper", Gluon: TMA and warpgroup MMAs; imported only
-  when a plan names it);
+  over MXFP8 pages, ``decode_hopper.decode_hopper_kernel`` ("hopper", Gluon: TMA and warpgroup MMAs) or its
+  warp-specialized form ``decode_hopper_ws.decode_hopper_ws_kernel`` ("hopper_ws"; both imported only when a plan
+  names them);
 - stage 2: ``decode_merge.decode_merge_kernel``;
 - planning (configuration, split count, workspace): ``plan``; input checks: ``inputs``; device helpers: ``device``.
 
@@ -40,7 +41,7 @@ from .decode_tiles import decode_tiles_kernel
 from .device import KV_FLOAT, KV_MXFP8
 from .inputs import (check_decode_inputs, check_kv_map, check_query_and_pool, dot_dtype, interpreting, kv_format_code,
                      kv_data, scale_args, validate_page_table, validate_slots)
-from .plan import DecodeConfig, DecodePlan, DecodeWorkspace, plan_decode
+from .plan import HOPPER_KERNELS, DecodeConfig, DecodePlan, DecodeWorkspace, plan_decode
 
 logger = logging.getLogger(__name__)
 
@@ -91,9 +92,9 @@ def run_decode(plan: DecodePlan, q: torch.Tensor, kv: PagedKV, kv_indptr: Option
     else:
         lens, index, stride_index_row, kv_page = kv_indptr, kv_indices, 0, 0
     grid = (batch, hkv, plan.num_splits)
-    if plan.kernel == "hopper":
+    if plan.kernel in HOPPER_KERNELS:
         if fmt != KV_MXFP8 or not interleaved:
-            raise ValueError("kernel='hopper' reads MXFP8 pages (interleaved scales, page 128); got a "
+            raise ValueError(f"kernel={plan.kernel!r} reads MXFP8 pages (interleaved scales, page 128); got a "
                              f"{'page table' if table else 'CSR'} over a {str(kv.k_buffer.dtype)} pool")
         from .decode_hopper import launch_decode_hopper  # Gluon: imported only where this kernel runs
 
@@ -107,7 +108,7 @@ def run_decode(plan: DecodePlan, q: torch.Tensor, kv: PagedKV, kv_indptr: Option
         tiles_dtype = tl.float32 if interpreting() else (tl.float16 if fp16_tiles else dot_dtype(kv))
         g_pad = max(16, triton.next_power_of_2(group))  # the heads are the dots' M side: 16 rows at least
         kernel, variant = decode_tiles_kernel, dict(DOT_DTYPE=tiles_dtype, FP16_TILES=fp16_tiles, PAGED=plan.paged)
-    if plan.kernel != "hopper":
+    if plan.kernel not in HOPPER_KERNELS:
         kernel[grid](
             q, *kv_data(kv), ksf, vsf,
             lens, index, stride_index_row,

@@ -23,6 +23,9 @@ probabilities times ``2**(e - unit) <= 1`` stay inside fp16.
 
 Keys outside the split's range or the window: logits -inf, and on a tile that holds any, V's e4m3 NaN bytes made
 numbers (a TMA box reads the whole tile, and bytes past a request's last key can be anything).
+
+The kernel's steps (``split_tiles``, ``q_parts_to_shared``, ``issue_k_dots``, ``tile_softmax``, the factors,
+``store_half``) are helpers that the warp-specialized kernel (``decode_hopper_ws``) runs too.
 """
 
 from __future__ import annotations
@@ -502,6 +505,7 @@ def decode_hopper_kernel(
     if not DIRECT:
         gl.store(part_lse_ptr + part_row, m_i + gl.log2(l_i), mask=mask_g & (offs_c < G_PAD))
 
+
 def hopper_tensor_maps(kv, head_dim: int, block_n: int):
     """The pool-wide TMA descriptors of K and V: each buffer as ``[slots, Hkv * D]`` with a ``[block_n, D]`` box."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -521,7 +525,8 @@ def hopper_tensor_maps(kv, head_dim: int, block_n: int):
 
 
 def launch_decode_hopper(plan, q, kv, params, out, lens, index, stride_index_row, table, sf, dummy):
-    """Stage 1 on Hopper: one program per (request, KV head, split), as the Triton kernels' grid. ``lens`` /
+    """Stage 1 on Hopper (``plan.kernel``: "hopper", or "hopper_ws" for the warp-specialized kernel): one program
+    per (request, KV head, split), as the Triton kernels' grid. ``lens`` /
     ``index``: seq_lens and the page table (``table``), or kv_indptr and the per-key slots of whole pages."""
     import triton
 
@@ -536,11 +541,19 @@ def launch_decode_hopper(plan, q, kv, params, out, lens, index, stride_index_row
         G=group, G_PAD=max(8, triton.next_power_of_2(group)), D=d, HKV=hkv,
         HAS_REL_BIAS=rb is not None, HAS_WINDOW=params.window is not None, HAS_CAP=params.logit_cap > 0,
         HAS_SINKS=params.sinks is not None, DIRECT=direct, NUM_STAGES=plan.num_stages, BLOCK_N=plan.block_n,
-        PAGE_TABLE=table, HEAD_SPLIT=head_split, num_warps=HOPPER_NUM_WARPS, **_launch_options(plan))
+        PAGE_TABLE=table, HEAD_SPLIT=head_split)
+    if plan.kernel == "hopper_ws":
+        from .decode_hopper_ws import HOPPER_WS_MAXNREG, HOPPER_WS_NUM_WARPS, decode_hopper_ws_kernel
+
+        kernel = decode_hopper_ws_kernel
+        constexprs.update(num_warps=HOPPER_WS_NUM_WARPS, maxnreg=HOPPER_WS_MAXNREG)
+    else:
+        kernel = decode_hopper_kernel
+        constexprs.update(num_warps=HOPPER_NUM_WARPS, **_launch_options(plan))
     constexprs.update(EXTRA_CONSTEXPRS)  # a benchmark's variant may replace any of them (G_PAD 4: N = 8 columns)
     if constexprs["G_PAD"] < group:
         raise ValueError(f"G_PAD={constexprs['G_PAD']} holds fewer than the program's {group} query heads")
-    decode_hopper_kernel[(batch, hkv * head_split, plan.num_splits)](
+    kernel[(batch, hkv * head_split, plan.num_splits)](
         q, k_map, v_map, sf[0], sf[1],
         lens, index, stride_index_row,
         rb if rb is not None else dummy, params.sinks if params.sinks is not None else dummy,

@@ -24,7 +24,9 @@ from ..scale_layout import INTERLEAVED_PAGE_SIZE
 
 MIN_SPLIT_TOKENS = 256  # fewer keys per split and the merge costs more than the parallelism gains
 DEFAULT_BLOCK_N = 64
-KERNELS = ("tiles", "blocks", "hopper")  # decode_tiles, decode_blocks, decode_hopper (Gluon, sm_90a, MXFP8 pages)
+KERNELS = ("tiles", "blocks", "hopper", "hopper_ws")  # decode_tiles, decode_blocks, decode_hopper (Gluon, sm_90a,
+# MXFP8 pages), decode_hopper_ws (the same, warp-specialized)
+HOPPER_KERNELS = ("hopper", "hopper_ws")  # the Gluon kernels: MXFP8 pages of INTERLEAVED_PAGE_SIZE slots, sm_90a
 WINDOW_SLACK = 63  # page-aligned tiles start up to block_n - 1 (<= 63 for planned tiles) keys before the window
 
 
@@ -51,10 +53,11 @@ class DecodeConfig:
     """Kernel configuration for ``plan_decode`` to use instead of its own choice (benchmarks, sweeps, checks); every
     field left at None comes from ``choose_config`` / ``choose_num_splits`` / ``choose_merge_block_d``.
 
-    ``kernel``: "tiles" or "blocks" (page-aligned tiles only); ``block_n``: keys per tile (a power of two >= 16
-    dividing the page); ``waves`` / ``min_split``: the split policy (programs per SM over all (request, KV head)
-    pairs, and the fewest keys per split); ``num_splits``: the split count itself; ``merge_block_d``: channels per
-    merge program (a power of two from 32 to head_dim)."""
+    ``kernel``: "tiles", "blocks" (page-aligned tiles only), "hopper" or "hopper_ws" (MXFP8 pages on sm_90a:
+    ``HOPPER_KERNELS``); ``block_n``: keys per tile (a power of two >= 16 dividing the page); ``waves`` /
+    ``min_split``: the split policy (programs per SM over all (request, KV head) pairs, and the fewest keys per
+    split); ``num_splits``: the split count itself; ``merge_block_d``: channels per merge program (a power of two
+    from 32 to head_dim)."""
 
     kernel: Optional[str] = None
     block_n: Optional[int] = None
@@ -141,7 +144,8 @@ class DecodePlan:
     # (token t in slot page_table[t // P] * P + t % P), so a tile's slots come from one index (None: any slot per
     # token, CSR only).
     page_size: Optional[int] = None
-    kernel: str = "tiles"  # "tiles" (decode_tiles_kernel) or "blocks" (decode_blocks_kernel, page-aligned only)
+    kernel: str = "tiles"  # one of KERNELS: "tiles" (decode_tiles_kernel), "blocks" (decode_blocks_kernel,
+    # page-aligned only), "hopper" / "hopper_ws" (decode_hopper_kernel / decode_hopper_ws_kernel)
     merge_block_d: Optional[int] = None  # stage 2: one program per (request, query head, merge_block_d channels)
 
     @property
@@ -286,6 +290,19 @@ def hopper_config(head_dim: int) -> dict:
     """The Hopper kernel's configuration for ``head_dim``: whole-page tiles on 3 stages, half-page tiles on 2
     stages above head_dim 128 (``HOPPER_WIDE``)."""
     return dict(HOPPER_WIDE if head_dim > 128 else HOPPER)
+
+
+# The warp-specialized Hopper kernel (decode_hopper_ws: a softmax warpgroup and a value warpgroup per program, 8
+# warps at 128 registers, 2 programs per SM), taken only when a DecodeConfig names it: it has not been timed yet.
+# Shared memory per program (tools/compile_hopper.py --ws, Triton 3.6 and 3.9, no stack): head_dim 128 on 3
+# stages of whole pages 109 KiB; head_dim 256 on half pages 82 KiB with 2 stages (114 KiB with 3: one per SM).
+HOPPER_WS = dict(HOPPER, kernel="hopper_ws")
+HOPPER_WS_WIDE = dict(HOPPER_WIDE, kernel="hopper_ws")
+
+
+def hopper_ws_config(head_dim: int) -> dict:
+    """The warp-specialized kernel's configuration for ``head_dim`` (the tiles and stages of ``hopper_config``)."""
+    return dict(HOPPER_WS_WIDE if head_dim > 128 else HOPPER_WS)
 
 
 def _resident_blocks(wide: bool) -> int:
@@ -446,6 +463,8 @@ def plan_decode(batch: Union[int, torch.Tensor], *, num_q_heads: int, num_kv_hea
             and hopper_decode_fits(batch, num_q_heads, num_kv_heads, head_dim, max_keys)
             and hopper_decode_status(device)[0]):
         chosen = hopper_config(head_dim)
+    elif config.kernel == "hopper_ws":
+        chosen = hopper_ws_config(head_dim)
     kernel = chosen["kernel"] if config.kernel is None else config.kernel
     block_n = chosen["block_n"] if config.block_n is None else config.block_n
     num_warps = chosen["num_warps"] if config.num_warps is None else config.num_warps
@@ -463,8 +482,8 @@ def plan_decode(batch: Union[int, torch.Tensor], *, num_q_heads: int, num_kv_hea
         raise ValueError(f"block_n must be a power of two >= 16, got {block_n}")
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-    if kernel == "hopper" and (block_n not in HOPPER_BLOCK_NS or page_size != INTERLEAVED_PAGE_SIZE):
-        raise ValueError(f"kernel='hopper' reads {INTERLEAVED_PAGE_SIZE}-slot pages (an MXFP8 pool's) in tiles of "
+    if kernel in HOPPER_KERNELS and (block_n not in HOPPER_BLOCK_NS or page_size != INTERLEAVED_PAGE_SIZE):
+        raise ValueError(f"kernel={kernel!r} reads {INTERLEAVED_PAGE_SIZE}-slot pages (an MXFP8 pool's) in tiles of "
                          f"one page or half of one: it needs page_size={INTERLEAVED_PAGE_SIZE} and block_n in "
                          f"{HOPPER_BLOCK_NS}, got page_size={page_size!r}, block_n={block_n}")
     if page_size is not None:
@@ -477,7 +496,7 @@ def plan_decode(batch: Union[int, torch.Tensor], *, num_q_heads: int, num_kv_hea
     num_splits = config.num_splits
     if num_splits is None:
         programs_per_request = num_kv_heads * (hopper_head_split(num_q_heads // num_kv_heads)
-                                               if kernel == "hopper" else 1)
+                                               if kernel in HOPPER_KERNELS else 1)
         num_splits = choose_num_splits(batch, programs_per_request, max_keys, num_sms(device), block_n,
                                        waves=waves, min_split=min_split, resident=resident)
     _positive_int("num_splits", num_splits)

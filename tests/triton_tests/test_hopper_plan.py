@@ -188,3 +188,54 @@ def test_the_routes_head_dim_256_configuration_compiles_without_spills():
     assert wide["resident"] * rep["regs"] * 128 <= 65536 and wide["resident"] * rep["shared"] <= 232448
     assert rep["wgmma_e4m3"] == (256 // 32) * 2 * (wide["block_n"] // 64)
     assert rep["wgmma_f16"] == (256 // 64) * (wide["block_n"] // 16)
+
+
+def test_the_warp_specialized_kernel_is_planned_only_when_named(monkeypatch):
+    """kernel="hopper_ws" plans as the Hopper kernel does (tiles, stages, head split, 2 programs per SM, so the same
+    splits) and refuses the same pools, before writing anything; the route never picks it on its own (not timed)."""
+    monkeypatch.setattr(plan_mod, "hopper_decode_status", lambda device: (True, "a test's sm_90"))
+    ws = DecodeConfig(kernel="hopper_ws")
+    assert plan_decode(128, kv_format="mxfp8", **BIG).kernel == "hopper"
+    plan = plan_decode(128, kv_format="mxfp8", config=ws, **BIG)
+    assert (plan.kernel, plan.block_n, plan.num_warps, plan.num_stages) == ("hopper_ws", 128, 4, 3)
+    wide = plan_decode(32, kv_format="mxfp8", config=ws, **dict(BIG, head_dim=256))
+    assert (wide.kernel, wide.block_n, wide.num_stages) == ("hopper_ws", 64, 2)
+    for shape in (BIG, dict(BIG, num_q_heads=64, num_kv_heads=4)):  # GQA 8, and GQA 16 as 2 programs per KV head
+        one = plan_decode(8, kv_format="mxfp8", config=DecodeConfig(kernel="hopper"), **shape)
+        assert plan_decode(8, kv_format="mxfp8", config=ws, **shape).num_splits == one.num_splits > 1
+    with pytest.raises(ValueError, match="kernel='hopper_ws' reads 128-slot pages .* got page_size=64, block_n=128"):
+        plan_decode(2, kv_format="mxfp8", config=ws, **dict(BIG, page_size=64))
+    _, bf = _pools()
+    q = torch.zeros(2, 16, 128, dtype=torch.bfloat16)
+    out = torch.full_like(q, 7.0)
+    small = plan_decode(2, num_q_heads=16, num_kv_heads=2, head_dim=128, max_seq_len=256, page_size=128, config=ws,
+                        device="cpu")
+    with pytest.raises(ValueError, match="kernel='hopper_ws' reads MXFP8 pages .* got a page table over a "
+                                         "torch.bfloat16 pool"):
+        run_decode(small, q, bf, params=AttentionParams(1.0 / 128), out=out,
+                   page_table=torch.tensor([[1, 2], [2, 1]], dtype=torch.int32),
+                   seq_lens=torch.tensor([200, 100], dtype=torch.int32))
+    assert bool((out == 7.0).all())
+
+
+@pytest.mark.parametrize("head_dim, group", [(128, 8), (256, 2)])
+def test_the_warp_specialized_kernel_compiles_for_two_programs_per_sm(head_dim, group):
+    """decode_hopper_ws in the configuration plan.hopper_ws_config gives: no stack; two programs of 8 warps fit an
+    SM's registers and shared memory (its ``resident``); its partitions move to 96 (the value warpgroup,
+    HOPPER_WS_VALUE_REGS) and 160 registers (the softmax warpgroup: 8 warps x 128 less 4 x 96, over 4); and the
+    per-tile structure of the one-warpgroup kernel (the same MMAs), with TMA loads in the prologue, one per stage
+    and side, and at the value warpgroup's refill."""
+    try:
+        importlib.util.find_spec("triton.experimental.gluon")
+    except Exception as err:  # noqa: BLE001
+        pytest.skip(f"no Gluon: {err}")
+    cfg = plan_mod.hopper_ws_config(head_dim)
+    rep = compile_report(ws=True, D=head_dim, G=group, stages=cfg["num_stages"], **{"block-n": cfg["block_n"],
+                                                                                    "all-flags": True})
+    assert rep["stack"] == 0
+    assert cfg["resident"] * rep["regs"] * 8 * 32 <= 65536
+    assert cfg["resident"] * (rep["shared"] + 1024) <= 233472  # 228 KiB per SM, 1 KiB reserved per program
+    assert {96, 160} <= set(rep["setmaxnreg"]) and 4 * 96 + 4 * 160 == 8 * rep["regs"]
+    assert rep["wgmma_e4m3"] == (head_dim // 32) * 2 * (cfg["block_n"] // 64)
+    assert rep["wgmma_f16"] == (head_dim // 64) * (cfg["block_n"] // 16)
+    assert rep["tma_loads"] == 2 * (cfg["num_stages"] + 1)

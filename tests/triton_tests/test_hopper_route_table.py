@@ -19,9 +19,12 @@ def _table_module():
     return module
 
 
-def _row(kernel, ms, d=256, block_n=None, num_stages=None, constexprs=None):
-    return dict(kernel=kernel, shape="s", Hq=16, Hkv=8, D=d, B=32, ctx=16384, ms=ms, GBps=1.0, rel_err=1e-3,
-                correct=True, block_n=block_n, num_stages=num_stages, constexprs=constexprs)
+def _row(kernel, ms, d=256, block_n=None, num_stages=None, constexprs=None, variant=None):
+    r = dict(kernel=kernel, shape="s", Hq=16, Hkv=8, D=d, B=32, ctx=16384, ms=ms, GBps=1.0, rel_err=1e-3,
+             correct=True, block_n=block_n, num_stages=num_stages, constexprs=constexprs)
+    if variant:
+        r["variant"] = variant
+    return r
 
 
 def test_the_route_row_is_the_configuration_the_plan_launches():
@@ -40,3 +43,14 @@ def test_the_route_row_is_the_configuration_the_plan_launches():
     rows128 = [_row("ours_mxfp8", 0.25, d=128), _row("ours_mxfp8_hopper", 0.215, d=128, block_n=128, num_stages=3),
                _row("ours_mxfp8_hopper_n64", 0.222, d=128, block_n=64, num_stages=2)] + peers
     assert table.route_rows(rows128)[0]["ms"] == 0.215
+
+
+def test_the_warp_specialized_rows_never_stand_in_for_the_route():
+    """The route launches the one-warpgroup kernel: a faster hopper_ws row in the same tiles and stages is not its
+    time (the kernel is named by its ``variant``, the plan's kernel)."""
+    table = _table_module()
+    rows = [_row("ours_mxfp8", 0.25, d=128), _row("flashinfer_bf16", 0.36, d=128),
+            _row("ours_mxfp8_hopper_ws", 0.18, d=128, block_n=128, num_stages=3, variant="hopper_ws"),
+            _row("ours_mxfp8_hopper", 0.215, d=128, block_n=128, num_stages=3, variant="hopper")]
+    (point,) = table.route_rows(rows)
+    assert (point["kernel"], point["ms"]) == ("hopper", 0.215)
