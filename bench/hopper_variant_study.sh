@@ -9,6 +9,10 @@
 #   5. ncu's warp-state and scheduler sections of one launch per kernel at 16/2/128, B 128, 32k.
 # Every step has its own time limit so that the call ends inside the device's 10 minutes.
 #   VARIANTS='{"noslots": {"constexprs": {"SLOTS_AHEAD": false}}}' CHECKED=noslots bash bench/hopper_variant_study.sh "$OUT"
+#   VARIANTS='{"wsagain": {"kernel": "hopper_ws"}}' bash bench/hopper_variant_study.sh "$OUT"   # the warp-specialized
+#     kernel: its checks and ncu, and a second grid row of it (the grid always has ours_mxfp8_hopper_ws: two rows
+#     of one configuration show the run's spread)
+# A variant: DecodeConfig fields (kernel, block_n, num_stages; kernel defaults to "hopper") and "constexprs".
 # CHECKED: the variants steps 1 and 5 run (default: the first); every variant's grid and hybrid rows are also
 # checked against float64 on their own data.
 set -uo pipefail
@@ -26,11 +30,14 @@ BUDGET_S=${BUDGET_S:-570}
 limit() { local left=$((BUDGET_S - SECONDS - 10)); echo $(( left < $1 ? (left > 1 ? left : 1) : $1 )); }
 
 constexprs() { python3 -c "import json, os; print(json.dumps(json.loads(os.environ['VARIANTS'])['$1'].get('constexprs', {})))"; }
+# the variant's DecodeConfig fields as the checks' plan options ({"map": "table", "kernel": "hopper", ...})
+plan_options() { python3 -c "import json, os; v = dict(json.loads(os.environ['VARIANTS'])['$1']); v.pop('constexprs', None); print(json.dumps({'map': 'table', 'kernel': 'hopper', **v}))"; }
+variant_kernel() { python3 -c "import json, os; print(json.loads(os.environ['VARIANTS'])['$1'].get('kernel', 'hopper'))"; }
 for name in ${CHECKED//,/ }; do
   consts=$(constexprs "$name")
-  stamp "checks $name $consts"
+  stamp "checks $name $consts $(plan_options "$name")"
   mkdir -p "/tmp/checks-$name"
-  OUT=/tmp/checks-$name GPU_CHECKS_ONLY=check_decode DECODE_PLAN_OPTIONS='{"map":"table","kernel":"hopper"}' \
+  OUT=/tmp/checks-$name GPU_CHECKS_ONLY=check_decode DECODE_PLAN_OPTIONS="$(plan_options "$name")" \
     GPU_CHECKS_HOPPER_CONSTEXPRS="$consts" timeout $(limit 120) python3 gpu_tests/check_triton_gpu.py >> "$W/checks.log" 2>&1
   echo "rc=$?" >> "$W/checks.log"
   cp "/tmp/checks-$name/gpu_checks.json" "$W/checks-$name.json" 2>/dev/null
@@ -54,9 +61,10 @@ echo "rc=$?" >> "$W/study.log"
 
 for name in current ${CHECKED//,/ }; do
   consts='{}'
-  if [ "$name" != current ]; then consts=$(constexprs "$name"); fi
-  stamp "ncu $name"
-  HOPPER_CONSTEXPRS="$consts" timeout "$(limit 45)" ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \
+  kernel=hopper
+  if [ "$name" != current ]; then consts=$(constexprs "$name"); kernel=$(variant_kernel "$name"); fi
+  stamp "ncu $name ($kernel)"
+  KERNEL="$kernel" HOPPER_CONSTEXPRS="$consts" timeout "$(limit 45)" ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \
     --section SchedulerStats --section LaunchStats -k regex:decode_ -c 1 -s 2 python3 tools/profile_decode.py \
     >> "$W/ncu.log" 2>&1
 done
