@@ -99,15 +99,15 @@ def main():
     ap.add_argument("--g-pad", type=int, help="heads on the MMA's N side (default max(8, next power of 2 of G))")
     ap.add_argument("--csr", action="store_true", help="a CSR of whole pages instead of a page table")
     ap.add_argument("--all-flags", action="store_true", help="rel bias, window, cap, sinks, one split")
-    ap.add_argument("--constexpr", action="append", default=[], metavar="NAME=0|1",
-                    help="a variant constexpr of the kernel, e.g. SLOTS_AHEAD=0")
+    ap.add_argument("--constexpr", action="append", default=[], metavar="NAME=INT",
+                    help="a variant constexpr of the kernel, e.g. SLOTS_AHEAD=0 (flags: 0 or 1), P_SETS=2")
     ap.add_argument("--ws", action="store_true", help="the warp-specialized kernel (decode_hopper_ws)")
     ap.add_argument("--sass", help="write SASS here")
     ap.add_argument("--ttgir", help="write TTGIR here")
     a = ap.parse_args()
     k = compile_hopper(a.D, a.G, a.block_n, a.stages, a.one_p, FLAGS if a.all_flags else (), a.maxnreg,
                        page_table=not a.csr, head_split=a.head_split, g_pad=a.g_pad, ws=a.ws,
-                       extra={n: bool(int(v)) for n, v in (c.split("=") for c in a.constexpr)})
+                       extra={n: int(v) for n, v in (c.split("=") for c in a.constexpr)})
     print(json.dumps(report(k)))
     if a.ttgir:
         open(a.ttgir, "w").write(k.asm["ttgir"])

@@ -12,9 +12,10 @@ are this kernel's), split over two warpgroups of one program that work on differ
 So the softmax of tile i+1 runs while the V dots of tile i do, where the one-warpgroup kernel runs them in turn
 (docs/HOPPER_DECODE.md: one warpgroup per program left no eligible warp in about half the cycles).
 
-Hand-over, one P' buffer set (``p_ready`` / ``p_empty``, one arrival each): the softmax warpgroup computes tile
-i+1's probabilities in registers while the value warpgroup still reads tile i's, and stores them once ``p_empty``
-says those dots finished. Each side runs a partition-wide barrier before it arrives, so the arrival follows every
+Hand-over, ``P_SETS`` P' buffer sets (1 by default; ``p_ready`` / ``p_empty`` per set, one arrival each; tile i
+uses set ``i % P_SETS``): with one set the softmax warpgroup computes tile i+1's probabilities in registers while the
+value warpgroup still reads tile i's, and stores them once ``p_empty`` says those dots finished; with two it runs up
+to two tiles ahead (8 KiB more shared memory at head_dim 128: 2 stages to fit two programs per SM). Each side runs a partition-wide barrier before it arrives, so the arrival follows every
 warp's stores or reads, not only the first thread's. The final output factors go through their own buffer
 (``o_ready``).
 
@@ -63,7 +64,7 @@ def ws_softmax_partition(
     G: gl.constexpr, G_PAD: gl.constexpr, D: gl.constexpr, HKV: gl.constexpr,
     HAS_REL_BIAS: gl.constexpr, HAS_WINDOW: gl.constexpr, HAS_CAP: gl.constexpr, HAS_SINKS: gl.constexpr,
     DIRECT: gl.constexpr, NUM_STAGES: gl.constexpr, BLOCK_N: gl.constexpr, PAGE_TABLE: gl.constexpr,
-    HEAD_SPLIT: gl.constexpr,
+    HEAD_SPLIT: gl.constexpr, P_SETS: gl.constexpr,
 ):
     PAGE: gl.constexpr = HOPPER_PAGE
     NB: gl.constexpr = D // 32
@@ -114,13 +115,15 @@ def ws_softmax_partition(
             mask_g, right, stride_rb_head, rel_extent, logit_cap, mma, NB, NH, BLOCK_N, HAS_REL_BIAS, HAS_CAP)
 
         # hand P' and the accumulators' factors over once the value warpgroup is done with the last tile's
-        mbarrier.wait(p_empty, (i & 1) ^ 1)  # a fresh barrier passes phase 1: the first tile does not wait
+        ps = i % P_SETS
+        # a fresh barrier passes phase 1: a set's first tile does not wait
+        mbarrier.wait(p_empty.index(ps), ((i // P_SETS) & 1) ^ 1)
         for m in gl.static_range(NH):
-            p_smem.index(m).store((p * v_block_factor(ecols[m], new_units[m])).to(gl.float16))
-            r_smem.slice(m * N2, N2).store(acc_rescale(alpha, units[m], new_units[m]))
+            p_smem.index(ps * NH + m).store((p * v_block_factor(ecols[m], new_units[m])).to(gl.float16))
+            r_smem.index(ps * NH + m).store(acc_rescale(alpha, units[m], new_units[m]))
         fence_async_shared()  # P' is read by the value warpgroup's MMAs (the async proxy)
         cta_barrier()
-        mbarrier.arrive(p_ready, count=1)
+        mbarrier.arrive(p_ready.index(ps), count=1)
         units = new_units
         k_sf = nk_sf
         v_sf = nv_sf
@@ -128,7 +131,7 @@ def ws_softmax_partition(
 
     o_scale, l_i, m_i = output_factor(l_acc, m_i, sinks_ptr, heads, mask_g, DIRECT, HAS_SINKS)
     for m in gl.static_range(NH):
-        f_smem.slice(m * N2, N2).store(o_scale * e8m0(units[m]))
+        f_smem.index(m).store(o_scale * e8m0(units[m]))
     cta_barrier()
     mbarrier.arrive(o_ready, count=1)
     if not DIRECT:
@@ -143,6 +146,7 @@ def ws_value_partition(
     b, h, split, kvh, tok_begin, tok_end, first, n_tiles, has_work, stride_ob, stride_oh, max_splits,
     G: gl.constexpr, G_PAD: gl.constexpr, D: gl.constexpr, HKV: gl.constexpr, DIRECT: gl.constexpr,
     NUM_STAGES: gl.constexpr, BLOCK_N: gl.constexpr, PAGE_TABLE: gl.constexpr, HEAD_SPLIT: gl.constexpr,
+    P_SETS: gl.constexpr,
 ):
     PAGE: gl.constexpr = HOPPER_PAGE
     NH: gl.constexpr = D // 64
@@ -168,18 +172,19 @@ def ws_value_partition(
         mbarrier.wait(kv_ready.index(stage), (i // NUM_STAGES) & 1)
         vst = v_smem.index(stage)
         vt = load_vt_pairs(vst, 0, partial, pairs, a_op, D, BLOCK_N)  # before P' is ready
-        mbarrier.wait(p_ready, i & 1)
+        ps = i % P_SETS
+        mbarrier.wait(p_ready.index(ps), (i // P_SETS) & 1)
         new_accs = ()
         for m in gl.static_range(NH):
             if m > 0:
                 vt = load_vt_pairs(vst, m, partial, pairs, a_op, D, BLOCK_N)
-            acc = accs[m] * gl.expand_dims(r_smem.slice(m * N2, N2).load(cols), 0)
-            new_accs = new_accs + (warpgroup_mma(vt, p_smem.index(m), acc, is_async=True),)
+            acc = accs[m] * gl.expand_dims(r_smem.index(ps * NH + m).load(cols), 0)
+            new_accs = new_accs + (warpgroup_mma(vt, p_smem.index(ps * NH + m), acc, is_async=True),)
         accs = warpgroup_mma_wait(num_outstanding=0, deps=new_accs)
         if NH == 1:
             accs = (accs,)
         cta_barrier()  # every warp's V dots (reads of P' and of the stage) are done
-        mbarrier.arrive(p_empty, count=1)
+        mbarrier.arrive(p_empty.index(ps), count=1)
         if ahead < n_tiles:
             fence_async_shared()  # the stage's generic-proxy reads (V^T) before the TMA write
             mbarrier.expect(kv_ready.index(stage), 2 * BLOCK_N * D)
@@ -197,7 +202,7 @@ def ws_value_partition(
     part_row = (b * (HKV * HEAD_SPLIT * G) + heads).to(gl.int64) * max_splits + split
     mbarrier.wait(o_ready, 0)
     for m in gl.static_range(NH):
-        o = accs[m] * gl.expand_dims(f_smem.slice(m * N2, N2).load(cols), 0)
+        o = accs[m] * gl.expand_dims(f_smem.index(m).load(cols), 0)
         store_half(o, m, offs_r, store_mask, heads, part_row, out_ptr, part_o_ptr, b, stride_ob, stride_oh, D, DIRECT)
 
 
@@ -215,9 +220,11 @@ def decode_hopper_ws_kernel(
     G: gl.constexpr, G_PAD: gl.constexpr, D: gl.constexpr, HKV: gl.constexpr,
     HAS_REL_BIAS: gl.constexpr, HAS_WINDOW: gl.constexpr, HAS_CAP: gl.constexpr, HAS_SINKS: gl.constexpr,
     DIRECT: gl.constexpr, NUM_STAGES: gl.constexpr, BLOCK_N: gl.constexpr, PAGE_TABLE: gl.constexpr = True,
-    HEAD_SPLIT: gl.constexpr = 1, VALUE_REGS: gl.constexpr = HOPPER_WS_VALUE_REGS,
+    HEAD_SPLIT: gl.constexpr = 1, VALUE_REGS: gl.constexpr = HOPPER_WS_VALUE_REGS, P_SETS: gl.constexpr = 1,
 ):
-    """The arguments of ``decode_hopper_kernel`` (one program per request, KV head (times HEAD_SPLIT) and split)."""
+    """The arguments of ``decode_hopper_kernel`` (one program per request, KV head (times HEAD_SPLIT) and split);
+    ``VALUE_REGS``: the value warpgroup's registers (the softmax warpgroup takes the rest of the launch's);
+    ``P_SETS``: P' buffer sets between the warpgroups."""
     PAGE: gl.constexpr = HOPPER_PAGE
     NB: gl.constexpr = D // 32
     NH: gl.constexpr = D // 64
@@ -238,20 +245,21 @@ def decode_hopper_ws_kernel(
     q_pos = seq_len - 1
 
     p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, N2], gl.float16)
-    vec_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+    vec_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])  # of a row
     k_smem = gl.allocate_shared_memory(gl.float8e4nv, [NUM_STAGES, BLOCK_N, D], k_desc.layout)
     v_smem = gl.allocate_shared_memory(gl.float8e4nv, [NUM_STAGES, BLOCK_N, D], v_desc.layout)
-    p_smem = gl.allocate_shared_memory(gl.float16, [NH, BLOCK_N, N2], p_layout)
-    r_smem = gl.allocate_shared_memory(gl.float32, [NH * N2], vec_layout)  # per tile: each half's factor
-    f_smem = gl.allocate_shared_memory(gl.float32, [NH * N2], vec_layout)  # at the end: the output factors
+    p_smem = gl.allocate_shared_memory(gl.float16, [P_SETS * NH, BLOCK_N, N2], p_layout)
+    r_smem = gl.allocate_shared_memory(gl.float32, [P_SETS * NH, N2], vec_layout)  # per tile: each half's factor
+    f_smem = gl.allocate_shared_memory(gl.float32, [NH, N2], vec_layout)  # at the end: the output factors
     kv_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    p_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    p_ready = gl.allocate_shared_memory(gl.int64, [P_SETS, 1], mbarrier.MBarrierLayout())
+    p_empty = gl.allocate_shared_memory(gl.int64, [P_SETS, 1], mbarrier.MBarrierLayout())
     o_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     for s in gl.static_range(NUM_STAGES):
         mbarrier.init(kv_ready.index(s), count=1)
-    mbarrier.init(p_ready, count=1)
-    mbarrier.init(p_empty, count=1)
+    for s in gl.static_range(P_SETS):
+        mbarrier.init(p_ready.index(s), count=1)
+        mbarrier.init(p_empty.index(s), count=1)
     mbarrier.init(o_ready, count=1)
     # every stage's first tile now; the value warpgroup refills each stage after its last read of it
     col0 = kvh * D
@@ -272,10 +280,10 @@ def decode_hopper_ws_kernel(
             b, h, split, kvh, tok_begin, tok_end, first, n_tiles, has_work, q_pos, qk_scale,
             stride_rb_head, rel_extent, logit_cap, max_splits,
             G, G_PAD, D, HKV, HAS_REL_BIAS, HAS_WINDOW, HAS_CAP, HAS_SINKS, DIRECT, NUM_STAGES, BLOCK_N, PAGE_TABLE,
-            HEAD_SPLIT)),
+            HEAD_SPLIT, P_SETS)),
         (ws_value_partition, (
             k_desc, v_desc, k_smem, v_smem, p_smem, r_smem, f_smem, kv_ready, p_ready, p_empty, o_ready,
             row_ptr, out_ptr, part_o_ptr,
             b, h, split, kvh, tok_begin, tok_end, first, n_tiles, has_work, stride_ob, stride_oh, max_splits,
-            G, G_PAD, D, HKV, DIRECT, NUM_STAGES, BLOCK_N, PAGE_TABLE, HEAD_SPLIT)),
+            G, G_PAD, D, HKV, DIRECT, NUM_STAGES, BLOCK_N, PAGE_TABLE, HEAD_SPLIT, P_SETS)),
     ], [HOPPER_WS_VALUE_WARPS], [VALUE_REGS])

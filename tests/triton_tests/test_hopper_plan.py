@@ -239,3 +239,17 @@ def test_the_warp_specialized_kernel_compiles_for_two_programs_per_sm(head_dim, 
     assert rep["wgmma_e4m3"] == (head_dim // 32) * 2 * (cfg["block_n"] // 64)
     assert rep["wgmma_f16"] == (head_dim // 64) * (cfg["block_n"] // 16)
     assert rep["tma_loads"] == 2 * (cfg["num_stages"] + 1)
+
+
+def test_the_warp_specialized_kernel_with_two_p_sets_fits_two_programs_on_two_stages():
+    """The P_SETS=2 variant (the softmax warpgroup up to two tiles ahead) adds a P' set: at head_dim 128 two programs
+    fit an SM's shared memory on 2 stages, not on 3."""
+    try:
+        importlib.util.find_spec("triton.experimental.gluon")
+    except Exception as err:  # noqa: BLE001
+        pytest.skip(f"no Gluon: {err}")
+    two = compile_report(ws=True, stages=2, constexpr="P_SETS=2")
+    three = compile_report(ws=True, stages=3, constexpr="P_SETS=2")
+    one = compile_report(ws=True, stages=3)
+    assert two["stack"] == 0 and 2 * (two["shared"] + 1024) <= 233472 < 2 * (three["shared"] + 1024)
+    assert three["shared"] - one["shared"] >= 2 * 128 * 16 * 2  # a P' set: two halves of [128 keys, 16] fp16
