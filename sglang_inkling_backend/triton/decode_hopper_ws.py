@@ -15,9 +15,9 @@ So the softmax of tile i+1 runs while the V dots of tile i do, where the one-war
 Hand-over, ``P_SETS`` P' buffer sets (1 by default; ``p_ready`` / ``p_empty`` per set, one arrival each; tile i
 uses set ``i % P_SETS``): with one set the softmax warpgroup computes tile i+1's probabilities in registers while the
 value warpgroup still reads tile i's, and stores them once ``p_empty`` says those dots finished; with two it runs up
-to two tiles ahead (8 KiB more shared memory at head_dim 128: 2 stages to fit two programs per SM). Each side runs a partition-wide barrier before it arrives, so the arrival follows every
-warp's stores or reads, not only the first thread's. The final output factors go through their own buffer
-(``o_ready``).
+to two tiles ahead (8 KiB more shared memory at head_dim 128: 2 stages to fit two programs per SM). Each side runs
+a partition-wide barrier before it arrives, so the arrival follows every warp's stores or reads, not only the first
+thread's. The final output factors go through their own buffer (``o_ready``).
 
 A split with no keys runs no tiles and stores nothing (its page-table and scale reads are clamped to the request's
 first tile, or skipped, so they stay inside the buffers).
