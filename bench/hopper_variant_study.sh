@@ -10,8 +10,8 @@
 # Every step has its own time limit so that the call ends inside the device's 10 minutes.
 #   VARIANTS='{"noslots": {"constexprs": {"SLOTS_AHEAD": false}}}' CHECKED=noslots bash bench/hopper_variant_study.sh "$OUT"
 #   VARIANTS='{"wsagain": {"kernel": "hopper_ws"}}' bash bench/hopper_variant_study.sh "$OUT"   # the warp-specialized
-#     kernel: its checks and ncu, and a second grid row of it (the grid always has ours_mxfp8_hopper_ws: two rows
-#     of one configuration show the run's spread)
+#     kernel: its checks and ncu, and a second grid row of it (this study always times ours_mxfp8_hopper_ws,
+#     BENCH_HOPPER_WS=1: two rows of one configuration show the run's spread)
 # A variant: DecodeConfig fields (kernel, block_n, num_stages; kernel defaults to "hopper") and "constexprs".
 # CHECKED: the variants steps 1 and 5 run (default: the first); every variant's grid and hybrid rows are also
 # checked against float64 on their own data.
@@ -23,7 +23,7 @@ CHECKED=${CHECKED:-$(python3 -c "import json, os; print(next(iter(json.loads(os.
 W=$OUT/w
 mkdir -p "$W" /tmp/site
 tar -xJf .fi072/*.tar.xz -C /tmp/site
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 BENCH_HOPPER_WS=1
 stamp() { echo "== $(date +%T) ${SECONDS}s $*" | tee -a "$W/study.log"; }
 # a step's time limit: its own, or what is left before BUDGET_S (default 570 s) less 10 s for the archive
 BUDGET_S=${BUDGET_S:-570}
