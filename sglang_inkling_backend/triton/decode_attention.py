@@ -96,9 +96,12 @@ def run_decode(plan: DecodePlan, q: torch.Tensor, kv: PagedKV, kv_indptr: Option
         if fmt != KV_MXFP8 or not interleaved:
             raise ValueError(f"kernel={plan.kernel!r} reads MXFP8 pages (interleaved scales, page 128); got a "
                              f"{'page table' if table else 'CSR'} over a {str(kv.k_buffer.dtype)} pool")
-        from .decode_hopper import launch_decode_hopper  # Gluon: imported only where this kernel runs
-
-        launch_decode_hopper(plan, q, kv, params, out, lens, index, stride_index_row, table, (ksf, vsf), dummy)
+        # Gluon: imported only where these kernels run
+        if plan.kernel == "hopper_ws":
+            from .decode_hopper_ws import launch_decode_hopper_ws as launch
+        else:
+            from .decode_hopper import launch_decode_hopper as launch
+        launch(plan, q, kv, params, out, lens, index, stride_index_row, table, (ksf, vsf), dummy)
     elif plan.kernel == "blocks":
         pv_dtype = tl.float32 if interpreting() else (dot_dtype(kv) if fmt == KV_FLOAT else tl.float16)
         kernel, variant = decode_blocks_kernel, dict(PV_DTYPE=pv_dtype)

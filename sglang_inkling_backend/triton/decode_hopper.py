@@ -524,9 +524,11 @@ def hopper_tensor_maps(kv, head_dim: int, block_n: int):
     return maps
 
 
-def launch_decode_hopper(plan, q, kv, params, out, lens, index, stride_index_row, table, sf, dummy):
-    """Stage 1 on Hopper (``plan.kernel``: "hopper", or "hopper_ws" for the warp-specialized kernel): one program
-    per (request, KV head, split), as the Triton kernels' grid. ``lens`` /
+def launch_decode_hopper(plan, q, kv, params, out, lens, index, stride_index_row, table, sf, dummy, kernel=None,
+                         options=None):
+    """Stage 1 on Hopper: one program per (request, KV head, split), as the Triton kernels' grid. ``kernel`` /
+    ``options``: another kernel of the same arguments and its launch options (``decode_hopper_ws``'s launcher);
+    this module's kernel by default. ``lens`` /
     ``index``: seq_lens and the page table (``table``), or kv_indptr and the per-key slots of whole pages."""
     import triton
 
@@ -542,14 +544,9 @@ def launch_decode_hopper(plan, q, kv, params, out, lens, index, stride_index_row
         HAS_REL_BIAS=rb is not None, HAS_WINDOW=params.window is not None, HAS_CAP=params.logit_cap > 0,
         HAS_SINKS=params.sinks is not None, DIRECT=direct, NUM_STAGES=plan.num_stages, BLOCK_N=plan.block_n,
         PAGE_TABLE=table, HEAD_SPLIT=head_split)
-    if plan.kernel == "hopper_ws":
-        from .decode_hopper_ws import HOPPER_WS_MAXNREG, HOPPER_WS_NUM_WARPS, decode_hopper_ws_kernel
-
-        kernel = decode_hopper_ws_kernel
-        constexprs.update(num_warps=HOPPER_WS_NUM_WARPS, maxnreg=HOPPER_WS_MAXNREG)
-    else:
-        kernel = decode_hopper_kernel
-        constexprs.update(num_warps=HOPPER_NUM_WARPS, **_launch_options(plan))
+    if kernel is None:
+        kernel, options = decode_hopper_kernel, dict(num_warps=HOPPER_NUM_WARPS, **_launch_options(plan))
+    constexprs.update(options)
     constexprs.update(EXTRA_CONSTEXPRS)  # a benchmark's variant may replace any of them (G_PAD 4: N = 8 columns)
     if constexprs["G_PAD"] < group:
         raise ValueError(f"G_PAD={constexprs['G_PAD']} holds fewer than the program's {group} query heads")

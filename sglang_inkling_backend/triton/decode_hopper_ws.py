@@ -30,9 +30,10 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma, \
     warpgroup_mma_wait
 
-from .decode_hopper import (HOPPER_PAGE, acc_rescale, cta_barrier, e8m0, issue_k_dots, load_scale_words,
-                            load_vt_pairs, output_factor, pair_layout_for, q_parts_to_shared, split_tiles,
-                            store_half, tile_scale_offsets, tile_slot, tile_softmax, tma_load, v_block_factor)
+from .decode_hopper import (HOPPER_PAGE, acc_rescale, cta_barrier, e8m0, issue_k_dots, launch_decode_hopper,
+                            load_scale_words, load_vt_pairs, output_factor, pair_layout_for, q_parts_to_shared,
+                            split_tiles, store_half, tile_scale_offsets, tile_slot, tile_softmax, tma_load,
+                            v_block_factor)
 
 HOPPER_WS_NUM_WARPS = 4  # the softmax warpgroup; the value warpgroup adds 4 more
 HOPPER_WS_VALUE_WARPS = gl.constexpr(4)
@@ -287,3 +288,10 @@ def decode_hopper_ws_kernel(
             b, h, split, kvh, tok_begin, tok_end, first, n_tiles, has_work, stride_ob, stride_oh, max_splits,
             G, G_PAD, D, HKV, DIRECT, NUM_STAGES, BLOCK_N, PAGE_TABLE, HEAD_SPLIT, P_SETS)),
     ], [HOPPER_WS_VALUE_WARPS], [VALUE_REGS])
+
+
+def launch_decode_hopper_ws(plan, q, kv, params, out, lens, index, stride_index_row, table, sf, dummy):
+    """``decode_hopper.launch_decode_hopper`` with this kernel: the same grid, arguments and head split."""
+    launch_decode_hopper(plan, q, kv, params, out, lens, index, stride_index_row, table, sf, dummy,
+                         kernel=decode_hopper_ws_kernel,
+                         options=dict(num_warps=HOPPER_WS_NUM_WARPS, maxnreg=HOPPER_WS_MAXNREG))

@@ -253,3 +253,31 @@ def test_the_warp_specialized_kernel_with_two_p_sets_fits_two_programs_on_two_st
     one = compile_report(ws=True, stages=3)
     assert two["stack"] == 0 and 2 * (two["shared"] + 1024) <= 233472 < 2 * (three["shared"] + 1024)
     assert three["shared"] - one["shared"] >= 2 * 128 * 16 * 2  # a P' set: two halves of [128 keys, 16] fp16
+
+
+def test_each_hopper_launcher_passes_its_kernel_the_same_arguments_and_its_own_options():
+    """run_decode over an MXFP8 pool with fake kernels (tests/triton_tests/hopper_launch_probe.py): the one-warpgroup
+    and the warp-specialized kernel get the same grid, arguments and constexprs (GQA 16: 2 programs of 8 heads per KV
+    head), each with its own launch options: 8 warps' worth of registers at 128 for hopper_ws (4 warps launched, the
+    value warpgroup added by warp_specialize) and never the one-warpgroup kernel's 2-stage options (ONE_P, 168)."""
+    try:
+        importlib.util.find_spec("triton.experimental.gluon")
+    except Exception as err:  # noqa: BLE001
+        pytest.skip(f"no Gluon: {err}")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    run = subprocess.run([sys.executable, os.path.join(root, "tests", "triton_tests", "hopper_launch_probe.py"),
+                          "64", "4", "128"], env=env, capture_output=True, text=True, cwd=root, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    one3, ws3, one2, ws2 = json.loads(run.stdout.strip().splitlines()[-1])
+    assert [c["kernel"] for c in (one3, ws3, one2, ws2)] == ["hopper", "hopper_ws", "hopper", "hopper_ws"]
+    options = ("num_warps", "maxnreg", "ONE_P")
+    for one, ws in ((one3, ws3), (one2, ws2)):
+        assert ws["grid"] == one["grid"] == [2, 4 * 2, 1] and ws["nargs"] == one["nargs"]
+        assert {k: v for k, v in ws["kw"].items() if k not in options} == \
+            {k: v for k, v in one["kw"].items() if k not in options}
+        assert (ws["kw"]["HEAD_SPLIT"], ws["kw"]["G"]) == (2, 8)
+        assert (ws["kw"]["num_warps"], ws["kw"]["maxnreg"]) == (4, 128) and "ONE_P" not in ws["kw"]
+    assert (one2["kw"]["NUM_STAGES"], one2["kw"]["ONE_P"], one2["kw"]["maxnreg"]) == (2, True, 168)
+    assert "maxnreg" not in one3["kw"] and ws2["kw"]["NUM_STAGES"] == 2
