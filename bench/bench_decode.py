@@ -356,6 +356,8 @@ def main():
         ours = [("ours_mxfp8", case.mx, case.bytes_mxfp8, False, None, {}),
                 ("ours_bf16", case.bf, case.bytes_bf16, False, None, {}),
                 ("ours_mxfp8_eager", case.mx, case.bytes_mxfp8, True, None, {})]
+        if os.environ.get("BENCH_PDL_MERGE") == "1":  # the Triton kernels with the merge launched early (sm_90+)
+            ours.insert(1, ("ours_mxfp8_pdl", case.mx, case.bytes_mxfp8, False, DecodeConfig(pdl_merge=True), {}))
         if HOPPER:  # the Gluon kernel, forced (the Triton block kernel is ours_mxfp8 unless the route picks it)
             ours.insert(1, ("ours_mxfp8_hopper", case.mx, case.bytes_mxfp8, False, DecodeConfig(kernel="hopper"),
                             {}))

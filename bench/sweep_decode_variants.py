@@ -54,6 +54,7 @@ V = dict(P, kernel="blocks", block_n=32, num_warps=1)  # the block kernel (V loa
 VARIANTS = {
     "default": {},  # per-token indices (the CSR)
     "planned": dict(P),  # choose_config's choice for whole pages
+    "planned/pdl": dict(P, pdl_merge=True),  # the same, the merge launched early (sm_90+: DecodeConfig.pdl_merge)
     "t64/2/3w32": dict(P, block_n=64, num_warps=2, num_stages=3, waves=32),
     "t32/1/3w32": dict(P, block_n=32, num_warps=1, num_stages=3, waves=32),
     "t32/1/3w16": dict(P, block_n=32, num_warps=1, num_stages=3, waves=16),

@@ -129,7 +129,7 @@ def run_decode(plan: DecodePlan, q: torch.Tensor, kv: PagedKV, kv_indptr: Option
             KV_FORMAT=fmt, PAGE=page, INTERLEAVED=interleaved,
             HAS_REL_BIAS=rb is not None, HAS_WINDOW=params.window is not None, HAS_CAP=params.logit_cap > 0,
             HAS_SINKS=params.sinks is not None, DIRECT=direct, PAGE_TABLE=table, KV_PAGE=kv_page, **variant,
-            num_warps=plan.num_warps, num_stages=plan.num_stages,
+            TRIGGER_MERGE=plan.pdl_merge, num_warps=plan.num_warps, num_stages=plan.num_stages,
         )
     if not direct:
         block_d = plan.merge_block_d or d
@@ -143,6 +143,8 @@ def run_decode(plan: DecodePlan, q: torch.Tensor, kv: PagedKV, kv_indptr: Option
             SPLIT_BLOCK=min(max(32, 4096 // block_d), triton.next_power_of_2(plan.num_splits)),
             ALIGN=plan.block_n if plan.paged else 1, BLOCK_D=block_d, PAGE_TABLE=table, BLOCK_N=plan.block_n,
             num_warps=4 if d >= 128 or block_d < d else 2,
+            # plan.pdl_merge: launched while stage 1 runs, it waits for stage 1 in the kernel (griddepcontrol.wait)
+            WAIT_PRIMARY=plan.pdl_merge, launch_pdl=plan.pdl_merge,
         )
     return out
 

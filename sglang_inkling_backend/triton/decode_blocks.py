@@ -27,8 +27,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .device import (as_compute, decode_logits, fold_sinks, log2e, page_tile_first_slot, q_power_of_two_norm,
-                     scale_offsets, split_bounds)
+from .device import (as_compute, decode_logits, fold_sinks, gdc_launch_dependents, log2e, page_tile_first_slot,
+                     q_power_of_two_norm, scale_offsets, split_bounds)
 
 
 @triton.jit
@@ -72,12 +72,14 @@ def decode_blocks_kernel(
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, HKV: tl.constexpr, BLOCK_N: tl.constexpr,
     KV_FORMAT: tl.constexpr, PAGE: tl.constexpr, INTERLEAVED: tl.constexpr, PV_DTYPE: tl.constexpr,
     HAS_REL_BIAS: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr, HAS_SINKS: tl.constexpr,
-    DIRECT: tl.constexpr, PAGE_TABLE: tl.constexpr, KV_PAGE: tl.constexpr,
+    DIRECT: tl.constexpr, PAGE_TABLE: tl.constexpr, KV_PAGE: tl.constexpr, TRIGGER_MERGE: tl.constexpr = False,
 ):
     NB: tl.constexpr = D // 32
     b = tl.program_id(0)
     h = tl.program_id(1)
     split = tl.program_id(2)
+    if TRIGGER_MERGE:  # plan.pdl_merge: the merge may launch now (it waits for this grid before reading)
+        gdc_launch_dependents()
 
     kv_start, seq_len, first, tok_begin, tok_end = split_bounds(lens_ptr, b, split, split_len, max_splits, window,
                                                                 BLOCK_N, HAS_WINDOW, True, PAGE_TABLE)  # page-aligned tiles

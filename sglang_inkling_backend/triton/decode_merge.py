@@ -9,7 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .device import log2e, request_split_len
+from .device import gdc_wait, log2e, request_split_len
 
 
 @triton.jit
@@ -18,7 +18,7 @@ def decode_merge_kernel(
     stride_ob, stride_oh, window, split_len, max_splits,
     HQ: tl.constexpr, D: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr,
     SPLIT_BLOCK: tl.constexpr, ALIGN: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_TABLE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    BLOCK_N: tl.constexpr, WAIT_PRIMARY: tl.constexpr = False,
 ):
     # ALIGN: stage 1's splits start at a multiple of ALIGN keys before the window (block_n for page-aligned tiles).
     # One program per (request, query head, BLOCK_D channels): small batches spread the merge over more programs.
@@ -37,6 +37,8 @@ def decode_merge_kernel(
     offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
     offs_s = tl.arange(0, SPLIT_BLOCK)
     row0 = (b * HQ + hq).to(tl.int64) * max_splits
+    if WAIT_PRIMARY:  # launched early (plan.pdl_merge): stage 1's partial rows are complete and visible after this
+        gdc_wait()
     m = tl.load(part_lse_ptr + row0)  # split 0 always exists: a finite start, so no -inf - -inf below
     l = tl.zeros_like(m)
     acc = tl.zeros([BLOCK_D], tl.float32)

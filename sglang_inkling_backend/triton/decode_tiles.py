@@ -20,8 +20,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .device import (as_compute, decode_logits, dequant_tile, dequant_tile_relative, fold_sinks, load_raw_page_tile,
-                     load_raw_tile, log2e, page_tile_first_slot, q_power_of_two_norm, split_bounds)
+from .device import (as_compute, decode_logits, dequant_tile, dequant_tile_relative, fold_sinks,
+                     gdc_launch_dependents, load_raw_page_tile, load_raw_tile, log2e, page_tile_first_slot,
+                     q_power_of_two_norm, split_bounds)
 
 
 @triton.jit
@@ -40,13 +41,15 @@ def decode_tiles_kernel(
     KV_FORMAT: tl.constexpr, PAGE: tl.constexpr, INTERLEAVED: tl.constexpr, DOT_DTYPE: tl.constexpr,
     HAS_REL_BIAS: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr, HAS_SINKS: tl.constexpr,
     DIRECT: tl.constexpr, FP16_TILES: tl.constexpr, PAGED: tl.constexpr, PAGE_TABLE: tl.constexpr,
-    KV_PAGE: tl.constexpr,
+    KV_PAGE: tl.constexpr, TRIGGER_MERGE: tl.constexpr = False,
 ):
     # lens_ptr / index_ptr: kv_indptr / kv_indices (CSR), or seq_lens / page_table (PAGE_TABLE: page ids of
     # KV_PAGE slots, a row every stride_index_row entries). PAGE is the scale layout's page, not KV_PAGE.
     b = tl.program_id(0)
     h = tl.program_id(1)
     split = tl.program_id(2)
+    if TRIGGER_MERGE:  # plan.pdl_merge: the merge may launch now (it waits for this grid before reading)
+        gdc_launch_dependents()
 
     # PAGED (whole pages): tiles start at multiples of BLOCK_N (a divisor of the page), so a tile is one run of
     # contiguous slots found from one index

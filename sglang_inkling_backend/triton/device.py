@@ -16,6 +16,11 @@ KV_FLOAT = 0  # bf16 / fp16 / fp32 buffers
 KV_FP8 = 1  # float8_e4m3fn with a per-tensor k_scale / v_scale
 KV_MXFP8 = 2  # float8_e4m3fn with a UE8M0 scale per 32 channels
 
+try:  # Grid Dependency Control (programmatic dependent launch, sm_90+): Triton's CUDA extras (3.4 and later)
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # plan.pdl_status then says why the merge cannot launch early
+    gdc_launch_dependents = gdc_wait = None
+
 
 
 @triton.jit

@@ -57,7 +57,8 @@ class DecodeConfig:
     ``HOPPER_KERNELS``); ``block_n``: keys per tile (a power of two >= 16 dividing the page); ``waves`` /
     ``min_split``: the split policy (programs per SM over all (request, KV head) pairs, and the fewest keys per
     split); ``num_splits``: the split count itself; ``merge_block_d``: channels per merge program (a power of two
-    from 32 to head_dim)."""
+    from 32 to head_dim); ``pdl_merge``: launch the merge with programmatic dependent launch (sm_90+: it starts
+    while stage 1 runs and waits for it in the kernel; ``pdl_status``), True or None (off: not yet timed)."""
 
     kernel: Optional[str] = None
     block_n: Optional[int] = None
@@ -67,6 +68,7 @@ class DecodeConfig:
     min_split: Optional[int] = None
     num_splits: Optional[int] = None
     merge_block_d: Optional[int] = None
+    pdl_merge: Optional[bool] = None
 
 
 class DecodeWorkspace:
@@ -147,6 +149,7 @@ class DecodePlan:
     kernel: str = "tiles"  # one of KERNELS: "tiles" (decode_tiles_kernel), "blocks" (decode_blocks_kernel,
     # page-aligned only), "hopper" / "hopper_ws" (decode_hopper_kernel / decode_hopper_ws_kernel)
     merge_block_d: Optional[int] = None  # stage 2: one program per (request, query head, merge_block_d channels)
+    pdl_merge: bool = False  # stage 2 launched early (programmatic dependent launch); only with splits
 
     @property
     def paged(self) -> bool:
@@ -238,6 +241,26 @@ def route_note(device) -> str:
         note += "; 8-bit pools read as bytes, e4m3 decoded with integer operations (no e4m3 conversions before " \
                 "sm_89, or INKLING_E4M3_BY_INTEGERS=1)"
     return note
+
+
+def pdl_status(device) -> tuple[bool, str]:
+    """Whether the merge can launch with programmatic dependent launch on ``device`` (an NVIDIA sm_90+ GPU, Triton
+    with the Grid Dependency Control extras, not the interpreter), and a line saying why (not)."""
+    from .device import gdc_wait
+
+    if device is None or torch.device(device).type != "cuda":
+        return False, "not a CUDA device"
+    if torch.version.hip is not None:
+        return False, "a ROCm device (programmatic dependent launch is NVIDIA's)"
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return False, "the Triton interpreter is on"
+    if gdc_wait is None:
+        return False, f"Triton {triton.__version__} has no triton.language.extra.cuda.gdc_wait"
+    dev = torch.device(device)
+    cap = _cuda_capability(dev.index if dev.index is not None else torch.cuda.current_device())
+    if cap < (9, 0):
+        return False, f"sm_{cap[0]}{cap[1]} is older than sm_90"
+    return True, f"sm_{cap[0]}{cap[1]}"
 
 
 def hopper_decode_status(device) -> tuple[bool, str]:
@@ -509,10 +532,17 @@ def plan_decode(batch: Union[int, torch.Tensor], *, num_q_heads: int, num_kv_hea
           or merge_block_d > head_dim or merge_block_d & (merge_block_d - 1) or head_dim % merge_block_d):
         raise ValueError(f"merge_block_d must be a power of two in [32, head_dim={head_dim}] dividing head_dim, "
                          f"got {merge_block_d!r}")
+    if config.pdl_merge not in (None, True, False):
+        raise ValueError(f"pdl_merge must be None, True or False, got {config.pdl_merge!r}")
+    pdl_merge = bool(config.pdl_merge) and num_splits > 1
+    if pdl_merge:
+        ok, why = pdl_status(device)
+        if not ok:
+            raise ValueError(f"pdl_merge=True needs programmatic dependent launch (an NVIDIA sm_90+ GPU): {why}")
     part_o = part_lse = None
     if num_splits > 1:
         if workspace is None:
             workspace = DecodeWorkspace(batch, num_q_heads, head_dim, num_splits, device or "cpu")
         part_o, part_lse = workspace.split_buffers(batch, num_q_heads, num_splits, head_dim)
     return DecodePlan(batch, num_q_heads, num_kv_heads, head_dim, window, num_splits, split_len, block_n,
-                      num_warps, num_stages, part_o, part_lse, page_size, kernel, merge_block_d)
+                      num_warps, num_stages, part_o, part_lse, page_size, kernel, merge_block_d, pdl_merge)
