@@ -33,6 +33,8 @@ constexprs() { python3 -c "import json, os; print(json.dumps(json.loads(os.envir
 # the variant's DecodeConfig fields as the checks' plan options ({"map": "table", "kernel": "hopper", ...})
 plan_options() { python3 -c "import json, os; v = dict(json.loads(os.environ['VARIANTS'])['$1']); v.pop('constexprs', None); print(json.dumps({'map': 'table', 'kernel': 'hopper', **v}))"; }
 variant_kernel() { python3 -c "import json, os; print(json.loads(os.environ['VARIANTS'])['$1'].get('kernel', 'hopper'))"; }
+# its other DecodeConfig fields (tiles, stages) for the profile's plan
+variant_fields() { python3 -c "import json, os; v = dict(json.loads(os.environ['VARIANTS'])['$1']); [v.pop(k, None) for k in ('constexprs', 'kernel')]; print(json.dumps(v))"; }
 for name in ${CHECKED//,/ }; do
   consts=$(constexprs "$name")
   stamp "checks $name $consts $(plan_options "$name")"
@@ -62,9 +64,10 @@ echo "rc=$?" >> "$W/study.log"
 for name in current ${CHECKED//,/ }; do
   consts='{}'
   kernel=hopper
-  if [ "$name" != current ]; then consts=$(constexprs "$name"); kernel=$(variant_kernel "$name"); fi
-  stamp "ncu $name ($kernel)"
-  KERNEL="$kernel" HOPPER_CONSTEXPRS="$consts" timeout "$(limit 45)" ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \
+  fields='{}'
+  if [ "$name" != current ]; then consts=$(constexprs "$name"); kernel=$(variant_kernel "$name"); fields=$(variant_fields "$name"); fi
+  stamp "ncu $name ($kernel $fields)"
+  KERNEL="$kernel" DECODE_CONFIG="$fields" HOPPER_CONSTEXPRS="$consts" timeout "$(limit 45)" ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \
     --section SchedulerStats --section LaunchStats -k regex:decode_ -c 1 -s 2 python3 tools/profile_decode.py \
     >> "$W/ncu.log" 2>&1
 done
