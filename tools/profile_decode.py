@@ -11,7 +11,8 @@ decode_hopper.EXTRA_CONSTEXPRS.update(json.loads(os.environ.get("HOPPER_CONSTEXP
 Hq, Hkv, D, B, ctx = (int(x) for x in os.environ.get("POINT", "16,2,128,128,32768").split(","))
 case = Case(Hq, Hkv, D, B, ctx, "cuda", with_fp8=False)
 ws = DecodeWorkspace.for_max_context(B, Hq, Hkv, D, ctx, "cuda")
-cfg = DecodeConfig(**{"kernel": os.environ.get("KERNEL", "hopper"), **json.loads(os.environ.get("DECODE_CONFIG", "{}") or "{}")})
+fields = json.loads(os.environ.get("DECODE_CONFIG", "{}") or "{}")
+cfg = DecodeConfig(**{"kernel": os.environ.get("KERNEL", "hopper"), **fields})
 plan = plan_decode(B, num_q_heads=Hq, num_kv_heads=Hkv, head_dim=D, max_seq_len=ctx, page_size=128,
                    kv_dtype=case.mx.k_buffer.dtype, workspace=ws, config=cfg)
 out = torch.empty_like(case.q)
