@@ -87,9 +87,13 @@ CTXS = [1024, 4096, 16384, 32768]
 # Shapes users serve off the grid (Hq/Hkv/D per rank), for --points: issue #34's table, one point each
 # (--points issue34).
 MORE_SHAPES = [("qwen2.5-7b", 28, 4, 128), ("qwen2.5-32b", 40, 8, 128), ("llama3-70b-tp8", 8, 1, 128),
-               ("llama3-8b", 32, 8, 128), ("gemma2-9b", 16, 8, 256), ("qwen3-235b-gqa16", 64, 4, 128)]
+               ("llama3-8b", 32, 8, 128), ("gemma2-9b", 16, 8, 256), ("qwen3-235b-gqa16", 64, 4, 128),
+               # head_dim 64 (no grid shape has it; the Hopper kernels compile for it, plan.hopper_decode_fits
+               # leaves it to the Triton kernels until timed)
+               ("llama3.2-1b", 32, 8, 64), ("gpt-oss-20b", 64, 8, 64)]
 POINT_SETS = {"issue34": "qwen2.5-7b:64:8192,qwen2.5-32b:16:65536,llama3-70b-tp8:96:16384,llama3-8b:48:24576,"
-                         "gqa8-tp1:256:4096,inkling-tp4:1:131072,gemma2-9b:32:16384,qwen3-235b-gqa16:32:32768"}
+                         "gqa8-tp1:256:4096,inkling-tp4:1:131072,gemma2-9b:32:16384,qwen3-235b-gqa16:32:32768",
+              "headdim64": "llama3.2-1b:64:8192,llama3.2-1b:8:32768,gpt-oss-20b:32:32768,gpt-oss-20b:128:4096"}
 
 
 def grid_points(spec: str) -> list:
