@@ -143,8 +143,9 @@ def run_decode(plan: DecodePlan, q: torch.Tensor, kv: PagedKV, kv_indptr: Option
             SPLIT_BLOCK=min(max(32, 4096 // block_d), triton.next_power_of_2(plan.num_splits)),
             ALIGN=plan.block_n if plan.paged else 1, BLOCK_D=block_d, PAGE_TABLE=table, BLOCK_N=plan.block_n,
             num_warps=4 if d >= 128 or block_d < d else 2,
-            # plan.pdl_merge: launched while stage 1 runs, it waits for stage 1 in the kernel (griddepcontrol.wait)
-            WAIT_PRIMARY=plan.pdl_merge, launch_pdl=plan.pdl_merge,
+            # plan.pdl_merge: launched while stage 1 runs, it waits for stage 1 in the kernel (griddepcontrol.wait).
+            # launch_pdl only then: other backends' launch options (AMD's) have no such key and refuse it.
+            WAIT_PRIMARY=plan.pdl_merge, **({"launch_pdl": True} if plan.pdl_merge else {}),
         )
     return out
 
