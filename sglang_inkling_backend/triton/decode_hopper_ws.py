@@ -34,7 +34,9 @@ from .decode_hopper import (HOPPER_PAGE, acc_rescale, cta_barrier, e8m0, issue_k
                             load_scale_words, load_vt_pairs, output_factor, pair_layout_for, q_parts_to_shared,
                             split_tiles, store_half, tile_scale_offsets, tile_slot, tile_softmax, tma_load,
                             v_block_factor)
+from .mbarrier_ring import ring_slot
 
+g_ring_slot = gluon.jit(ring_slot)  # (buffer, phase parity) of a ring's use: shared with the hand-over model
 HOPPER_WS_NUM_WARPS = 4  # the softmax warpgroup; the value warpgroup adds 4 more
 HOPPER_WS_VALUE_WARPS = gl.constexpr(4)
 # Registers per thread: a launch's maxnreg is what every warp starts with; the value warpgroup drops to
@@ -99,7 +101,7 @@ def ws_softmax_partition(
 
     for i in range(0, n_tiles):
         start = tok_begin + i * BLOCK_N
-        stage = i % NUM_STAGES
+        stage, kv_phase = g_ring_slot(i, NUM_STAGES)
         offs_n = start + offs_t
         mask_n = offs_n < tok_end
         if HAS_WINDOW:
@@ -109,16 +111,16 @@ def ws_softmax_partition(
         nk_sf = load_scale_words(ksf_ptr, nsf_offs, NB)
         nv_sf = load_scale_words(vsf_ptr, nsf_offs, NB)
 
-        mbarrier.wait(kv_ready.index(stage), (i // NUM_STAGES) & 1)
+        mbarrier.wait(kv_ready.index(stage), kv_phase)
         parts = issue_k_dots(k_smem.index(stage), q_hi, q_lo, mma8, NB, BLOCK_N, N2)
         p, alpha, m_i, l_acc, ecols, new_units = tile_softmax(
             parts, k_sf, v_sf, m_i, l_acc, units, qk_scale, start, offs_n, mask_n, q_pos, bias_row_ptr, heads,
             mask_g, right, stride_rb_head, rel_extent, logit_cap, mma, NB, NH, BLOCK_N, HAS_REL_BIAS, HAS_CAP)
 
         # hand P' and the accumulators' factors over once the value warpgroup is done with the last tile's
-        ps = i % P_SETS
-        # a fresh barrier passes phase 1: a set's first tile does not wait
-        mbarrier.wait(p_empty.index(ps), ((i // P_SETS) & 1) ^ 1)
+        ps, p_phase = g_ring_slot(i, P_SETS)
+        # the set's previous use released (a fresh barrier passes the flipped parity: a set's first use does not wait)
+        mbarrier.wait(p_empty.index(ps), p_phase ^ 1)
         for m in gl.static_range(NH):
             p_smem.index(ps * NH + m).store((p * v_block_factor(ecols[m], new_units[m])).to(gl.float16))
             r_smem.index(ps * NH + m).store(acc_rescale(alpha, units[m], new_units[m]))
@@ -165,16 +167,16 @@ def ws_value_partition(
     last = gl.maximum(n_tiles - 1, 0)
     for i in range(0, n_tiles):
         start = tok_begin + i * BLOCK_N
-        stage = i % NUM_STAGES
+        stage, kv_phase = g_ring_slot(i, NUM_STAGES)
         partial = (start + BLOCK_N > tok_end) | (start < first)
         ahead = i + NUM_STAGES
         aslot = tile_slot(row_ptr, tok_begin + gl.minimum(ahead, last) * BLOCK_N, PAGE, PAGE_TABLE)
 
-        mbarrier.wait(kv_ready.index(stage), (i // NUM_STAGES) & 1)
+        mbarrier.wait(kv_ready.index(stage), kv_phase)
         vst = v_smem.index(stage)
         vt = load_vt_pairs(vst, 0, partial, pairs, a_op, D, BLOCK_N)  # before P' is ready
-        ps = i % P_SETS
-        mbarrier.wait(p_ready.index(ps), (i // P_SETS) & 1)
+        ps, p_phase = g_ring_slot(i, P_SETS)
+        mbarrier.wait(p_ready.index(ps), p_phase)
         new_accs = ()
         for m in gl.static_range(NH):
             if m > 0:
