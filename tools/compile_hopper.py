@@ -83,6 +83,7 @@ def report(kernel) -> dict:
             "wgmma_e4m3": len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.f32\.e4m3\.e4m3", ptx)),
             "wgmma_f16": len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.f16\.f16", ptx)),
             "tma_loads": len(re.findall(r"cp\.async\.bulk\.tensor\.2d", ptx)),
+            "griddepcontrol": ptx.count("griddepcontrol."),  # TRIGGER_MERGE: the merge's early launch
             # register budgets a warp-specialized kernel moves its warps to (its partitions' in the order emitted)
             "setmaxnreg": [int(n) for n in re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx)]}
 

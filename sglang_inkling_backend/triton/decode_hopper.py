@@ -37,7 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from ..scale_layout import INTERLEAVED_PAGE_SIZE
 from .plan import hopper_head_split
-from .device import decode_logits, fold_sinks, log2e, q_power_of_two_norm, request_split_len
+from .device import decode_logits, fold_sinks, gdc_launch_dependents, log2e, q_power_of_two_norm, request_split_len
 
 HOPPER_PAGE = gl.constexpr(INTERLEAVED_PAGE_SIZE)  # its tiles are an MXFP8 pool's pages, scales interleaved per page
 
@@ -338,11 +338,14 @@ def decode_hopper_kernel(
     HAS_REL_BIAS: gl.constexpr, HAS_WINDOW: gl.constexpr, HAS_CAP: gl.constexpr, HAS_SINKS: gl.constexpr,
     DIRECT: gl.constexpr, NUM_STAGES: gl.constexpr, BLOCK_N: gl.constexpr, ONE_P: gl.constexpr = False,
     PAGE_TABLE: gl.constexpr = True, SLOTS_AHEAD: gl.constexpr = True, HEAD_SPLIT: gl.constexpr = 1,
+    TRIGGER_MERGE: gl.constexpr = False,
 ):
     PAGE: gl.constexpr = HOPPER_PAGE
     NB: gl.constexpr = D // 32
     NH: gl.constexpr = D // 64
     N2: gl.constexpr = 2 * G_PAD
+    if TRIGGER_MERGE:  # plan.pdl_merge: the merge may launch now (it waits for this grid before reading)
+        gdc_launch_dependents()
     b = gl.program_id(0)
     h = gl.program_id(1)  # the program's G query heads: h * G ..; they read KV head kvh
     split = gl.program_id(2)
@@ -543,7 +546,7 @@ def launch_decode_hopper(plan, q, kv, params, out, lens, index, stride_index_row
         G=group, G_PAD=max(8, triton.next_power_of_2(group)), D=d, HKV=hkv,
         HAS_REL_BIAS=rb is not None, HAS_WINDOW=params.window is not None, HAS_CAP=params.logit_cap > 0,
         HAS_SINKS=params.sinks is not None, DIRECT=direct, NUM_STAGES=plan.num_stages, BLOCK_N=plan.block_n,
-        PAGE_TABLE=table, HEAD_SPLIT=head_split)
+        PAGE_TABLE=table, HEAD_SPLIT=head_split, TRIGGER_MERGE=plan.pdl_merge)
     if kernel is None:
         kernel, options = decode_hopper_kernel, dict(num_warps=HOPPER_NUM_WARPS, **_launch_options(plan))
     constexprs.update(options)

@@ -34,6 +34,7 @@ from .decode_hopper import (HOPPER_PAGE, acc_rescale, cta_barrier, e8m0, issue_k
                             load_scale_words, load_vt_pairs, output_factor, pair_layout_for, q_parts_to_shared,
                             split_tiles, store_half, tile_scale_offsets, tile_slot, tile_softmax, tma_load,
                             v_block_factor)
+from .device import gdc_launch_dependents
 from .mbarrier_ring import ring_slot
 
 g_ring_slot = gluon.jit(ring_slot)  # (buffer, phase parity) of a ring's use: shared with the hand-over model
@@ -224,6 +225,7 @@ def decode_hopper_ws_kernel(
     HAS_REL_BIAS: gl.constexpr, HAS_WINDOW: gl.constexpr, HAS_CAP: gl.constexpr, HAS_SINKS: gl.constexpr,
     DIRECT: gl.constexpr, NUM_STAGES: gl.constexpr, BLOCK_N: gl.constexpr, PAGE_TABLE: gl.constexpr = True,
     HEAD_SPLIT: gl.constexpr = 1, VALUE_REGS: gl.constexpr = HOPPER_WS_VALUE_REGS, P_SETS: gl.constexpr = 1,
+    TRIGGER_MERGE: gl.constexpr = False,
 ):
     """The arguments of ``decode_hopper_kernel`` (one program per request, KV head (times HEAD_SPLIT) and split);
     ``VALUE_REGS``: the value warpgroup's registers (the softmax warpgroup takes the rest of the launch's);
@@ -232,6 +234,8 @@ def decode_hopper_ws_kernel(
     NB: gl.constexpr = D // 32
     NH: gl.constexpr = D // 64
     N2: gl.constexpr = 2 * G_PAD
+    if TRIGGER_MERGE:  # plan.pdl_merge: the merge may launch now (it waits for this grid before reading)
+        gdc_launch_dependents()
     b = gl.program_id(0)
     h = gl.program_id(1)
     split = gl.program_id(2)

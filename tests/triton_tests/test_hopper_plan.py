@@ -281,3 +281,17 @@ def test_each_hopper_launcher_passes_its_kernel_the_same_arguments_and_its_own_o
         assert (ws["kw"]["num_warps"], ws["kw"]["maxnreg"]) == (4, 128) and "ONE_P" not in ws["kw"]
     assert (one2["kw"]["NUM_STAGES"], one2["kw"]["ONE_P"], one2["kw"]["maxnreg"]) == (2, True, 168)
     assert "maxnreg" not in one3["kw"] and ws2["kw"]["NUM_STAGES"] == 2
+
+
+@pytest.mark.parametrize("ws", [False, True])
+def test_the_hopper_kernels_trigger_the_merge_only_when_asked(ws):
+    """DecodeConfig(pdl_merge=True) (tests/triton_tests/test_pdl_merge.py): with TRIGGER_MERGE each Hopper kernel
+    issues griddepcontrol.launch_dependents once, without it none (its default launch is unchanged)."""
+    try:
+        importlib.util.find_spec("triton.experimental.gluon")
+    except Exception as err:  # noqa: BLE001
+        pytest.skip(f"no Gluon: {err}")
+    args = {"ws": True} if ws else {}
+    assert compile_report(**args)["griddepcontrol"] == 0
+    on = compile_report(constexpr="TRIGGER_MERGE=1", **args)
+    assert on["griddepcontrol"] == 1 and on["stack"] == 0
