@@ -58,7 +58,7 @@ class DecodeConfig:
     ``min_split``: the split policy (programs per SM over all (request, KV head) pairs, and the fewest keys per
     split); ``num_splits``: the split count itself; ``merge_block_d``: channels per merge program (a power of two
     from 32 to head_dim); ``pdl_merge``: launch the merge with programmatic dependent launch (sm_90+: it starts
-    while stage 1 runs and waits for it in the kernel; ``pdl_status``), True or None (off: not yet timed)."""
+    while stage 1 runs and waits for it in the kernel; ``pdl_status``): off unless True (not yet timed)."""
 
     kernel: Optional[str] = None
     block_n: Optional[int] = None
