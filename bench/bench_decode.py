@@ -365,8 +365,8 @@ def main():
         if HOPPER:  # the Gluon kernel, forced (the Triton block kernel is ours_mxfp8 unless the route picks it)
             ours.insert(1, ("ours_mxfp8_hopper", case.mx, case.bytes_mxfp8, False, DecodeConfig(kernel="hopper"),
                             {}))
-            # BENCH_HOPPER_WS=1: its warp-specialized form too (not routed; opt-in until it has run on a GPU, where a
-            # synchronization error would hang the whole grid rather than fail one row)
+            # BENCH_HOPPER_WS=1: its warp-specialized form too (not routed: 1.00-1.02x the one-warpgroup kernel's time
+            # on an H100, bench/results/current/h100-2026-12-05/ws-first-run/)
             if os.environ.get("BENCH_HOPPER_WS") == "1":
                 ours.insert(2, ("ours_mxfp8_hopper_ws", case.mx, case.bytes_mxfp8, False,
                                 DecodeConfig(kernel="hopper_ws"), {}))

@@ -221,6 +221,7 @@ def main():
             lines.append(f"  ours_bf16 failed {repr(e)[:200]}")
         print(f"== {name} B={B} ctx={ctx} peers " + " ".join(f"{k} {v:.4f} ms" for k, v in peers.items()))
         print("\n".join(lines), flush=True)
+        os.makedirs(args.out, exist_ok=True)  # written after every point, so a cut run keeps what it timed
         with open(os.path.join(args.out, "variants.json"), "w") as f:
             json.dump(rows, f, indent=1)
         del case

@@ -405,10 +405,9 @@ def main():
     if not SMOKE and torch.cuda.get_device_capability() == (9, 0):
         DECODE_CONFIGS["table(hopper)"] = ("table", HOPPER)
         DECODE_CONFIGS["table(hopper,64)"] = ("table", HOPPER_HALF_PAGE)
-        if os.environ.get("GPU_CHECKS_HOPPER_WS") == "1":  # opt-in until it has run once (a hang, not a failure)
-            DECODE_CONFIGS["table(hopper_ws)"] = ("table", HOPPER_WS)
-            DECODE_CONFIGS["table(hopper_ws,64)"] = ("table", HOPPER_WS_HALF_PAGE)
-            DECODE_CONFIGS["pages(hopper_ws)"] = ("pages", HOPPER_WS)  # a CSR of whole pages
+        DECODE_CONFIGS["table(hopper_ws)"] = ("table", HOPPER_WS)
+        DECODE_CONFIGS["table(hopper_ws,64)"] = ("table", HOPPER_WS_HALF_PAGE)
+        DECODE_CONFIGS["pages(hopper_ws)"] = ("pages", HOPPER_WS)  # a CSR of whole pages
     # GPU_CHECKS_ONLY=check_decode,check_store: only those checks
     only = [n for n in os.environ.get("GPU_CHECKS_ONLY", "").split(",") if n]
     for fn in (check_store, check_gather_rails, check_decode, check_format_error, check_extend):
