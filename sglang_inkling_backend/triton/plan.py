@@ -58,7 +58,7 @@ class DecodeConfig:
     ``min_split``: the split policy (programs per SM over all (request, KV head) pairs, and the fewest keys per
     split); ``num_splits``: the split count itself; ``merge_block_d``: channels per merge program (a power of two
     from 32 to head_dim); ``pdl_merge``: launch the merge with programmatic dependent launch (sm_90+: it starts
-    while stage 1 runs and waits for it in the kernel; ``pdl_status``): off unless True (not yet timed)."""
+    while stage 1 runs and waits for it in the kernel; ``pdl_status``): off unless True (one H100 run so far)."""
 
     kernel: Optional[str] = None
     block_n: Optional[int] = None
@@ -316,7 +316,8 @@ def hopper_config(head_dim: int) -> dict:
 
 
 # The warp-specialized Hopper kernel (decode_hopper_ws: a softmax warpgroup and a value warpgroup per program, 8
-# warps at 128 registers, 2 programs per SM), taken only when a DecodeConfig names it: it has not been timed yet.
+# warps at 128 registers, 2 programs per SM), taken only when a DecodeConfig names it: on an H100 it took 1.00-1.02x
+# the one-warpgroup kernel's time at five grid points (bench/results/current/h100-2026-12-05/ws-first-run/).
 # Shared memory per program (tools/compile_hopper.py --ws, Triton 3.6 and 3.9, no stack): head_dim 128 on 3
 # stages of whole pages 109 KiB; head_dim 256 on half pages 82 KiB with 2 stages (114 KiB with 3: one per SM).
 HOPPER_WS = dict(HOPPER, kernel="hopper_ws")
