@@ -183,6 +183,36 @@ def pair_layout_for(block_n):
                                       warp_bases=[[8, 0], [16, 0]], block_bases=[], shape=[32, block_n])
 
 
+@gluon.constexpr_function
+def mma_layout(n2, k):
+    """The warpgroup MMA's accumulator layout over one warpgroup: ``[16, n2, k]`` instructions (k 32 for the e4m3 K
+    dots, 16 for the fp16 V dots)."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n2, k])
+
+
+@gluon.jit
+def column_heads(h, G: gl.constexpr, G_PAD: gl.constexpr, cols: gl.constexpr):
+    """The N side's ``2 * G_PAD`` columns (every head twice): (column index, each column's query head, whether it is
+    a real head, ``[1, N2]``: whether it is a half's second-block column)."""
+    offs_c = gl.arange(0, 2 * G_PAD, layout=cols)
+    head_of_col = offs_c % G_PAD
+    return offs_c, h * G + head_of_col, head_of_col < G, gl.expand_dims(offs_c >= G_PAD, 0)
+
+
+@gluon.jit
+def partial_rows(b, heads, split, max_splits, G: gl.constexpr, HKV: gl.constexpr, HEAD_SPLIT: gl.constexpr):
+    """Each head's row of the split workspace (``part_o`` / ``part_lse``, as the merge kernel reads them)."""
+    return (b * (HKV * HEAD_SPLIT * G) + heads).to(gl.int64) * max_splits + split
+
+
+@gluon.jit
+def output_rows(right, mask_g, rows: gl.constexpr):
+    """The 64 rows of an output half and where to store: each row's own block's columns, real heads only."""
+    offs_r = gl.arange(0, 64, layout=rows)
+    own = gl.expand_dims(offs_r >= 32, 1) == right  # the columns of each row's own block
+    return offs_r, own & gl.expand_dims(mask_g, 0)
+
+
 @gluon.jit
 def split_tiles(lens_ptr, table_ptr, stride_table_row, b, split, window, split_len, max_splits,
                 BLOCK_N: gl.constexpr, HAS_WINDOW: gl.constexpr, PAGE_TABLE: gl.constexpr):
@@ -359,8 +389,8 @@ def decode_hopper_kernel(
     q_pos = seq_len - 1
     n_tiles = (tok_end - tok_begin + BLOCK_N - 1) // BLOCK_N
 
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N2, 16])
-    mma8: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N2, 32])
+    mma: gl.constexpr = mma_layout(N2, 16)
+    mma8: gl.constexpr = mma_layout(N2, 32)
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     rows: gl.constexpr = gl.SliceLayout(1, mma)
     cols: gl.constexpr = gl.SliceLayout(0, mma)
@@ -392,11 +422,7 @@ def decode_hopper_kernel(
     fence_async_shared()
     cta_barrier()
 
-    offs_c = gl.arange(0, N2, layout=cols)
-    head_of_col = offs_c % G_PAD
-    heads = h * G + head_of_col
-    mask_g = head_of_col < G
-    right = gl.expand_dims(offs_c >= G_PAD, 0)  # the columns of a half's second block
+    offs_c, heads, mask_g, right = column_heads(h, G, G_PAD, cols)
     offs_t = gl.arange(0, BLOCK_N, layout=rows)
     pairs: gl.constexpr = pair_layout_for(BLOCK_N)
 
@@ -498,10 +524,8 @@ def decode_hopper_kernel(
         mbarrier.invalidate(bars.index(s))
 
     o_scale, l_i, m_i = output_factor(l_acc, m_i, sinks_ptr, heads, mask_g, DIRECT, HAS_SINKS)
-    offs_r = gl.arange(0, 64, layout=rows)
-    own = gl.expand_dims(offs_r >= 32, 1) == right  # the columns of each row's own block
-    store_mask = own & gl.expand_dims(mask_g, 0)
-    part_row = (b * (HKV * HEAD_SPLIT * G) + heads).to(gl.int64) * max_splits + split
+    offs_r, store_mask = output_rows(right, mask_g, rows)
+    part_row = partial_rows(b, heads, split, max_splits, G, HKV, HEAD_SPLIT)
     for m in gl.static_range(NH):
         o = accs[m] * gl.expand_dims(o_scale * e8m0(units[m]), 0)
         store_half(o, m, offs_r, store_mask, heads, part_row, out_ptr, part_o_ptr, b, stride_ob, stride_oh, D, DIRECT)

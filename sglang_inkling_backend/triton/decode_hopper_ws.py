@@ -30,10 +30,10 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma, \
     warpgroup_mma_wait
 
-from .decode_hopper import (HOPPER_PAGE, acc_rescale, cta_barrier, e8m0, issue_k_dots, launch_decode_hopper,
-                            load_scale_words, load_vt_pairs, output_factor, pair_layout_for, q_parts_to_shared,
-                            split_tiles, store_half, tile_scale_offsets, tile_slot, tile_softmax, tma_load,
-                            v_block_factor)
+from .decode_hopper import (HOPPER_PAGE, acc_rescale, column_heads, cta_barrier, e8m0, issue_k_dots,
+                            launch_decode_hopper, load_scale_words, load_vt_pairs, mma_layout, output_factor,
+                            output_rows, pair_layout_for, partial_rows, q_parts_to_shared, split_tiles, store_half,
+                            tile_scale_offsets, tile_slot, tile_softmax, tma_load, v_block_factor)
 from .device import gdc_launch_dependents
 from .mbarrier_ring import ring_slot
 
@@ -74,16 +74,12 @@ def ws_softmax_partition(
     NB: gl.constexpr = D // 32
     NH: gl.constexpr = D // 64
     N2: gl.constexpr = 2 * G_PAD
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N2, 16])
-    mma8: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N2, 32])
+    mma: gl.constexpr = mma_layout(N2, 16)
+    mma8: gl.constexpr = mma_layout(N2, 32)
     rows: gl.constexpr = gl.SliceLayout(1, mma)
     cols: gl.constexpr = gl.SliceLayout(0, mma)
 
-    offs_c = gl.arange(0, N2, layout=cols)
-    head_of_col = offs_c % G_PAD
-    heads = h * G + head_of_col
-    mask_g = head_of_col < G
-    right = gl.expand_dims(offs_c >= G_PAD, 0)  # the columns of a half's second block
+    offs_c, heads, mask_g, right = column_heads(h, G, G_PAD, cols)
     offs_t = gl.arange(0, BLOCK_N, layout=rows)
 
     m_i = gl.full([N2], float("-inf"), gl.float32, layout=cols)
@@ -139,7 +135,7 @@ def ws_softmax_partition(
     cta_barrier()
     mbarrier.arrive(o_ready, count=1)
     if not DIRECT:
-        part_row = (b * (HKV * HEAD_SPLIT * G) + heads).to(gl.int64) * max_splits + split
+        part_row = partial_rows(b, heads, split, max_splits, G, HKV, HEAD_SPLIT)
         gl.store(part_lse_ptr + part_row, m_i + gl.log2(l_i), mask=mask_g & (offs_c < G_PAD) & has_work)
 
 
@@ -155,7 +151,7 @@ def ws_value_partition(
     PAGE: gl.constexpr = HOPPER_PAGE
     NH: gl.constexpr = D // 64
     N2: gl.constexpr = 2 * G_PAD
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N2, 16])
+    mma: gl.constexpr = mma_layout(N2, 16)
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     rows: gl.constexpr = gl.SliceLayout(1, mma)
     cols: gl.constexpr = gl.SliceLayout(0, mma)
@@ -195,15 +191,10 @@ def ws_value_partition(
             tma_load(k_desc, [aslot, col0], kv_ready.index(stage), k_smem.index(stage))
             tma_load(v_desc, [aslot, col0], kv_ready.index(stage), v_smem.index(stage))
 
-    offs_c = gl.arange(0, N2, layout=cols)
-    head_of_col = offs_c % G_PAD
-    heads = h * G + head_of_col
-    mask_g = head_of_col < G
-    right = gl.expand_dims(offs_c >= G_PAD, 0)
-    offs_r = gl.arange(0, 64, layout=rows)
-    own = gl.expand_dims(offs_r >= 32, 1) == right  # the columns of each row's own block
-    store_mask = own & gl.expand_dims(mask_g, 0) & has_work
-    part_row = (b * (HKV * HEAD_SPLIT * G) + heads).to(gl.int64) * max_splits + split
+    _, heads, mask_g, right = column_heads(h, G, G_PAD, cols)
+    offs_r, store_mask = output_rows(right, mask_g, rows)
+    store_mask = store_mask & has_work
+    part_row = partial_rows(b, heads, split, max_splits, G, HKV, HEAD_SPLIT)
     mbarrier.wait(o_ready, 0)
     for m in gl.static_range(NH):
         o = accs[m] * gl.expand_dims(f_smem.index(m).load(cols), 0)

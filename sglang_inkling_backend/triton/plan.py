@@ -320,13 +320,9 @@ def hopper_config(head_dim: int) -> dict:
 # the one-warpgroup kernel's time at five grid points (bench/results/current/h100-2026-12-05/ws-first-run/).
 # Shared memory per program (tools/compile_hopper.py --ws, Triton 3.6 and 3.9, no stack): head_dim 128 on 3
 # stages of whole pages 109 KiB; head_dim 256 on half pages 82 KiB with 2 stages (114 KiB with 3: one per SM).
-HOPPER_WS = dict(HOPPER, kernel="hopper_ws")
-HOPPER_WS_WIDE = dict(HOPPER_WIDE, kernel="hopper_ws")
-
-
 def hopper_ws_config(head_dim: int) -> dict:
     """The warp-specialized kernel's configuration for ``head_dim`` (the tiles and stages of ``hopper_config``)."""
-    return dict(HOPPER_WS_WIDE if head_dim > 128 else HOPPER_WS)
+    return dict(hopper_config(head_dim), kernel="hopper_ws")
 
 
 def _resident_blocks(wide: bool) -> int:

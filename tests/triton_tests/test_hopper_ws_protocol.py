@@ -70,12 +70,17 @@ def run_model(n_tiles, stages, p_sets, seed, ring=ring_slot, value_waits_ready=T
         stage_tile[stage] = None
         in_flight.append((stage, tile))
 
+    def wait_for_tile(i, reader):
+        """Both partitions' first step of tile i: wait for its stage, then read it (returns the stage)."""
+        stage, phase = ring(i, stages)
+        yield lambda: kv_ready[stage].passes(phase)
+        if stage_tile[stage] != i:
+            raise Race(f"{reader} of tile {i}: stage {stage} holds {stage_tile[stage]}")
+        return stage
+
     def softmax():
         for i in range(n_tiles):
-            stage, phase = ring(i, stages)
-            yield lambda: kv_ready[stage].passes(phase)
-            if stage_tile[stage] != i:
-                raise Race(f"softmax read K of tile {i}, stage {stage} holds {stage_tile[stage]}")
+            yield from wait_for_tile(i, "softmax read K")
             k_read[i] = True
             ps, pphase = ring(i, p_sets)
             yield lambda: p_empty[ps].passes(pphase ^ 1)
@@ -89,10 +94,7 @@ def run_model(n_tiles, stages, p_sets, seed, ring=ring_slot, value_waits_ready=T
 
     def value():
         for i in range(n_tiles):
-            stage, phase = ring(i, stages)
-            yield lambda: kv_ready[stage].passes(phase)
-            if stage_tile[stage] != i:
-                raise Race(f"value read V of tile {i} (first half), stage {stage} holds {stage_tile[stage]}")
+            stage = yield from wait_for_tile(i, "value read V (first half)")
             ps, pphase = ring(i, p_sets)
             if value_waits_ready:
                 yield lambda: p_ready[ps].passes(pphase)
