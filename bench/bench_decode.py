@@ -97,16 +97,20 @@ POINT_SETS = {"issue34": "qwen2.5-7b:64:8192,qwen2.5-32b:16:65536,llama3-70b-tp8
 
 
 def grid_points(spec: str) -> list:
-    """``--points``: ``shape:B:ctx,...`` with a name of SHAPES or MORE_SHAPES, or a name of POINT_SETS."""
-    spec = POINT_SETS.get(spec, spec)
+    """``--points``: comma-separated items, each ``shape:B:ctx`` with a name of SHAPES or MORE_SHAPES, a name of
+    POINT_SETS, or ``grid`` (every SHAPES x BATCHES x CTXS point), e.g. ``grid,issue34``: one run, one JSON."""
     by_name = {s[0]: s for s in SHAPES + MORE_SHAPES}
     grid = []
-    for point in spec.split(","):
-        parts = point.split(":")
-        if len(parts) != 3 or parts[0] not in by_name:
-            raise ValueError(f"--points: {point!r} is not shape:B:ctx with a shape of {sorted(by_name)} (or one of "
-                             f"{sorted(POINT_SETS)})")
-        grid.append((by_name[parts[0]], int(parts[1]), int(parts[2])))
+    for item in spec.split(","):
+        if item == "grid":
+            grid += [(s, b, c) for s in SHAPES for b in BATCHES for c in CTXS]
+            continue
+        for point in POINT_SETS.get(item, item).split(","):
+            parts = point.split(":")
+            if len(parts) != 3 or parts[0] not in by_name:
+                raise ValueError(f"--points: {point!r} is not shape:B:ctx with a shape of {sorted(by_name)} (or "
+                                 f"'grid' or one of {sorted(POINT_SETS)})")
+            grid.append((by_name[parts[0]], int(parts[1]), int(parts[2])))
     return grid
 
 
@@ -295,7 +299,8 @@ def main():
     ap.add_argument("--no-grid", action="store_true")
     ap.add_argument("--quick", action="store_true", help="a few grid points only")
     ap.add_argument("--points", help="these points only: 'shape:B:ctx,...' with a name of SHAPES or MORE_SHAPES, "
-                    "e.g. 'inkling-tp4:128:32768,gqa8-tp1:32:16384', or a name of POINT_SETS ('issue34')")
+                    "e.g. 'inkling-tp4:128:32768,gqa8-tp1:32:16384', a name of POINT_SETS ('issue34'), or 'grid' (the "
+                    "whole grid): 'grid,issue34' runs both in one run")
     ap.add_argument("--table", metavar="JSON", help="print the table of a run's JSON (no GPU): each row's check is "
                     "re-applied with tolerance(kernel) to its recorded rel_err")
     args = ap.parse_args()
@@ -332,7 +337,7 @@ def main():
         print("flashinfer import failed:", repr(e)[:300], flush=True)
     meta["config"] = ("plan_decode(page_size=128, kv_dtype=pool dtype) defaults (choose_config), page table, "
                       "DecodeWorkspace")
-    grid = [(s, b, c) for s in SHAPES for b in BATCHES for c in CTXS]
+    grid = grid_points("grid")
     if args.quick:
         grid = [(SHAPES[0], 1, 1024), (SHAPES[0], 128, 32768), (SHAPES[1], 32, 16384), (SHAPES[2], 8, 32768)]
     if args.points:

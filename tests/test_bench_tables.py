@@ -62,3 +62,6 @@ def test_points_name_the_off_grid_shapes_and_the_issue_table_and_refuse_unknown_
     assert bd.grid_points("gemma3-270m:8:1024") == [(("gemma3-270m", 4, 1, 256), 8, 1024)]
     with pytest.raises(ValueError, match="'nope:1:1' is not shape:B:ctx"):
         bd.grid_points("gqa8-tp1:1:1024,nope:1:1")
+    both = bd.grid_points("grid,issue34")
+    assert len(both) == 48 + 8 and both[48:] == grid
+    assert both[0] == (("inkling-tp4", 16, 2, 128), 1, 1024) and both[47] == (("gemma3-270m", 4, 1, 256), 128, 32768)
