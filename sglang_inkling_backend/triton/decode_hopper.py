@@ -561,7 +561,10 @@ def launch_decode_hopper(plan, q, kv, params, out, lens, index, stride_index_row
 
     batch, hq, d = q.shape
     hkv = kv.num_kv_heads
-    head_split = hopper_head_split(hq // hkv)
+    # a benchmark's variant may set the programs per KV head (HEAD_SPLIT 1: GQA 16 on one program)
+    head_split = EXTRA_CONSTEXPRS.get("HEAD_SPLIT", hopper_head_split(hq // hkv))
+    if (hq // hkv) % head_split:
+        raise ValueError(f"HEAD_SPLIT={head_split} does not divide the {hq // hkv} query heads per KV head")
     group = hq // hkv // head_split
     k_map, v_map = hopper_tensor_maps(kv, d, plan.block_n)
     rb = params.rel_bias

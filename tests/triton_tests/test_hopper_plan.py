@@ -264,13 +264,7 @@ def test_each_hopper_launcher_passes_its_kernel_the_same_arguments_and_its_own_o
         importlib.util.find_spec("triton.experimental.gluon")
     except Exception as err:  # noqa: BLE001
         pytest.skip(f"no Gluon: {err}")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    run = subprocess.run([sys.executable, os.path.join(root, "tests", "triton_tests", "hopper_launch_probe.py"),
-                          "64", "4", "128"], env=env, capture_output=True, text=True, cwd=root, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
-    one3, ws3, one2, ws2 = json.loads(run.stdout.strip().splitlines()[-1])
+    one3, ws3, one2, ws2 = launch_probe(64, 4, 128)
     assert [c["kernel"] for c in (one3, ws3, one2, ws2)] == ["hopper", "hopper_ws", "hopper", "hopper_ws"]
     options = ("num_warps", "maxnreg", "ONE_P")
     for one, ws in ((one3, ws3), (one2, ws2)):
@@ -281,6 +275,33 @@ def test_each_hopper_launcher_passes_its_kernel_the_same_arguments_and_its_own_o
         assert (ws["kw"]["num_warps"], ws["kw"]["maxnreg"]) == (4, 128) and "ONE_P" not in ws["kw"]
     assert (one2["kw"]["NUM_STAGES"], one2["kw"]["ONE_P"], one2["kw"]["maxnreg"]) == (2, True, 168)
     assert "maxnreg" not in one3["kw"] and ws2["kw"]["NUM_STAGES"] == 2
+
+
+def launch_probe(hq, hkv, d, constexprs=None):
+    """The launches of tests/triton_tests/hopper_launch_probe.py, in a process without TRITON_INTERPRET."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    args = [str(hq), str(hkv), str(d)] + ([json.dumps(constexprs)] if constexprs else [])
+    run = subprocess.run([sys.executable, os.path.join(root, "tests", "triton_tests", "hopper_launch_probe.py"),
+                          *args], env=env, capture_output=True, text=True, cwd=root, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def test_a_variant_may_put_a_group_of_sixteen_on_one_program():
+    """A benchmark variant's HEAD_SPLIT (bench_decode.py BENCH_HOPPER_VARIANTS constexprs) sets the programs per KV
+    head for the grid as well as the kernel: GQA 16 on one program is 4 programs of 16 heads (G_PAD 16), not 8 of 8;
+    a HEAD_SPLIT that does not divide the group is refused before any launch."""
+    try:
+        importlib.util.find_spec("triton.experimental.gluon")
+    except Exception as err:  # noqa: BLE001
+        pytest.skip(f"no Gluon: {err}")
+    for call in launch_probe(64, 4, 128, {"HEAD_SPLIT": 1}):
+        assert call["grid"] == [2, 4, 1]
+        assert (call["kw"]["HEAD_SPLIT"], call["kw"]["G"], call["kw"]["G_PAD"]) == (1, 16, 16)
+    refused = launch_probe(64, 4, 128, {"HEAD_SPLIT": 3})
+    assert refused["launches"] == 0 and "HEAD_SPLIT=3 does not divide the 16 query heads" in refused["error"]
 
 
 @pytest.mark.parametrize("ws", [False, True])
