@@ -1,11 +1,12 @@
 """GPU check of the Triton extend kernel on a speculative verify step (``HAS_TREE``), at serving shapes: bf16 and
-MXFP8 pools, GQA 4 and 8 at head_dim 128, cached prefixes of 1k to 30k keys, 12 drafts per request in random
+MXFP8 pools, GQA 4 and 8 at head_dim 128, eight requests with cached prefixes of 17 to 30k keys and one request of
+32k, 12 drafts per request in random
 branching trees (as NGRAM sends them, BFS order), full attention, a window and Inkling's relative bias, against
 the reference (``reference.attention.paged_extend_attention(..., verify=)`` in float32 on the same dequantized K/V).
 Bound: relative Frobenius error <= 4e-3. Also the kernel's time on the tree against the same call on a chain of the
 same drafts (a plain extend): the tree should cost about the same. The same verify laid out from its shapes
-(``uniform_verify_attention``) gives the eager launch's bytes, and on CUDA again when captured in a graph and
-replayed over new queries and another tree. One JSON line per check; exit 1 on a failure.
+(``uniform_verify_attention``) gives the eager launch's bytes without a key split, and is within the bound with the
+planned split, whose graph replay over new queries and another tree gives its own launch's bytes; both timed. One JSON line per check; exit 1 on a failure.
 
     python gpu_tests/check_verify_gpu.py            # on the GPU machine
     python gpu_tests/check_verify_gpu.py --smoke    # here, under TRITON_INTERPRET=1, tiny shapes (script errors)
@@ -66,18 +67,32 @@ def device_tree(verify: SpecVerify, dev) -> SpecVerify:
 
 
 def check_static_grid(name, q, kv, indptr, indices, qo, params, verify, other_tree, drafts, eager):
-    """``uniform_verify_attention`` (the verify launch laid out from its shapes) gives the eager launch's bytes; on
-    CUDA, captured in a graph and replayed after new queries and another tree were copied into its buffers, the
-    eager launch's bytes on those inputs."""
+    """``uniform_verify_attention`` (the verify launch laid out from its shapes) without a key split gives the eager
+    launch's bytes; with the planned split (``plan.choose_verify_splits``: several programs per request's keys, then
+    a merge) it is within the bound of the reference. On CUDA, the planned launch captured in a graph and replayed
+    after new queries and another tree were copied into its buffers gives the same launch's bytes on those inputs,
+    and both launches are timed (``split_ms`` against ``whole_ms``)."""
     dev = q.device
     tree = device_tree(verify, dev)
     out = torch.empty(q.shape, dtype=torch.float32, device=dev)
-    static = lambda: kernels.uniform_verify_attention(q_buf, kv, indptr, indices, qo, params, tree, drafts,  # noqa
-                                                      out=out)
+
+    def static(splits=None, q_in=None, t=None):
+        return kernels.uniform_verify_attention(q_buf if q_in is None else q_in, kv, indptr, indices, qo, params,
+                                                tree if t is None else t, drafts, out=out if q_in is None else None,
+                                                num_splits=splits)
+
     q_buf = q.clone()
-    same = bool(torch.equal(static(), eager()))
-    record = {"check": f"{name}: static grid = eager launch", "ok": same}
+    same = bool(torch.equal(static(1), eager()))
+    want = reference(q.float(), kv, indptr, indices, qo, params, verify=verify)
+    planned = static()
+    err = float((planned.float() - want).norm() / want.norm())
+    batch = qo.numel() - 1
+    splits = kernels.verify_splits(batch, drafts, q.shape[1], kv.num_kv_heads, dev)
+    record = {"check": f"{name}: static grid = eager launch; split within the bound", "ok": same and err <= BOUND,
+              "unsplit_equal": same, "split_rel_err": err, "splits": splits}
     if torch.cuda.is_available():
+        record["whole_ms"] = timed(lambda: static(1), 20)
+        record["split_ms"] = timed(static, 20)
         graph = torch.cuda.CUDAGraph()
         static()  # compiled outside the capture
         torch.cuda.synchronize()
@@ -90,9 +105,8 @@ def check_static_grid(name, q, kv, indptr, indices, qo, params, verify, other_tr
         tree.depths.copy_(other.depths)
         graph.replay()
         torch.cuda.synchronize()
-        want = kernels.paged_extend_attention(new_q, kv, indptr, indices, qo, params, verify=other, validate=False,
-                                              out=torch.empty(q.shape, dtype=torch.float32, device=dev))
-        record["graph_replay_equal"] = bool(torch.equal(out, want))
+        fresh = static(q_in=new_q, t=other)
+        record["graph_replay_equal"] = bool(torch.equal(out, fresh.to(out.dtype)))
         record["ok"] = record["ok"] and record["graph_replay_equal"]
     print(json.dumps(record), flush=True)
     if not record["ok"]:
@@ -107,41 +121,40 @@ def main() -> int:
     dev = "cpu" if SMOKE else "cuda"
     g = torch.Generator().manual_seed(args.seed)
     d_head, drafts = (64, 5) if SMOKE else (128, 12)
-    prefixes = (9, 40) if SMOKE else (1024, 8192, 30000, 3000, 17, 12000, 500, 4096)
+    batches = [(9, 40)] if SMOKE else [(1024, 8192, 30000, 3000, 17, 12000, 500, 4096), (32000,)]
     shapes = ((4, 2),) if SMOKE else ((32, 8), (64, 8))  # (Hq, Hkv): GQA 4 and 8
-    for fmt in ("bf16", "mxfp8"):
-        for hq, hkv in shapes:
-            lens = [p + drafts for p in prefixes]
-            slots = -(-(sum(lens) + 128) // 128) * 128
-            kv = pool(fmt, slots, hkv, d_head, g, dev)
-            indptr = torch.tensor([0, *lens]).cumsum(0).to(dev)
-            indices = torch.randperm(slots, generator=g)[:sum(lens)].to(dev)
-            qo = (torch.arange(len(prefixes) + 1) * drafts).to(dev)
-            q = torch.randn(len(prefixes) * drafts, hq, d_head, generator=g).bfloat16().to(dev)
-            verify = SpecVerify.from_trees([random_tree(drafts, g) for _ in prefixes], dev)
-            chain = SpecVerify.from_trees([chain_tree(drafts) for _ in prefixes], dev)
-            variants = {"full": AttentionParams(d_head ** -0.5), "window 256": AttentionParams(d_head ** -0.5,
-                                                                                                window=256),
-                        "inkling bias": AttentionParams(1.0 / d_head, rel_bias=torch.randn(
-                            q.shape[0], hq, 64, generator=g).to(dev))}
-            for name, params in variants.items():
-                def run(v=verify, p=params):
-                    return kernels.paged_extend_attention(q, kv, indptr, indices, qo, p, verify=v, validate=False,
-                                                          out=torch.empty(q.shape, dtype=torch.float32, device=dev))
-                got = run()
-                want = reference(q.float(), kv, indptr, indices, qo, params, verify=verify)
-                err = float((got - want).norm() / want.norm())
-                ok = err <= BOUND
-                record = {"check": f"{fmt} {hq}/{hkv} {name}", "ok": ok, "rel_err": err}
-                if not SMOKE:
-                    record["tree_ms"] = timed(run, 20)
-                    record["chain_ms"] = timed(lambda: run(chain), 20)
-                print(json.dumps(record), flush=True)
-                if not ok:
-                    failures.append(record["check"])
-                check_static_grid(f"{fmt} {hq}/{hkv} {name}", q, kv, indptr, indices, qo, params, verify,
-                                  SpecVerify.from_trees([random_tree(drafts, g) for _ in prefixes], dev), drafts,
-                                  run)
+    for fmt, (hq, hkv), prefixes in ((f, s, p) for f in ("bf16", "mxfp8") for s in shapes for p in batches):
+        lens = [p + drafts for p in prefixes]
+        slots = -(-(sum(lens) + 128) // 128) * 128
+        kv = pool(fmt, slots, hkv, d_head, g, dev)
+        indptr = torch.tensor([0, *lens]).cumsum(0).to(dev)
+        indices = torch.randperm(slots, generator=g)[:sum(lens)].to(dev)
+        qo = (torch.arange(len(prefixes) + 1) * drafts).to(dev)
+        q = torch.randn(len(prefixes) * drafts, hq, d_head, generator=g).bfloat16().to(dev)
+        verify = SpecVerify.from_trees([random_tree(drafts, g) for _ in prefixes], dev)
+        chain = SpecVerify.from_trees([chain_tree(drafts) for _ in prefixes], dev)
+        variants = {"full": AttentionParams(d_head ** -0.5), "window 256": AttentionParams(d_head ** -0.5,
+                                                                                            window=256),
+                    "inkling bias": AttentionParams(1.0 / d_head, rel_bias=torch.randn(
+                        q.shape[0], hq, 64, generator=g).to(dev))}
+        for name, params in variants.items():
+            def run(v=verify, p=params):
+                return kernels.paged_extend_attention(q, kv, indptr, indices, qo, p, verify=v, validate=False,
+                                                      out=torch.empty(q.shape, dtype=torch.float32, device=dev))
+            got = run()
+            want = reference(q.float(), kv, indptr, indices, qo, params, verify=verify)
+            err = float((got - want).norm() / want.norm())
+            ok = err <= BOUND
+            record = {"check": f"{fmt} {hq}/{hkv} {name}", "ok": ok, "rel_err": err}
+            if not SMOKE:
+                record["tree_ms"] = timed(run, 20)
+                record["chain_ms"] = timed(lambda: run(chain), 20)
+            print(json.dumps(record), flush=True)
+            if not ok:
+                failures.append(record["check"])
+            check_static_grid(f"{fmt} {hq}/{hkv} {name}", q, kv, indptr, indices, qo, params, verify,
+                              SpecVerify.from_trees([random_tree(drafts, g) for _ in prefixes], dev), drafts,
+                              run)
     print(json.dumps({"failed": failures}), flush=True)
     return 1 if failures else 0
 

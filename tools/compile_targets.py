@@ -169,7 +169,15 @@ def _merge(target, as_bytes, pool, block_d, split_block):
     return compile_launch(decode_merge_kernel, args, target, {"num_warps": 4})
 
 
-def _extend(target, as_bytes, pool, tree=False, uniform=0):
+def _verify_merge(target, as_bytes, pool):
+    from sglang_inkling_backend.triton.extend_attention import verify_merge_kernel
+
+    args = dict(part_o_ptr="*fp32", part_lse_ptr="*fp32", sinks_ptr="*bf16", out_ptr="*bf16", stride_ot=HQ * D,
+                stride_oh=D, HQ=HQ, D=D, NUM_SPLITS=32, HAS_SINKS=False)
+    return compile_launch(verify_merge_kernel, args, target, {"num_warps": 4})
+
+
+def _extend(target, as_bytes, pool, tree=False, uniform=0, splits=1):
     import triton.language as tl
 
     from sglang_inkling_backend.triton.extend_attention import extend_kernel
@@ -182,10 +190,11 @@ def _extend(target, as_bytes, pool, tree=False, uniform=0):
                 mask_indptr_ptr="*i64", depth_ptr="*i64", stride_qt=HQ * D, stride_qh=D, stride_k_slot=HKV * D, stride_k_head=D, stride_v_slot=HKV * D,
                 stride_v_head=D, stride_rb_row=0, stride_rb_head=0, rel_extent=0, stride_ot=HQ * D, stride_oh=D,
                 sm_scale=D ** -0.5, k_scale=1.0, v_scale=1.0, logit_cap=0.0, window=0,
+                part_o_ptr="*fp32", part_lse_ptr="*fp32", split_min=256,
                 G=G, BLOCK_M=8, BLOCK_R=64, D=D, HKV=HKV, BLOCK_N=64, KV_FORMAT=KV_FORMAT[pool],
                 PAGE=128 if pool == "mxfp8" else 1, INTERLEAVED=pool == "mxfp8", DOT_DTYPE=tl.bfloat16,
                 HAS_REL_BIAS=False, HAS_WINDOW=False, HAS_CAP=False, HAS_SINKS=False, PAGE_TABLE=False, KV_PAGE=0,
-                HAS_TREE=tree, UNIFORM_QLEN=uniform)
+                HAS_TREE=tree, UNIFORM_QLEN=uniform, NUM_SPLITS=splits)
     return compile_launch(extend_kernel, args, target, {"num_warps": 4, "num_stages": 2})
 
 
@@ -294,6 +303,10 @@ def _cases() -> list:
                           functools.partial(_extend, tree=True)))
     cases.append(Case("extend", "a verify step laid out from its shapes (UNIFORM_QLEN 6: uniform_verify_attention)",
                       "mxfp8", functools.partial(_extend, tree=True, uniform=6)))
+    cases.append(Case("extend", "the same split over its keys (NUM_SPLITS 32: a small batch's verify)", "mxfp8",
+                      functools.partial(_extend, tree=True, uniform=6, splits=32)))
+    cases.append(Case("verify_merge", "NUM_SPLITS 32, 4 warps (the split verify's merge)", "none", _verify_merge,
+                      reads_e4m3=False))
     cases.append(Case("kv_store", "1 warp, interleaved scales (page 128)", "mxfp8", _kv_store, reads_e4m3=False))
     cases.append(Case("kv_store", "the 16-bit copy (copy_store_kernel), 1 warp", "bf16", _copy_store,
                       reads_e4m3=False))

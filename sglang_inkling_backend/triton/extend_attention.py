@@ -33,6 +33,7 @@ from ..attention_inputs import AttentionParams, PagedKV, SpecVerify
 from .device import add_logit_bias, cap_logits, load_kv_tile, log2e, scale_logits
 from .inputs import (check_index_tensor, check_kv_map, check_query_and_pool, dot_dtype, kv_format_code, launch_scalars,
                      kv_data, launch_strides, scale_args, validate_page_table)
+from .plan import MAX_VERIFY_SPLITS, VERIFY_MIN_SPLIT_KEYS, choose_verify_splits, num_sms
 
 
 @triton.jit
@@ -45,11 +46,12 @@ def extend_kernel(
     stride_rb_row, stride_rb_head, rel_extent,
     stride_ot, stride_oh,
     sm_scale, k_scale, v_scale, logit_cap, window,
+    part_o_ptr, part_lse_ptr, split_min,
     G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, D: tl.constexpr, HKV: tl.constexpr,
     BLOCK_N: tl.constexpr, KV_FORMAT: tl.constexpr, PAGE: tl.constexpr, INTERLEAVED: tl.constexpr,
     DOT_DTYPE: tl.constexpr, HAS_REL_BIAS: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr,
     HAS_SINKS: tl.constexpr, PAGE_TABLE: tl.constexpr, KV_PAGE: tl.constexpr, HAS_TREE: tl.constexpr,
-    UNIFORM_QLEN: tl.constexpr = 0,
+    UNIFORM_QLEN: tl.constexpr = 0, NUM_SPLITS: tl.constexpr = 1,
 ):
     # lens_ptr / index_ptr: kv_indptr / kv_indices (CSR), or seq_lens / page_table (PAGE_TABLE: page ids of
     # KV_PAGE slots, a row every stride_index_row entries)
@@ -102,6 +104,13 @@ def extend_kernel(
         first_key = tl.maximum(first_pos - window + 1, 0)
         lo = (first_key // BLOCK_N) * BLOCK_N
     hi = last_pos + 1
+    if NUM_SPLITS > 1:  # split program_id(2) of the request's keys [lo, hi): whole tiles, >= split_min keys each
+        split = tl.program_id(2)
+        per = (hi - lo + NUM_SPLITS - 1) // NUM_SPLITS
+        per = tl.maximum(((per + BLOCK_N - 1) // BLOCK_N) * BLOCK_N, split_min)
+        split_lo = lo + split * per
+        hi = tl.minimum(split_lo + per, hi)
+        lo = split_lo  # past hi for a split the request's keys do not reach: no tile, an empty partial
 
     m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_R], tl.float32)
@@ -154,15 +163,50 @@ def extend_kernel(
 
     if KV_FORMAT == 1:
         acc = acc * v_scale
+    if NUM_SPLITS > 1:  # the split's normalized partial and base-2 log-sum-exp (-inf: no key seen); the merge
+        # (verify_merge_kernel) combines them and folds in the sinks
+        seen = l_i > 0.0
+        lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
+        part = (tok.to(tl.int64) * (HKV * G) + heads) * NUM_SPLITS + tl.program_id(2)
+        tl.store(part_o_ptr + part[:, None] * D + offs_d[None, :], acc / tl.where(seen, l_i, 1.0)[:, None],
+                 mask=mask_r[:, None])
+        tl.store(part_lse_ptr + part, lse, mask=mask_r)
+    else:
+        if HAS_SINKS:
+            sink = tl.load(sinks_ptr + heads, mask=mask_r, other=0.0).to(tl.float32) * log2e()
+            m_fin = tl.maximum(m_i, sink)
+            scale_old = tl.exp2(m_i - m_fin)
+            acc = acc * scale_old[:, None]
+            l_i = l_i * scale_old + tl.exp2(sink - m_fin)
+        o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # l_i is 0 only on padding rows, never stored
+        tl.store(out_ptr + tok.to(tl.int64)[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=mask_r[:, None])
+
+
+@triton.jit
+def verify_merge_kernel(part_o_ptr, part_lse_ptr, sinks_ptr, out_ptr, stride_ot, stride_oh,
+                        HQ: tl.constexpr, D: tl.constexpr, NUM_SPLITS: tl.constexpr, HAS_SINKS: tl.constexpr):
+    """One (query row, head) of a split verify launch: its splits' partials weighted by their log-sum-exp, and the
+    sink's weight in the denominator."""
+    tok = tl.program_id(0)
+    head = tl.program_id(1)
+    row0 = (tok.to(tl.int64) * HQ + head) * NUM_SPLITS
+    offs_s = tl.arange(0, NUM_SPLITS)
+    lse = tl.load(part_lse_ptr + row0 + offs_s)
+    m = tl.max(lse, 0)
     if HAS_SINKS:
-        sink = tl.load(sinks_ptr + heads, mask=mask_r, other=0.0).to(tl.float32) * log2e()
-        m_fin = tl.maximum(m_i, sink)
-        scale_old = tl.exp2(m_i - m_fin)
-        acc = acc * scale_old[:, None]
-        l_i = l_i * scale_old + tl.exp2(sink - m_fin)
-    o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # l_i is 0 only on padding rows, never stored
-    tl.store(out_ptr + tok.to(tl.int64)[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
-             o.to(out_ptr.dtype.element_ty), mask=mask_r[:, None])
+        sink = tl.load(sinks_ptr + head).to(tl.float32) * log2e()
+        m = tl.maximum(m, sink)
+    m = tl.where(m == float("-inf"), 0.0, m)  # a row that saw no key (a padding row): weights 0, output 0
+    w = tl.exp2(lse - m)
+    offs_d = tl.arange(0, D)
+    o = tl.load(part_o_ptr + (row0 + offs_s)[:, None] * D + offs_d[None, :])
+    acc = tl.sum(o * w[:, None], 0)
+    denom = tl.sum(w, 0)
+    if HAS_SINKS:
+        denom = denom + tl.exp2(sink - m)
+    out = acc / tl.where(denom == 0.0, 1.0, denom)
+    tl.store(out_ptr + tok.to(tl.int64) * stride_ot + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty))
 
 
 def _check_block_sizes(block_rows: int, block_n: int) -> None:
@@ -225,33 +269,50 @@ def _key_args(table: bool, kv_indptr, kv_indices, page_table, seq_lens, page_siz
 
 
 def _launch(grid, q, kv, keys, qo_indptr, blocks, params, out, tree, *, group, block_r, block_m, block_n,
-            table, kv_page, uniform_qlen=0):
+            table, kv_page, uniform_qlen=0, splits=None):
     """``extend_kernel`` over ``grid``: ``keys`` = (lens, index, stride_index_row), ``blocks`` = (block_req,
-    block_row) (unread with ``uniform_qlen``), ``tree`` = (tree_mask bytes, mask_indptr, depths) or None."""
+    block_row) (unread with ``uniform_qlen``), ``tree`` = (tree_mask bytes, mask_indptr, depths) or None;
+    ``splits`` = (num_splits, split_min, part_o, part_lse): the keys split over ``grid[2]`` programs writing partials
+    (sinks left to the merge), or None."""
     rb = params.rel_bias
     ksf, vsf, page, interleaved = scale_args(kv)
+    num_splits, split_min, part_o, part_lse = splits if splits is not None else (1, 0, out, out)
     extend_kernel[grid](
         q, *kv_data(kv), ksf, vsf, *keys, qo_indptr, *blocks,
         rb if rb is not None else out, params.sinks if params.sinks is not None else out, out,
         *(tree if tree is not None else (out, out, out)),
-        *launch_strides(q, kv, rb, out), *launch_scalars(params, kv),
+        *launch_strides(q, kv, rb, out), *launch_scalars(params, kv), part_o, part_lse, split_min,
         G=group, BLOCK_M=block_m, BLOCK_R=block_r, D=q.shape[2], HKV=kv.num_kv_heads, BLOCK_N=block_n,
         KV_FORMAT=kv_format_code(kv), PAGE=page, INTERLEAVED=interleaved, DOT_DTYPE=dot_dtype(kv),
         HAS_REL_BIAS=rb is not None, HAS_WINDOW=params.window is not None, HAS_CAP=params.logit_cap > 0,
-        HAS_SINKS=params.sinks is not None, PAGE_TABLE=table, KV_PAGE=kv_page, HAS_TREE=tree is not None,
-        UNIFORM_QLEN=uniform_qlen, num_warps=4, num_stages=2,
+        HAS_SINKS=params.sinks is not None and num_splits == 1, PAGE_TABLE=table, KV_PAGE=kv_page,
+        HAS_TREE=tree is not None, UNIFORM_QLEN=uniform_qlen, NUM_SPLITS=num_splits, num_warps=4, num_stages=2,
     )
+
+
+def verify_splits(batch: int, draft_len: int, num_q_heads: int, num_kv_heads: int, device, *,
+                  block_rows: int = 64) -> int:
+    """The key splits ``uniform_verify_attention`` plans for ``batch`` requests of ``draft_len`` drafts
+    (``plan.choose_verify_splits`` over its row programs, on ``device``'s SM count)."""
+    block_m = _row_geometry(num_q_heads, num_kv_heads, block_rows)[2]
+    return choose_verify_splits(batch * triton.cdiv(draft_len, block_m) * num_kv_heads, num_sms(device))
 
 
 def uniform_verify_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
                              qo_indptr: torch.Tensor, params: AttentionParams, verify: SpecVerify, draft_len: int,
                              *, out: Optional[torch.Tensor] = None, block_rows: int = 64,
-                             block_n: int = 64) -> torch.Tensor:
+                             block_n: int = 64, num_splits: Optional[int] = None,
+                             split_min_keys: int = VERIFY_MIN_SPLIT_KEYS) -> torch.Tensor:
     """``paged_extend_attention`` for a verify step whose every request has ``draft_len`` query rows (a CUDA-graph
     verify batch: ``qo_indptr = arange(B + 1) * draft_len``), laid out without reading the device: the grid is
-    ``(B * cdiv(draft_len, BLOCK_M), Hkv)`` from the shapes, each block's request and rows from its index, so the
-    launch can be captured. Nothing is read back: the caller's metadata holds checked keys and trees (an eager step
-    checks them in ``paged_extend_attention``). Types and shapes are checked (host metadata)."""
+    ``(B * cdiv(draft_len, BLOCK_M), Hkv, num_splits)`` from the shapes, each block's request and rows from its
+    index, so the launch can be captured. Nothing is read back: the caller's metadata holds checked keys and trees (an
+    eager step checks them in ``paged_extend_attention``). Types and shapes are checked (host metadata).
+
+    ``num_splits`` (a power of two; default ``plan.choose_verify_splits`` for the device): each request's keys are
+    spread over that many programs in whole tiles of at least ``split_min_keys`` keys, whose partials
+    ``verify_merge_kernel`` combines (float32 workspace of ``rows x Hq x num_splits x (D + 1)``, allocated here, in
+    the graph's pool when captured). 1: one program reads all of a request's keys, no merge."""
     if not isinstance(verify, SpecVerify):
         raise TypeError(f"verify must be a SpecVerify, got {type(verify).__name__}")
     if isinstance(draft_len, bool) or not isinstance(draft_len, int) or draft_len < 1:
@@ -273,11 +334,30 @@ def uniform_verify_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: torch.Tens
     if tree[1].dtype != torch.int64 or tree[2].dtype != torch.int64:
         raise TypeError(f"verify.mask_indptr and verify.depths must be int64, got {tree[1].dtype} and {tree[2].dtype}")
     group, block_r, block_m = _row_blocks(q, kv, block_rows)
+    if num_splits is None:
+        num_splits = verify_splits(batch, draft_len, q.shape[1], kv.num_kv_heads, q.device, block_rows=block_rows)
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1 \
+            or num_splits & (num_splits - 1) or num_splits > MAX_VERIFY_SPLITS:
+        raise ValueError(f"num_splits must be a power of two in [1, {MAX_VERIFY_SPLITS}], got {num_splits!r}")
+    if isinstance(split_min_keys, bool) or not isinstance(split_min_keys, int) or split_min_keys < 1:
+        raise ValueError(f"split_min_keys must be a positive int, got {split_min_keys!r}")
     if out is None:
         out = torch.empty_like(q)
-    _launch((batch * triton.cdiv(draft_len, block_m), kv.num_kv_heads), q, kv, (kv_indptr, kv_indices, 0),
-            qo_indptr, (out, out), params, out, tree, group=group, block_r=block_r, block_m=block_m,
-            block_n=block_n, table=False, kv_page=0, uniform_qlen=draft_len)
+    grid = (batch * triton.cdiv(draft_len, block_m), kv.num_kv_heads, num_splits)
+    splits = None
+    if num_splits > 1:
+        rows, hq, d = q.shape
+        part_o = torch.empty(rows * hq * num_splits * d, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(rows * hq * num_splits, dtype=torch.float32, device=q.device)
+        splits = (num_splits, triton.cdiv(split_min_keys, block_n) * block_n, part_o, part_lse)
+    _launch(grid, q, kv, (kv_indptr, kv_indices, 0), qo_indptr, (out, out), params, out, tree, group=group,
+            block_r=block_r, block_m=block_m, block_n=block_n, table=False, kv_page=0, uniform_qlen=draft_len,
+            splits=splits)
+    if splits is not None:
+        sinks = params.sinks
+        verify_merge_kernel[(rows, hq)](
+            part_o, part_lse, sinks if sinks is not None else out, out, out.stride(0), out.stride(1),
+            HQ=hq, D=d, NUM_SPLITS=num_splits, HAS_SINKS=sinks is not None, num_warps=4)
     return out
 
 

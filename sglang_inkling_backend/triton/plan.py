@@ -174,6 +174,29 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_keys: int, num_sms: int
     return min(want, cap)
 
 
+# A verify step (speculative decoding: D drafts per request) has B * cdiv(D, BLOCK_M) * Hkv programs along the rows,
+# too few to fill a GPU at small batches (a single request of 12 drafts over 2 KV heads: 2 programs, each reading
+# the whole prefix). Its keys are then split too: every split at least VERIFY_MIN_SPLIT_KEYS keys, at most
+# MAX_VERIFY_SPLITS splits (a power of two: the merge reads them as one block), about two programs per SM.
+VERIFY_MIN_SPLIT_KEYS = 256
+MAX_VERIFY_SPLITS = 32
+
+
+def choose_verify_splits(programs: int, num_sms: int) -> int:
+    """The key splits of a verify launch of ``programs`` row programs: the largest power of two, at most
+    ``MAX_VERIFY_SPLITS``, that keeps ``programs x splits`` within about two per SM; 1 (no split, no merge) once the
+    rows alone fill the SMs. Each request then spreads its own keys over the splits (never fewer than
+    ``VERIFY_MIN_SPLIT_KEYS`` per split), so the split count depends on the batch's shape, not its lengths: a
+    captured launch serves every length."""
+    if isinstance(programs, bool) or not isinstance(programs, int) or programs < 1:
+        raise ValueError(f"programs must be a positive int, got {programs!r}")
+    want = -(-2 * num_sms // programs)
+    splits = 1
+    while splits * 2 <= min(want, MAX_VERIFY_SPLITS):
+        splits *= 2
+    return splits if programs < num_sms else 1
+
+
 def choose_merge_block_d(batch: int, num_q_heads: int, head_dim: int, num_sms: int) -> int:
     """Channels per merge program: the whole head while (request, query head) pairs give a program per SM, else
     halved (down to 32 channels) until they do, so a single request's merge (16 heads: 16 programs, each reading

@@ -209,3 +209,78 @@ def test_the_route_lays_out_a_uniform_verify_from_its_shapes(monkeypatch):
     got = route.extend(q, kv, rails, qo, params, plans=DecodePlanCache(),
                        verify=SpecVerify.uniform(*parts, draft, len(PREFIX)))
     assert torch.equal(got, eager)
+
+
+def uniform_case(fmt, draft, seed):
+    """A verify batch of ``draft`` drafts per request over PREFIX (9, 0, 40) cached keys, int64 trees on DEV."""
+    g = torch.Generator().manual_seed(seed)
+    _, kv, _, _, _, _ = make_case(fmt, seed=seed)
+    lens = [p + draft for p in PREFIX]
+    rails = KVRails(torch.tensor([0, *lens]).cumsum(0).to(DEV),
+                    torch.randperm(SLOTS, generator=g)[:sum(lens)].to(DEV))
+    qo = (torch.arange(len(PREFIX) + 1) * draft).to(DEV)
+    q = torch.randn(len(PREFIX) * draft, HQ, D, generator=g).bfloat16().to(DEV)
+    verify = spec_verify([random_tree(draft, g) for _ in PREFIX])
+    verify = SpecVerify(verify.tree_mask.to(DEV), verify.mask_indptr.to(DEV, torch.int64),
+                        verify.depths.to(DEV, torch.int64))
+    return g, kv, rails, qo, q, verify
+
+
+@pytest.mark.parametrize("fmt,params_of", [
+    ("bf16", lambda g, rows: AttentionParams(D ** -0.5, logit_cap=4.0, sinks=torch.randn(HQ, generator=g).to(DEV))),
+    ("mxfp8", lambda g, rows: AttentionParams(1.0 / D, window=20,
+                                              rel_bias=torch.randn(rows, HQ, 8, generator=g).to(DEV))),
+])
+def test_a_verify_split_over_its_keys_gives_the_reference(fmt, params_of, monkeypatch):
+    """num_splits 4 and 8 with 16-key splits: the third request's 51 keys (40 cached, 11 drafts) spread over 4 splits,
+    the first's 20 over 2, the second's 11 drafts over 1 (the rest empty): the merged output is within the kernel's
+    tolerance of the reference and of the unsplit launch; sinks count once (in the merge), the window and the relative
+    bias per split. A merge that ignores the splits' log-sum-exps (every weight equal) misses the reference by far
+    more than the tolerance."""
+    from sglang_inkling_backend.triton import extend_attention
+
+    draft = 11
+    g, kv, rails, qo, q, verify = uniform_case(fmt, draft, seed=31)
+    params = params_of(g, q.shape[0])
+    want = reference_extend(q.float(), kv, rails.indptr, rails.indices, qo, params, verify=verify)
+
+    def run(splits):
+        out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+        return kernels.uniform_verify_attention(q, kv, rails.indptr, rails.indices, qo, params, verify, draft,
+                                                out=out, block_rows=16, block_n=16, num_splits=splits,
+                                                split_min_keys=16)
+
+    whole = run(1)
+    assert rel_err(whole, want) < TOL
+    for splits in (4, 8):
+        got = run(splits)
+        assert rel_err(got, want) < TOL and rel_err(got, whole) < TOL, splits
+    merge = extend_attention.verify_merge_kernel
+
+    class EqualWeights:  # the merge launched on log-sum-exps all zeroed
+        def __getitem__(self, grid):
+            def launch(part_o, part_lse, *args, **kwargs):
+                part_lse.zero_()
+                return merge[grid](part_o, part_lse, *args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(extend_attention, "verify_merge_kernel", EqualWeights())
+    assert rel_err(run(4), want) > 3 * TOL
+
+
+def test_the_verify_split_count_fills_the_sms_and_bad_counts_are_refused():
+    from sglang_inkling_backend.triton.plan import choose_verify_splits
+
+    # one request of 12 drafts over 2 KV heads (2 row programs) up to 64 programs' worth, 1 once rows fill 132 SMs
+    assert [choose_verify_splits(p, 132) for p in (1, 2, 8, 64, 100, 131, 132, 1000)] == [32, 32, 32, 4, 2, 2, 1, 1]
+    with pytest.raises(ValueError, match="programs must be a positive int, got 0"):
+        choose_verify_splits(0, 132)
+    g, kv, rails, qo, q, verify = uniform_case("bf16", 4, seed=32)
+    params = AttentionParams(D ** -0.5)
+    for bad, message in ((3, "num_splits must be a power of two in"), (64, "num_splits must be a power of two in")):
+        with pytest.raises(ValueError, match=message):
+            kernels.uniform_verify_attention(q, kv, rails.indptr, rails.indices, qo, params, verify, 4,
+                                             num_splits=bad)
+    with pytest.raises(ValueError, match="split_min_keys must be a positive int, got 0"):
+        kernels.uniform_verify_attention(q, kv, rails.indptr, rails.indices, qo, params, verify, 4, num_splits=2,
+                                         split_min_keys=0)
