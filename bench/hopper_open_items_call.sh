@@ -18,10 +18,13 @@ stamp "checks: every configuration at 4/1/256 and 64/4/128"
 mkdir -p $R/checks
 OUT=$R/checks GPU_CHECKS_ONLY=check_decode GPU_CHECKS_DECODE_SHAPES=4/1/256,64/4/128 PYTHONPATH=$PWD \
   timeout $(limit 200) python3 gpu_tests/check_triton_gpu.py \
-  > $R/checks/gpu_checks.log 2>&1; echo "rc=$?" >> $R/checks/gpu_checks.log; tail -1 $R/checks/gpu_checks.log | tee -a $R/call.log
+  > $R/checks/gpu_checks.log 2>&1
+echo "rc=$?" >> $R/checks/gpu_checks.log; tail -1 $R/checks/gpu_checks.log | tee -a $R/call.log
 stamp "head_dim 64 points; GQA 16 on one program"
-PYTHONPATH=/tmp/site:$PWD BENCH_HOPPER_WS=1 BENCH_HOPPER_VARIANTS='{"n64": {"block_n": 64, "num_stages": 3}, "ws16": {"kernel": "hopper_ws", "constexprs": {"HEAD_SPLIT": 1}}, "one16": {"constexprs": {"HEAD_SPLIT": 1}}}' \
-  timeout $(limit 150) python3 bench/bench_decode.py --points qwen3-235b-gqa16:32:32768,headdim64 --out $R/hd64 > $R/hd64-bench.log 2>&1
+VARIANTS='{"n64": {"block_n": 64, "num_stages": 3}, "ws16": {"kernel": "hopper_ws", "constexprs": {"HEAD_SPLIT": 1}},
+  "one16": {"constexprs": {"HEAD_SPLIT": 1}}}'
+PYTHONPATH=/tmp/site:$PWD BENCH_HOPPER_WS=1 BENCH_HOPPER_VARIANTS="$VARIANTS" timeout $(limit 150) \
+  python3 bench/bench_decode.py --points qwen3-235b-gqa16:32:32768,headdim64 --out $R/hd64 > $R/hd64-bench.log 2>&1
 echo "rc=$?" >> $R/hd64-bench.log
 stamp "checks: the Hopper kernels at head_dim 64"
 mkdir -p $R/checks64

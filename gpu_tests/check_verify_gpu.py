@@ -6,7 +6,8 @@ the reference (``reference.attention.paged_extend_attention(..., verify=)`` in f
 Bound: relative Frobenius error <= 4e-3. Also the kernel's time on the tree against the same call on a chain of the
 same drafts (a plain extend): the tree should cost about the same. The same verify laid out from its shapes
 (``uniform_verify_attention``) gives the eager launch's bytes without a key split, and is within the bound with the
-planned split, whose graph replay over new queries and another tree gives its own launch's bytes; both timed. One JSON line per check; exit 1 on a failure.
+planned split, whose graph replay over new queries and another tree gives its own launch's bytes; both timed.
+One JSON line per check; exit 1 on a failure.
 
     python gpu_tests/check_verify_gpu.py            # on the GPU machine
     python gpu_tests/check_verify_gpu.py --smoke    # here, under TRITON_INTERPRET=1, tiny shapes (script errors)
