@@ -346,10 +346,10 @@ def uniform_verify_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: torch.Tens
         raise ValueError(f"split_min_keys must be a positive int, got {split_min_keys!r}")
     if out is None:
         out = torch.empty_like(q)
+    rows, hq, d = q.shape
     grid = (batch * triton.cdiv(draft_len, block_m), kv.num_kv_heads, num_splits)
     splits = None
     if num_splits > 1:
-        rows, hq, d = q.shape
         part_o = torch.empty(rows * hq * num_splits * d, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(rows * hq * num_splits, dtype=torch.float32, device=q.device)
         splits = (num_splits, triton.cdiv(split_min_keys, block_n) * block_n, part_o, part_lse)

@@ -190,11 +190,13 @@ def choose_verify_splits(programs: int, num_sms: int) -> int:
     captured launch serves every length."""
     if isinstance(programs, bool) or not isinstance(programs, int) or programs < 1:
         raise ValueError(f"programs must be a positive int, got {programs!r}")
-    want = -(-2 * num_sms // programs)
+    if programs >= num_sms:
+        return 1
+    want = min(-(-2 * num_sms // programs), MAX_VERIFY_SPLITS)
     splits = 1
-    while splits * 2 <= min(want, MAX_VERIFY_SPLITS):
+    while splits * 2 <= want:
         splits *= 2
-    return splits if programs < num_sms else 1
+    return splits
 
 
 def choose_merge_block_d(batch: int, num_q_heads: int, head_dim: int, num_sms: int) -> int:
