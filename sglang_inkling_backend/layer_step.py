@@ -144,7 +144,8 @@ def attend(route, spec: LayerSpec, q3: torch.Tensor, kv: PagedKV, keys: StepKeys
                             lambda: check_extend_keys(kv, rails, qo_indptr, rows - nd))
             extend_kv, rails = forward_rows_keys(route, kv, rails, qo_indptr, forward_kv[0][nd:], forward_kv[1][nd:],
                                                  keys.plans, spec.window)
-        more = {} if verify is None else {"verify": verify}  # a route without verify takes no such argument
+        # a route without verify takes neither argument; a split verify launch keeps its partials in the workspace
+        more = {} if verify is None else {"verify": verify, "workspace": workspace}
         extended = route.extend(q3[nd:], extend_kv, rails, qo_indptr, params_of(nd, rows), plans=keys.plans, **more)
     if out is None:
         if decoded is None and extended is None:

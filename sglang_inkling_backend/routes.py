@@ -17,11 +17,13 @@ Hosts read a route's capabilities, never its name (``name`` is for log lines):
 - ``gather_rail_slots``: the slot gather of ``rails.gather_rails_host_lengths`` as one kernel (its ``gather_slots``),
   or None;
 - ``serves_verify``: ``extend`` takes a speculative verify step (``verify``, an ``attention_inputs.SpecVerify``:
-  draft trees); a route without it (Triton and FlashInfer today) refuses one.
+  draft trees, and the step's ``workspace``, where a split verify launch keeps its partials); ``layer_step.attend``
+  refuses one for a route without it.
 
 A route answers ``make_workspace(**limits)``, ``decode(q, kv, keys, params, *, max_seq_len, plans, workspace)``
 (``keys``: ``KVRails``, or ``KVPages`` where ``reads_page_tables``; ``plans``: the step's
-``step_plans.DecodePlanCache``) and ``extend(q, kv, rails, qo_indptr, params, *, plans[, verify])``, each returning
+``step_plans.DecodePlanCache``) and ``extend(q, kv, rails, qo_indptr, params, *, plans[, verify, workspace])``, each
+returning
 ``[rows, Hq, D]`` (float32 or q's dtype; the backend casts to the model dtype). The host chooses the route once
 (``choose_route``), logging which and why.
 """
@@ -79,8 +81,8 @@ class TorchRoute:
 
     def extend(self, q: torch.Tensor, kv: PagedKV, rails: KVRails, qo_indptr: torch.Tensor,
                params: AttentionParams, *, plans: Optional[DecodePlanCache] = None,
-               verify: Optional[SpecVerify] = None) -> torch.Tensor:
-        if not rails.dense:
+               verify: Optional[SpecVerify] = None, workspace=None) -> torch.Tensor:
+        if not rails.dense:  # ``workspace`` is unused: the reference allocates per call
             kv, rails = gather_rails_kv(kv, rails)
         return reference.paged_extend_attention(q, kv, rails.indptr, rails.indices, qo_indptr, params, verify)
 

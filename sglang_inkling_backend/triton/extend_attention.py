@@ -33,7 +33,7 @@ from ..attention_inputs import AttentionParams, PagedKV, SpecVerify
 from .device import add_logit_bias, cap_logits, load_kv_tile, log2e, scale_logits
 from .inputs import (check_index_tensor, check_kv_map, check_query_and_pool, dot_dtype, kv_format_code, launch_scalars,
                      kv_data, launch_strides, scale_args, validate_page_table)
-from .plan import MAX_VERIFY_SPLITS, VERIFY_MIN_SPLIT_KEYS, choose_verify_splits, num_sms
+from .plan import MAX_VERIFY_SPLITS, VERIFY_MIN_SPLIT_KEYS, DecodeWorkspace, choose_verify_splits, num_sms
 
 
 @triton.jit
@@ -301,11 +301,32 @@ def verify_splits(batch: int, draft_len: int, num_q_heads: int, num_kv_heads: in
     return choose_verify_splits(batch * triton.cdiv(draft_len, block_m) * num_kv_heads, sms)
 
 
+def verify_workspace_shape(max_batch: int, draft_len: int, num_q_heads: int, num_kv_heads: int, device, *,
+                           block_rows: int = 64) -> tuple[int, int]:
+    """``(rows, splits)``: the most partial rows (``rows x splits``, per query head) a split verify launch of up to
+    ``max_batch`` requests of ``draft_len`` drafts plans (``verify_splits``), so a ``DecodeWorkspace`` sized for it
+    (``rows`` as its ``max_batch``) holds every such launch's partials; ``(1, 1)`` where none splits. Splits stop
+    once the row programs fill the SMs, so only the first few batch sizes are looked at."""
+    for name, value in (("max_batch", max_batch), ("draft_len", draft_len), ("num_q_heads", num_q_heads),
+                        ("num_kv_heads", num_kv_heads)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    best = (1, 1)
+    for batch in range(1, max_batch + 1):
+        splits = verify_splits(batch, draft_len, num_q_heads, num_kv_heads, device, block_rows=block_rows)
+        if splits == 1:
+            break  # more requests only add programs: none of them splits
+        if batch * draft_len * splits > best[0] * best[1]:
+            best = (batch * draft_len, splits)
+    return best
+
+
 def uniform_verify_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
                              qo_indptr: torch.Tensor, params: AttentionParams, verify: SpecVerify, draft_len: int,
                              *, out: Optional[torch.Tensor] = None, block_rows: int = 64,
                              block_n: int = 64, num_splits: Optional[int] = None,
-                             split_min_keys: int = VERIFY_MIN_SPLIT_KEYS) -> torch.Tensor:
+                             split_min_keys: int = VERIFY_MIN_SPLIT_KEYS,
+                             workspace: Optional[DecodeWorkspace] = None) -> torch.Tensor:
     """``paged_extend_attention`` for a verify step whose every request has ``draft_len`` query rows (a CUDA-graph
     verify batch: ``qo_indptr = arange(B + 1) * draft_len``), laid out without reading the device: the grid is
     ``(B * cdiv(draft_len, BLOCK_M), Hkv, num_splits)`` from the shapes, each block's request and rows from its
@@ -314,8 +335,10 @@ def uniform_verify_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: torch.Tens
 
     ``num_splits`` (a power of two; default ``plan.choose_verify_splits`` for the device): each request's keys are
     spread over that many programs in whole tiles of at least ``split_min_keys`` keys, whose partials
-    ``verify_merge_kernel`` combines (float32 workspace of ``rows x Hq x num_splits x (D + 1)``, allocated here, in
-    the graph's pool when captured). 1: one program reads all of a request's keys, no merge."""
+    ``verify_merge_kernel`` combines: float32 partials of ``rows x Hq x num_splits x (D + 1)``, views of the
+    caller's ``workspace`` (the decode workspace, sized with ``verify_workspace_shape``; too small: ValueError before
+    any launch), or allocated here without one (in the graph's pool when captured). 1: one program reads all of a
+    request's keys, no merge, no workspace."""
     if not isinstance(verify, SpecVerify):
         raise TypeError(f"verify must be a SpecVerify, got {type(verify).__name__}")
     if isinstance(draft_len, bool) or not isinstance(draft_len, int) or draft_len < 1:
@@ -344,15 +367,26 @@ def uniform_verify_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: torch.Tens
         raise ValueError(f"num_splits must be a power of two in [1, {MAX_VERIFY_SPLITS}], got {num_splits!r}")
     if isinstance(split_min_keys, bool) or not isinstance(split_min_keys, int) or split_min_keys < 1:
         raise ValueError(f"split_min_keys must be a positive int, got {split_min_keys!r}")
-    if out is None:
-        out = torch.empty_like(q)
     rows, hq, d = q.shape
-    grid = (batch * triton.cdiv(draft_len, block_m), kv.num_kv_heads, num_splits)
     splits = None
     if num_splits > 1:
-        part_o = torch.empty(rows * hq * num_splits * d, dtype=torch.float32, device=q.device)
-        part_lse = torch.empty(rows * hq * num_splits, dtype=torch.float32, device=q.device)
+        if workspace is None:
+            part_o = torch.empty(rows * hq * num_splits * d, dtype=torch.float32, device=q.device)
+            part_lse = torch.empty(rows * hq * num_splits, dtype=torch.float32, device=q.device)
+        else:
+            if not isinstance(workspace, DecodeWorkspace):
+                raise TypeError(f"workspace must be a DecodeWorkspace or None, got {type(workspace).__name__}")
+            if workspace.device != q.device:
+                raise ValueError(f"workspace must be on {q.device} (the query's device), got {workspace.device}")
+            if not workspace.holds(rows, hq, num_splits, d):
+                raise ValueError(f"workspace too small for a verify launch's partials: {rows} rows x Hq={hq} x "
+                                 f"{num_splits} splits x head_dim={d}; it holds {workspace.part_o.numel()} values "
+                                 f"(size it with verify_workspace_shape)")
+            part_o, part_lse = workspace.split_buffers(rows, hq, num_splits, d)
         splits = (num_splits, triton.cdiv(split_min_keys, block_n) * block_n, part_o, part_lse)
+    if out is None:
+        out = torch.empty_like(q)
+    grid = (batch * triton.cdiv(draft_len, block_m), kv.num_kv_heads, num_splits)
     _launch(grid, q, kv, (kv_indptr, kv_indices, 0), qo_indptr, (out, out), params, out, tree, group=group,
             block_r=block_r, block_m=block_m, block_n=block_n, table=False, kv_page=0, uniform_qlen=draft_len,
             splits=splits)

@@ -110,11 +110,16 @@ class DecodeWorkspace:
     def nbytes(self) -> int:
         return (self.part_o.numel() + self.part_lse.numel()) * 4
 
+    def holds(self, batch: int, num_q_heads: int, num_splits: int, head_dim: int) -> bool:
+        """Whether ``split_buffers`` of these sizes fits."""
+        rows = batch * num_q_heads * num_splits
+        return rows * head_dim <= self.part_o.numel() and rows <= self.part_lse.numel()
+
     def split_buffers(self, batch: int, num_q_heads: int, num_splits: int,
                       head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Views ``part_o [batch, Hq, num_splits, head_dim]`` and ``part_lse [batch, Hq, num_splits]``."""
         rows = batch * num_q_heads * num_splits
-        if rows * head_dim > self.part_o.numel() or rows > self.part_lse.numel():
+        if not self.holds(batch, num_q_heads, num_splits, head_dim):
             raise ValueError(
                 f"workspace too small: the plan needs batch={batch} x Hq={num_q_heads} x num_splits={num_splits} x "
                 f"head_dim={head_dim} = {rows * head_dim} partial values, the workspace holds "

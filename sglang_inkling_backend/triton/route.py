@@ -50,11 +50,17 @@ class TritonRoute:
         # [(window, key, max_keys)]. It runs before every replay, where host time delays the graph.
         self._graph_step_keys: Optional[tuple] = None
 
-    def make_workspace(self, *, max_batch: int, geometries, max_seq_len: int, device):
+    def make_workspace(self, *, max_batch: int, geometries, max_seq_len: int, device,
+                       verify_draft_len: Optional[int] = None):
         """One ``DecodeWorkspace`` for every layer shape of the model (``geometries``: ``(Hq, Hkv, D)`` per layer):
-        room for the most split rows any of them plans for up to ``max_batch`` requests of ``max_seq_len`` keys."""
+        room for the most split rows any of them plans for up to ``max_batch`` requests of ``max_seq_len`` keys,
+        and, with ``verify_draft_len`` (a speculative target's drafts per request), for the partials of every split
+        verify launch of up to ``max_batch`` requests (``verify_workspace_shape``)."""
         geometries = set(geometries)
         shapes = [self.kernels.decode_workspace_shape(max_batch, hkv, max_seq_len, device) for _, hkv, _ in geometries]
+        if verify_draft_len is not None:
+            shapes += [self.kernels.verify_workspace_shape(max_batch, verify_draft_len, hq, hkv, device)
+                       for hq, hkv, _ in geometries]
         batch, splits = max(shapes, key=lambda shape: shape[0] * shape[1])  # the most split rows
         return self.kernels.DecodeWorkspace(batch, max(g[0] for g in geometries), max(g[2] for g in geometries),
                                             splits, device)
@@ -178,14 +184,17 @@ class TritonRoute:
         return k, v
 
     def extend(self, q: torch.Tensor, kv: PagedKV, rails: KVRails, qo_indptr: torch.Tensor,
-               params: AttentionParams, *, plans: Optional[DecodePlanCache] = None, verify=None) -> torch.Tensor:
+               params: AttentionParams, *, plans: Optional[DecodePlanCache] = None, verify=None,
+               workspace=None) -> torch.Tensor:
         """One layer's extend: the extend family (FlashInfer) where it serves the layer and the step gives
         ``plans``, else the Triton kernel, with one log line per reason. The keys are checked once per step and
         window (``check_extend_keys``), before any kernel reads them. A speculative verify step (``verify``, its
         tree mask and depths) runs the Triton kernel: the family's ragged prefill takes no tree here. A ``uniform``
         one (a CUDA graph's verify step, ``D`` drafts per request) runs the launch laid out from its shapes
         (``uniform_verify_attention``: nothing read back, so it can be captured); the keys are then checked on the
-        graph's warm-up runs, as decode's are, not while it is captured."""
+        graph's warm-up runs, as decode's are, not while it is captured. Its key splits keep their partials in
+        ``workspace`` (the step's ``DecodeWorkspace``) where it holds them; else (a workspace sized for other
+        drafts, or none) they are allocated per launch, with one log line per shape."""
         if plans is None:
             check_extend_keys(kv, rails, qo_indptr, q.shape[0])
         elif not stream_capturing(q.device):
@@ -195,8 +204,10 @@ class TritonRoute:
         if verify is not None:
             draft_len = self._uniform_draft_len(q, qo_indptr, params, plans, verify)
             if draft_len:
+                splits, workspace = self._verify_partials(q, kv, draft_len, workspace)
                 return self.kernels.uniform_verify_attention(q, kv, rails.indptr, rails.indices, qo_indptr, params,
-                                                             verify, draft_len)
+                                                             verify, draft_len, num_splits=splits,
+                                                             workspace=workspace)
             return self.kernels.paged_extend_attention(q, kv, rails.indptr, rails.indices, qo_indptr, params,
                                                        validate=False, verify=verify)
         if family is not None:
@@ -222,6 +233,24 @@ class TritonRoute:
         return self.kernels.paged_extend_attention(q, kv, rails.indptr, rails.indices, qo_indptr, params,
                                                    validate=False, blocks=blocks)
 
+
+    def _verify_partials(self, q: torch.Tensor, kv: PagedKV, draft_len: int, workspace):
+        """A uniform verify launch's key splits, and the workspace its partials go to: ``workspace`` where it holds
+        them, else None (allocated per launch; said once per shape at INFO)."""
+        rows, hq, d = q.shape
+        splits = self.kernels.verify_splits(rows // draft_len, draft_len, hq, kv.num_kv_heads, q.device)
+        if splits == 1:
+            return 1, None
+        if workspace is not None and workspace.holds(rows, hq, splits, d):
+            return splits, workspace
+        note = ("verify partials", rows, hq, splits, d)
+        if note not in self._extend_notes:
+            self._extend_notes.add(note)
+            room = ("no workspace was given" if workspace is None else
+                    f"the workspace holds {workspace.part_o.numel()} values (sized for other drafts per request)")
+            logger.info("inkling: verify: %d rows x %d heads x %d splits x head_dim %d of partials: %s; allocated "
+                        "per launch", rows, hq, splits, d, room)
+        return splits, None
 
     @staticmethod
     def _uniform_draft_len(q, qo_indptr, params, plans, verify) -> int:

@@ -284,3 +284,82 @@ def test_the_verify_split_count_fills_the_sms_and_bad_counts_are_refused():
     with pytest.raises(ValueError, match="split_min_keys must be a positive int, got 0"):
         kernels.uniform_verify_attention(q, kv, rails.indptr, rails.indices, qo, params, verify, 4, num_splits=2,
                                          split_min_keys=0)
+
+
+def test_a_split_verify_keeps_its_partials_in_the_callers_workspace():
+    """With a ``DecodeWorkspace``, a split verify launch writes its partials there (every one of them: stale values
+    that would dominate the merge are all overwritten) and gives the bytes of the launch that allocates its own; a
+    workspace too small for them, or not a workspace, is refused by name before anything is written."""
+    draft, splits = 11, 4
+    g, kv, rails, qo, q, verify = uniform_case("mxfp8", draft, seed=33)
+    params = AttentionParams(1.0 / D, window=20, rel_bias=torch.randn(q.shape[0], HQ, 8, generator=g).to(DEV))
+    rows = q.shape[0]
+
+    def run(**kwargs):
+        out = torch.full(q.shape, 7.0, dtype=torch.float32, device=q.device)
+        return kernels.uniform_verify_attention(q, kv, rails.indptr, rails.indices, qo, params, verify, draft,
+                                                out=out, block_rows=16, block_n=16, num_splits=splits,
+                                                split_min_keys=16, **kwargs)
+
+    own = run()
+    workspace = kernels.DecodeWorkspace(rows, HQ, D, splits, DEV)
+    workspace.part_o.fill_(1e3)
+    workspace.part_lse.fill_(1e4)  # a stale log-sum-exp would take all of the merge's weight
+    assert torch.equal(run(workspace=workspace), own)
+    assert not bool((workspace.part_lse == 1e4).any())  # all rows x Hq x splits written, none left stale
+    small = kernels.DecodeWorkspace(rows, HQ, D, splits // 2, DEV)
+    out = torch.full(q.shape, 7.0, dtype=torch.float32, device=q.device)
+    with pytest.raises(ValueError, match="workspace too small for a verify launch's partials: 33 rows x Hq=4 x 4 "
+                                         "splits x head_dim=64"):
+        kernels.uniform_verify_attention(q, kv, rails.indptr, rails.indices, qo, params, verify, draft, out=out,
+                                         block_rows=16, block_n=16, num_splits=splits, workspace=small)
+    assert bool((out == 7.0).all())
+    with pytest.raises(TypeError, match="workspace must be a DecodeWorkspace or None, got str"):
+        run(workspace="scratch")
+
+
+@pytest.mark.parametrize("hq,hkv,draft", [(4, 2, 4), (16, 1, 12), (64, 4, 8)])
+def test_the_verify_workspace_shape_holds_every_batchs_partials(hq, hkv, draft):
+    """``verify_workspace_shape``: a workspace of its ``(rows, splits)`` holds the partials of every batch of up to 64
+    requests (on the interpreter's 16 planned SMs), and one of half that size does not hold them all."""
+    rows, splits = kernels.verify_workspace_shape(64, draft, hq, hkv, "cpu")
+    workspace = kernels.DecodeWorkspace(rows, hq, 16, splits, "cpu")
+    half = kernels.DecodeWorkspace(rows, hq, 8, splits, "cpu")  # half the values per row
+    needs = [(b * draft, kernels.verify_splits(b, draft, hq, hkv, "cpu")) for b in range(1, 65)]
+    assert all(workspace.holds(r, hq, s, 16) for r, s in needs if s > 1)
+    assert not all(half.holds(r, hq, s, 16) for r, s in needs if s > 1)
+    assert max(r * s for r, s in needs if s > 1) == rows * splits
+    with pytest.raises(ValueError, match="max_batch must be a positive int, got 0"):
+        kernels.verify_workspace_shape(0, draft, hq, hkv, "cpu")
+
+
+def test_the_route_gives_a_uniform_verify_the_workspace_it_made(caplog):
+    """``TritonRoute.make_workspace(verify_draft_len=D)`` sizes the workspace for D-draft verify launches, and
+    ``extend`` hands it to them (the partials land there: the stale sentinel is gone), with the bytes of a launch
+    that allocates its own; a workspace sized without verify is too small here: the launch allocates its own, with
+    one INFO line for the shape, not one per call."""
+    import logging
+
+    draft = 12
+    g, kv, rails, qo, q, verify = uniform_case("bf16", draft, seed=34)
+    uniform = SpecVerify.uniform(verify.tree_mask, verify.mask_indptr, verify.depths, draft, len(PREFIX))
+    params = AttentionParams(D ** -0.5, logit_cap=4.0, sinks=torch.randn(HQ, generator=g).to(DEV))
+    route = TritonRoute(kernels)
+    splits = kernels.verify_splits(len(PREFIX), draft, HQ, HKV, DEV)
+    assert splits > 1  # 3 requests x 2 KV heads: 6 row programs of 16 planned SMs
+    sized = route.make_workspace(max_batch=8, geometries={(HQ, HKV, D)}, max_seq_len=64, device=DEV,
+                                 verify_draft_len=draft)
+    decode_only = route.make_workspace(max_batch=1, geometries={(HQ, HKV, D)}, max_seq_len=16, device=DEV)
+    assert sized.holds(q.shape[0], HQ, splits, D) and not decode_only.holds(q.shape[0], HQ, splits, D)
+    sized.part_lse.fill_(1e4)
+    own = kernels.uniform_verify_attention(q, kv, rails.indptr, rails.indices, qo, params, uniform, draft)
+    got = route.extend(q, kv, rails, qo, params, plans=DecodePlanCache(), verify=uniform, workspace=sized)
+    assert torch.equal(got, own)
+    assert not bool((sized.part_lse[:q.shape[0] * HQ * splits] == 1e4).any())
+    with caplog.at_level(logging.INFO, logger="sglang_inkling_backend.triton.route"):
+        for _ in range(2):
+            got = route.extend(q, kv, rails, qo, params, plans=DecodePlanCache(), verify=uniform,
+                               workspace=decode_only)
+            assert torch.equal(got, own)
+    lines = [r.getMessage() for r in caplog.records if "allocated per launch" in r.getMessage()]
+    assert len(lines) == 1 and f"36 rows x 4 heads x {splits} splits x head_dim 64" in lines[0], lines

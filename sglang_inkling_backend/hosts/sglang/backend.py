@@ -104,14 +104,18 @@ class InklingAttnBackend(AttentionBackend):
         # hybrid pool, whose rails are translated instead); checked against each eager step's entries.
         full = [i for i in self.layer_plan.attention_layer_ids if self.layer_plan.window(i) is None]
         self.req_to_token_slots = self.token_to_kv_pool.get_key_buffer(full[0]).shape[0] if full else None
-        head_dims = {self.layer_plan.spec(i).head_dim for i in self.layer_plan.attention_layer_ids}
-        self.use_route(choose_route(self.device, head_dims))
-        self.forward_metadata: Optional[InklingForwardMetadata] = None
-        self._graph_buffers: Optional[DecodeGraphBuffers] = None
         # A speculative target's CUDA graphs are verify steps (SGLang's decode graph runner captures TARGET_VERIFY)
         spec_algorithm = getattr(model_runner, "spec_algorithm", None)
         self.speculative_target = (spec_algorithm is not None and bool(spec_algorithm.is_speculative())
                                    and not getattr(model_runner, "is_draft_worker", False))
+        # D, each verify step's drafts per request (spec_info.draft_token_num is this server argument): the
+        # workspace holds a split verify launch's partials too
+        self.verify_draft_len = (getattr(getattr(model_runner, "server_args", None), "speculative_num_draft_tokens",
+                                         None) if self.speculative_target else None)
+        head_dims = {self.layer_plan.spec(i).head_dim for i in self.layer_plan.attention_layer_ids}
+        self.use_route(choose_route(self.device, head_dims))
+        self.forward_metadata: Optional[InklingForwardMetadata] = None
+        self._graph_buffers: Optional[DecodeGraphBuffers] = None
         self._verify_buffers: Optional[VerifyGraphBuffers] = None
         self._verify_mask = None  # SGLang's VerifyMask over _verify_buffers.tree_mask
         self._notes: set = set()  # the log lines said once
@@ -140,10 +144,13 @@ class InklingAttnBackend(AttentionBackend):
         # The split-KV scratch of every decode plan, allocated once for the largest batch and context (plans are
         # views of it, so capture and replay need nothing else).
         self.attention_specs = [self.layer_plan.spec(i) for i in self.layer_plan.attention_layer_ids]
+        draft_len = getattr(self, "verify_draft_len", None)
+        if isinstance(draft_len, bool) or not isinstance(draft_len, int) or draft_len < 1:
+            draft_len = None  # not a speculative target (or SGLang left D unset): no verify partials to hold
         self.workspace = self.route.make_workspace(
             max_batch=self.req_to_token_pool.req_to_token.shape[0], max_seq_len=self.max_context_len,
             geometries={(s.num_q_heads, s.num_kv_heads, s.head_dim) for s in self.attention_specs},
-            device=self.device)
+            device=self.device, **({} if draft_len is None else {"verify_draft_len": draft_len}))
 
     # --- metadata ----------------------------------------------------------------------------------------------
     def _full_to_swa(self) -> Optional[torch.Tensor]:

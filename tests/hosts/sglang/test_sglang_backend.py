@@ -475,10 +475,12 @@ def test_target_verify_batches_attend_their_draft_trees(route, full_layout):
         assert float((out.float() - chain).abs().max()) > 0.1
 
 
-def speculative_runner(h):
-    """h's runner as SGLang's speculative target runner (its decode graphs capture TARGET_VERIFY)."""
+def speculative_runner(h, draft_len):
+    """h's runner as SGLang's speculative target runner (its decode graphs capture TARGET_VERIFY) of ``draft_len``
+    drafts per request (``--speculative-num-draft-tokens``)."""
     h.runner.spec_algorithm = SimpleNamespace(is_speculative=lambda: True)
     h.runner.is_draft_worker = False
+    h.runner.server_args = SimpleNamespace(speculative_num_draft_tokens=draft_len)
     return h
 
 
@@ -527,13 +529,17 @@ def padded_rows(x, rows):
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "mxfp8"])
-def test_verify_graph_metadata_gives_the_eager_verify_steps_bytes(fmt):
+def test_verify_graph_metadata_gives_the_eager_verify_steps_bytes(fmt, caplog):
     """A speculative target's CUDA-graph path on the Triton route (run on the CPU: the Python is the same):
     init_cuda_graph_state(max_bs, max_bs x D) builds verify buffers and exposes their tree mask as SGLang's
     QLEN_ONLY VerifyMask; the capture's metadata (all-True runner mask, zero positions) runs; then replay views with
     a padding row, from NGRAM's FULL mask and from trees EAGLE wrote into verify_mask.buffer, give the real rows the
     eager verify step's bytes on full and windowed layers (the same kernel on the same keys), within the Triton
-    tolerance of the dense reference that reads every key, the drafts' too, as stored (MXFP8: round-tripped)."""
+    tolerance of the dense reference that reads every key, the drafts' too, as stored (MXFP8: round-tripped). The
+    verify launches split their keys (6 or 8 row programs of the interpreter's 16 planned SMs) and keep their
+    partials in the backend's workspace, which the layer step hands the route: no launch allocates its own."""
+    import logging
+
     from sglang.srt.speculative.eagle_utils import TreeMaskMode
 
     d, max_bs, rows = 5, 4, [0, 1, 3]
@@ -550,7 +556,9 @@ def test_verify_graph_metadata_gives_the_eager_verify_steps_bytes(fmt):
         h = WholePagesHarness(layers, mxfp8_pool, size=16 * page, page_size=page, context=600,
                               kv_cache_dtype=torch.float8_e4m3fn)
         round_trip = lambda x: mxfp8.dequantize(*mxfp8.quantize(x), torch.float32)  # noqa: E731
-    ours = triton_backend(speculative_runner(h))
+    caplog.set_level(logging.INFO, logger="sglang_inkling_backend.triton.route")
+    ours = triton_backend(speculative_runner(h, d))
+    assert ours.verify_draft_len == d
     run_script(h, [ours], steps=3)  # requests 0-3 prefilled
     assert ours.verify_mask is None  # no graphs: EAGLE sends its FULL-layout mask
     ours.init_cuda_graph_state(max_bs, max_bs * d)
@@ -583,6 +591,27 @@ def test_verify_graph_metadata_gives_the_eager_verify_steps_bytes(fmt):
             dense = dense_verify(h, fb, layer, q, k, v, trees, round_trip)
             worst = max(worst, float((want.float() - dense).abs().max()))
     assert worst <= 2e-2, worst
+    from sglang_inkling_backend import triton as kernels
+
+    assert kernels.verify_splits(max_bs, d, HQ, HKV, "cpu") > 1
+    assert not [r for r in caplog.records if "allocated per launch" in r.getMessage()]
+
+
+def test_a_speculative_target_sizes_its_workspace_for_its_verify_launches():
+    """The workspace of a speculative target of D drafts (``--speculative-num-draft-tokens``) holds the partials of
+    every split verify launch of up to its max requests (``verify_workspace_shape``); a server without speculation
+    sizes it for decode alone, which at this short context does not hold them."""
+    from sglang_inkling_backend import triton as kernels
+
+    d = 12
+    layers = make_layers()
+    plain = triton_backend(Harness(layers, bf16_pool(), context=64))
+    target = triton_backend(speculative_runner(Harness(layers, bf16_pool(), context=64), d))
+    max_reqs = target.req_to_token_pool.req_to_token.shape[0]
+    rows, splits = kernels.verify_workspace_shape(max_reqs, d, HQ, HKV, "cpu")
+    assert splits > 1
+    assert target.workspace.holds(rows, HQ, splits, D)
+    assert not plain.workspace.holds(rows, HQ, splits, D)
 
 
 def test_verify_graph_on_a_hybrid_swa_pool_writes_and_reads_the_drafts_in_the_swa_sub_pool():
@@ -592,7 +621,7 @@ def test_verify_graph_on_a_hybrid_swa_pool_writes_and_reads_the_drafts_in_the_sw
     d, max_bs, rows, size = 4, 3, [0, 1], SWA_SIZE
     layers = make_layers()
     h, mapping = swa_harness(layers)
-    ours = triton_backend(speculative_runner(h))
+    ours = triton_backend(speculative_runner(h, d))
     run_script(h, [ours], steps=1)  # requests 0 and 1 prefilled
     ours.init_cuda_graph_state(max_bs, max_bs * d)
     trees = [random_tree(d, h.gen) for _ in rows]
