@@ -6,7 +6,8 @@ the reference (``reference.attention.paged_extend_attention(..., verify=)`` in f
 Bound: relative Frobenius error <= 4e-3. Also the kernel's time on the tree against the same call on a chain of the
 same drafts (a plain extend): the tree should cost about the same. The same verify laid out from its shapes
 (``uniform_verify_attention``) gives the eager launch's bytes without a key split, and is within the bound with the
-planned split, whose graph replay over new queries and another tree gives its own launch's bytes; both timed.
+planned split, whose partials in a workspace (as the SGLang host passes its own) give the bytes of the launch that
+allocates them, and whose graph replay over new queries and another tree gives its own launch's bytes; both timed.
 One JSON line per check; exit 1 on a failure.
 
     python gpu_tests/check_verify_gpu.py            # on the GPU machine
@@ -80,27 +81,35 @@ def device_tree(verify: SpecVerify, dev) -> SpecVerify:
 def check_static_grid(name, q, kv, indptr, indices, qo, params, verify, other_tree, drafts, eager):
     """``uniform_verify_attention`` (the verify launch laid out from its shapes) without a key split gives the eager
     launch's bytes; with the planned split (``plan.choose_verify_splits``: several programs per request's keys, then
-    a merge) it is within the bound of the reference. On CUDA, the planned launch captured in a graph and replayed
+    a merge) it is within the bound of the reference, with its partials in a workspace sized by
+    ``verify_workspace_shape`` (the host's) giving the bytes of the launch that allocates them. On CUDA, the planned
+    launch (partials in the workspace) captured in a graph and replayed
     after new queries and another tree were copied into its buffers gives the same launch's bytes on those inputs,
     and both launches are timed as CUDA-graph replays (``split_ms`` against ``whole_ms``)."""
     dev = q.device
     tree = device_tree(verify, dev)
     out = torch.empty(q.shape, dtype=torch.float32, device=dev)
+    batch = qo.numel() - 1
+    splits = kernels.verify_splits(batch, drafts, q.shape[1], kv.num_kv_heads, dev)
+    rows, most_splits = kernels.verify_workspace_shape(batch, drafts, q.shape[1], kv.num_kv_heads, dev)
+    workspace = kernels.DecodeWorkspace(rows, q.shape[1], q.shape[2], most_splits, dev)
 
-    def static(splits=None, q_in=None, t=None):
+    def static(splits=None, q_in=None, t=None, ws=workspace):
         dest = out if q_in is None else torch.empty(q.shape, dtype=torch.float32, device=dev)
         return kernels.uniform_verify_attention(q_buf if q_in is None else q_in, kv, indptr, indices, qo, params,
-                                                tree if t is None else t, drafts, out=dest, num_splits=splits)
+                                                tree if t is None else t, drafts, out=dest, num_splits=splits,
+                                                workspace=ws)
 
     q_buf = q.clone()
     same = bool(torch.equal(static(1), eager()))
     want = reference(q.float(), kv, indptr, indices, qo, params, verify=verify)
+    own = static(ws=None).clone()  # partials allocated by the launch
     planned = static()
     err = float((planned.float() - want).norm() / want.norm())
-    batch = qo.numel() - 1
-    splits = kernels.verify_splits(batch, drafts, q.shape[1], kv.num_kv_heads, dev)
-    record = {"check": f"{name}: static grid = eager launch; split within the bound", "ok": same and err <= BOUND,
-              "unsplit_equal": same, "split_rel_err": err, "splits": splits}
+    in_workspace = bool(torch.equal(planned, own))
+    record = {"check": f"{name}: static grid = eager launch; split within the bound; workspace = own partials",
+              "ok": same and err <= BOUND and in_workspace, "unsplit_equal": same, "split_rel_err": err,
+              "splits": splits, "workspace_equal": in_workspace}
     if torch.cuda.is_available():
         record["whole_ms"] = graph_ms(lambda: static(1))
         record["split_ms"] = graph_ms(static)
