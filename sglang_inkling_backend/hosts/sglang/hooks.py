@@ -190,7 +190,9 @@ SPECULATIVE_ALGORITHMS = ("NGRAM", "EAGLE", "EAGLE3")
 DRAFT_MODEL_ALGORITHMS = ("EAGLE", "EAGLE3")
 # Where each runs: CUDA/ROCm ("cuda") through the Triton route's verify kernel; NGRAM also on a CPU through the torch
 # route (integration/test_speculative_cpu.py serves it with SGLang's CPU speculative ops as the CPU sgl_kernel
-# stand-in's torch code). EAGLE's draft steps on a CPU are untested here.
+# stand-in's torch code). EAGLE on a CPU is untested: SGLang builds and verifies its trees there with the CPU
+# sgl_kernel's build_tree_kernel_efficient_cpu / verify_tree_greedy_cpu (kernels/ops/speculative/spec_tree.py:39),
+# which the project's CPU set-up lacks.
 SPECULATIVE_DEVICES = {"NGRAM": ("cuda", "cpu"), "EAGLE": ("cuda",), "EAGLE3": ("cuda",)}
 _DEVICE_NAMES = {"cuda": "CUDA/ROCm", "cpu": "CPU"}
 DRAFT_ATTENTION_BACKENDS = ("triton", "flashinfer", "fa3")
