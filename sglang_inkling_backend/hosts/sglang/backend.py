@@ -77,6 +77,19 @@ def check_swa_placement(plan, layers_mapping) -> None:
                 f" sub-pool; serve this model with --disable-hybrid-swa-memory")
 
 
+def verify_draft_len_of(model_runner) -> Optional[int]:
+    """A speculative target's drafts per verify step: SGLang 0.5.23's workers take ``spec_info.draft_token_num`` from
+    the published spec config (``get_spec().speculative_num_draft_tokens``, e.g. ngram_worker.py:99), which is
+    ``--speculative-num-draft-tokens`` after SGLang's own adjustments; the server argument where none is published
+    (a runner built outside a server)."""
+    from sglang.srt.runtime_context import get_spec
+
+    try:
+        return getattr(get_spec(), "speculative_num_draft_tokens", None)
+    except ValueError:  # "config namespace 'spec' not published"
+        return getattr(getattr(model_runner, "server_args", None), "speculative_num_draft_tokens", None)
+
+
 class InklingAttnBackend(AttentionBackend):
     """Paged attention over bf16 / per-tensor fp8 / MXFP8 KV, with per-layer sliding windows and relative bias."""
 
@@ -108,10 +121,8 @@ class InklingAttnBackend(AttentionBackend):
         spec_algorithm = getattr(model_runner, "spec_algorithm", None)
         self.speculative_target = (spec_algorithm is not None and bool(spec_algorithm.is_speculative())
                                    and not getattr(model_runner, "is_draft_worker", False))
-        # D, each verify step's drafts per request (spec_info.draft_token_num is this server argument): the
-        # workspace holds a split verify launch's partials too
-        self.verify_draft_len = (getattr(getattr(model_runner, "server_args", None), "speculative_num_draft_tokens",
-                                         None) if self.speculative_target else None)
+        # D, each verify step's drafts per request: the workspace holds a split verify launch's partials too
+        self.verify_draft_len = verify_draft_len_of(model_runner) if self.speculative_target else None
         head_dims = {self.layer_plan.spec(i).head_dim for i in self.layer_plan.attention_layer_ids}
         self.use_route(choose_route(self.device, head_dims))
         self.forward_metadata: Optional[InklingForwardMetadata] = None

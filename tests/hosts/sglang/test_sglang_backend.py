@@ -597,10 +597,13 @@ def test_verify_graph_metadata_gives_the_eager_verify_steps_bytes(fmt, caplog):
     assert not [r for r in caplog.records if "allocated per launch" in r.getMessage()]
 
 
-def test_a_speculative_target_sizes_its_workspace_for_its_verify_launches():
+def test_a_speculative_target_sizes_its_workspace_for_its_verify_launches(monkeypatch):
     """The workspace of a speculative target of D drafts (``--speculative-num-draft-tokens``) holds the partials of
     every split verify launch of up to its max requests (``verify_workspace_shape``); a server without speculation
-    sizes it for decode alone, which at this short context does not hold them."""
+    sizes it for decode alone, which at this short context does not hold them. In a server, D is the published spec
+    config's (what SGLang's workers give ``spec_info.draft_token_num``), not the raw server argument."""
+    import sglang.srt.runtime_context as runtime_context
+
     from sglang_inkling_backend import triton as kernels
 
     d = 12
@@ -612,6 +615,9 @@ def test_a_speculative_target_sizes_its_workspace_for_its_verify_launches():
     assert splits > 1
     assert target.workspace.holds(rows, HQ, splits, D)
     assert not plain.workspace.holds(rows, HQ, splits, D)
+    monkeypatch.setattr(runtime_context, "get_spec", lambda: SimpleNamespace(speculative_num_draft_tokens=7))
+    published = triton_backend(speculative_runner(Harness(layers, bf16_pool(), context=64), d))
+    assert (target.verify_draft_len, published.verify_draft_len) == (12, 7)
 
 
 def test_verify_graph_on_a_hybrid_swa_pool_writes_and_reads_the_drafts_in_the_swa_sub_pool():
