@@ -2145,6 +2145,40 @@ def define_verify_graph_cases():
         call_case(f"core.triton.extend_blocks.{tag}", S, "triton/extend_attention.py:extend_blocks", tag, fn, names,
                   expect=lambda r: ("accepted", str(r)))
 
+    # A split verify launch's partials in the caller's workspace (uniform_verify_attention's workspace=) and the
+    # workspace's size (verify_workspace_shape): refused by name before the output is written.
+    S = "core.triton.verify_workspace"
+
+    def split_verify(workspace):
+        def build():
+            from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV
+            g = torch.Generator().manual_seed(5)
+            kv = PagedKV(torch.randn(64, 2, 32, generator=g).bfloat16(), torch.randn(64, 2, 32, generator=g).bfloat16())
+            lens = [10 + d, 5 + d]
+            indptr, indices = T([0, *lens]).cumsum(0), torch.arange(sum(lens))
+            tree = SpecVerify.uniform(torch.ones(d, d, dtype=torch.bool).tril().repeat(b, 1, 1).reshape(-1),
+                                      torch.arange(b + 1) * d * d, torch.arange(d).repeat(b), d, b)
+            q = torch.randn(b * d, 4, 32, generator=g).bfloat16()
+            out = torch.full(q.shape, 7.0)
+            return Setup(lambda: kernels.uniform_verify_attention(q, kv, indptr, indices, torch.arange(b + 1) * d,
+                                                                  AttentionParams(32 ** -0.5), tree, d, out=out,
+                                                                  num_splits=2, workspace=workspace()),
+                         {"out": out})
+        return build
+
+    for tag, workspace, names, kind in (
+            ("valid", lambda: kernels.DecodeWorkspace(b * d, 4, 32, 2, "cpu"), (), "control"),
+            ("too_small", lambda: kernels.DecodeWorkspace(b * d, 4, 32, 1, "cpu"), "workspace", "bad"),
+            ("not_a_workspace", lambda: "scratch", "workspace", "bad"),
+            ("meta_device", lambda: kernels.DecodeWorkspace(b * d, 4, 32, 2, "meta"), "workspace", "bad")):
+        case(f"core.triton.verify_workspace.launch_{tag}", S, "triton/extend_attention.py:uniform_verify_attention",
+             tag, split_verify(workspace), names, kind)
+    for tag, args, names in (("max_batch_zero", (0, d, 4, 2), "max_batch"), ("draft_bool", (4, True, 4, 2),
+                                                                              "draft_len")):
+        call_case(f"core.triton.verify_workspace.shape_{tag}", S, "triton/extend_attention.py:verify_workspace_shape",
+                  tag, lambda a=args: kernels.verify_workspace_shape(*a, "cpu"), names,
+                  expect=lambda r: ("accepted", str(r)))
+
 
 def _keep(args):
     pass
