@@ -81,13 +81,16 @@ def verify_draft_len_of(model_runner) -> Optional[int]:
     """A speculative target's drafts per verify step: SGLang 0.5.23's workers take ``spec_info.draft_token_num`` from
     the published spec config (``get_spec().speculative_num_draft_tokens``, e.g. ngram_worker.py:99), which is
     ``--speculative-num-draft-tokens`` after SGLang's own adjustments; the server argument where none is published
-    (a runner built outside a server)."""
+    (a runner built outside a server). None where SGLang left it unset: no verify partials are sized for."""
     from sglang.srt.runtime_context import get_spec
 
     try:
-        return getattr(get_spec(), "speculative_num_draft_tokens", None)
+        draft_len = getattr(get_spec(), "speculative_num_draft_tokens", None)
     except ValueError:  # "config namespace 'spec' not published"
-        return getattr(getattr(model_runner, "server_args", None), "speculative_num_draft_tokens", None)
+        draft_len = getattr(getattr(model_runner, "server_args", None), "speculative_num_draft_tokens", None)
+    if isinstance(draft_len, bool) or not isinstance(draft_len, int) or draft_len < 1:
+        return None
+    return draft_len
 
 
 class InklingAttnBackend(AttentionBackend):
@@ -155,13 +158,10 @@ class InklingAttnBackend(AttentionBackend):
         # The split-KV scratch of every decode plan, allocated once for the largest batch and context (plans are
         # views of it, so capture and replay need nothing else).
         self.attention_specs = [self.layer_plan.spec(i) for i in self.layer_plan.attention_layer_ids]
-        draft_len = getattr(self, "verify_draft_len", None)
-        if isinstance(draft_len, bool) or not isinstance(draft_len, int) or draft_len < 1:
-            draft_len = None  # not a speculative target (or SGLang left D unset): no verify partials to hold
         self.workspace = self.route.make_workspace(
             max_batch=self.req_to_token_pool.req_to_token.shape[0], max_seq_len=self.max_context_len,
             geometries={(s.num_q_heads, s.num_kv_heads, s.head_dim) for s in self.attention_specs},
-            device=self.device, **({} if draft_len is None else {"verify_draft_len": draft_len}))
+            device=self.device, verify_draft_len=self.verify_draft_len)
 
     # --- metadata ----------------------------------------------------------------------------------------------
     def _full_to_swa(self) -> Optional[torch.Tensor]:
