@@ -39,8 +39,6 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from rescale_checkpoint import rescale  # noqa: E402
-
 from sglang_inkling_backend.demo.models import prepare_model  # noqa: E402
 from sglang_inkling_backend.demo.server import SGLangServer, ServerStartError  # noqa: E402
 
@@ -69,6 +67,9 @@ def model_dir(model: str, rescaling: str) -> Path:
         return src
     dst = RESCALED_ROOT / f"{model}-{rescaling}"
     if not (dst / "rescale.json").exists():
+        # imported here: the rescaler needs safetensors, which the analysis (summarize, the tests) does not
+        from rescale_checkpoint import rescale
+
         print(f"[rescale] {model} {rescaling} -> {dst}", flush=True)
         rescale(src, dst, **parse_rescaling(rescaling))
     return dst

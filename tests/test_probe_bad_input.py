@@ -23,8 +23,14 @@ def probe():
     sys.modules.pop(spec.name, None)
 
 
+def _all_cases(probe):
+    """The probe's case table; its verify-graph cases import the Triton kernels while the table is built."""
+    pytest.importorskip("triton", reason="Triton is not installed (the probe's case table builds Triton cases)")
+    return probe.all_cases()
+
+
 def test_case_table_is_well_formed(probe):
-    cases = probe.all_cases()
+    cases = _all_cases(probe)
     assert len(cases) >= 250
     assert len({c.id for c in cases}) == len(cases)
     assert {c.kind for c in cases} <= {"bad", "control", "construct", "activation"}
@@ -53,7 +59,7 @@ ISSUE_EXAMPLES = [
 
 
 def test_the_issues_examples_are_cases(probe):
-    ids = {c.id for c in probe.all_cases()}
+    ids = {c.id for c in _all_cases(probe)}
     assert not [i for i in ISSUE_EXAMPLES if i not in ids]
 
 

@@ -19,9 +19,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
 
-from sglang_inkling_backend.demo.models import cache_dir
+# An optional part (transformers and safetensors are not in the test extra): skipped with a reason where absent.
+pytest.importorskip("safetensors", reason="safetensors is not installed (the rescaler reads and writes checkpoints)")
+if importlib.util.find_spec("transformers") is None:
+    pytest.skip("transformers is not installed", allow_module_level=True)
+
+from safetensors import safe_open  # noqa: E402
+
+from sglang_inkling_backend.demo.models import cache_dir  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "integration"))
@@ -31,9 +37,6 @@ SMOL, GEMMA = cache_dir() / "smollm2-135m-instruct", cache_dir() / "gemma-3-270m
 TOKENS = 64
 V_LOG2, K_LOG2 = 7, 6  # SmolLM2: max |V| 13.7 -> 1752 (integration/kv_ranges.py); K outlier channels 7.4 -> 474
 GEMMA_V_LOG2 = 3       # Gemma-3-270M: max |V| 146 -> 1168
-
-if importlib.util.find_spec("transformers") is None:
-    pytest.skip("transformers is not installed", allow_module_level=True)
 
 try:  # the torchvision op-schema work-around (a CPU torch with the PyPI torchvision): before transformers imports it
     from sglang_inkling_backend.hosts.sglang.cpu_testing import prepare_sglang_cpu_import
