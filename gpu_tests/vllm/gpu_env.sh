@@ -1,0 +1,24 @@
+# Source on the GPU machine from the repository root: unpack the carried vLLM bundle (.vgpu) and FlashInfer (.fi072),
+# append the bundle after the image's site-packages (a .pth file: the image's own packages win where both have one),
+# put FlashInfer, this project's source (INKLING_FROM_SOURCE=1, the default here) and the test patches first.
+#   . gpu_tests/vllm/gpu_env.sh
+ROOT=$(pwd)
+if [ ! -d /tmp/vsite/vllm ]; then
+  tar -xJf .vgpu/vllm_site.tar.xz -C /tmp || { echo "unpacking .vgpu/vllm_site.tar.xz failed"; return 1; }
+fi
+if [ ! -d /tmp/fi_site/flashinfer ]; then
+  mkdir -p /tmp/fi_site && tar -xJf .fi072/*.tar.xz -C /tmp/fi_site || { echo "unpacking .fi072 failed"; return 1; }
+fi
+SITE_PACKAGES=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+echo /tmp/vsite > "$SITE_PACKAGES/zz-inkling-vllm-bundle.pth"
+rm -rf /tmp/inkling_src && mkdir -p /tmp/inkling_src
+cp -r "$ROOT/sglang_inkling_backend" /tmp/inkling_src/
+cp -r "$ROOT/entry_points" /tmp/inkling_src/sglang_inkling_backend/entry_points
+if [ "${INKLING_FROM_SOURCE:-1}" = 1 ]; then
+  export PYTHONPATH=$ROOT/gpu_tests/vllm/patches:/tmp/inkling_src:/tmp/fi_site
+else
+  export PYTHONPATH=$ROOT/gpu_tests/vllm/patches:/tmp/fi_site
+fi
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+export FLASHINFER_WORKSPACE_BASE=$ROOT
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
