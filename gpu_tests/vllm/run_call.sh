@@ -4,8 +4,8 @@
 # (default 3: each engine has a fixed 4 GiB pool and 0.2 of the GPU, so they share it), while VLLM_BUDGET_S lasts.
 # TAGS, joined by "+": eager (enforce_eager), broken (softmax scale x1.01: patches/sitecustomize.py), serve (vllm serve
 # and the OpenAI client instead of the offline LLM), nocompile (compilation mode NONE, FULL decode graphs only).
-# Entries speed:BACKEND:KV time decode steps on llama-gqa4-l16 instead (latency_points.py, VLLM_POINTS; run them with
-# VLLM_LANES=1: alone on the GPU).
+# Entries speed:BACKEND:KV time decode steps on llama-gqa4-l16 instead (latency_points.py, VLLM_POINTS), one at a
+# time after the parity lanes have ended, alone on the GPU.
 # Everything lands in $OUT/runs.tgz (runs/*.json, logs/*.log, env.txt, ops.json), refreshed as entries end.
 #   bash gpu_tests/vllm/run_call.sh llama-gqa4:TRITON_ATTN:auto llama-gqa4:CUSTOM:mxfp8 ...
 set -uo pipefail
@@ -40,7 +40,7 @@ run_entry() {
   local t0=$SECONDS
   if [ "$m" = speed ]; then
     timeout $(( left < ${VLLM_ENTRY_S:-300} ? left : ${VLLM_ENTRY_S:-300} )) python3 gpu_tests/vllm/latency_points.py \
-      --model /tmp/models/llama-gqa4-l16 --backend $b --kv-cache-dtype $kv --points "${VLLM_POINTS:-32x4096,128x4096,16x32768}" \
+      --model /tmp/models/llama-gqa4-l16 --backend $b --kv-cache-dtype $kv --points "${VLLM_POINTS:-32x4096,128x4096,16x32768}" --iters "${VLLM_SPEED_ITERS:-3}" \
       --out $W/runs/$name.json > $W/logs/$name.log 2>&1
     echo "$name rc=$? $((SECONDS - t0)) s"; grep -E "decode step" $W/logs/$name.log; pack; return
   fi
@@ -53,10 +53,12 @@ run_entry() {
   pack
 }
 LANES=${VLLM_LANES:-3}
+PARITY=() SPEED=()
+for entry in "$@"; do if [ "${entry%%:*}" = speed ]; then SPEED+=("$entry"); else PARITY+=("$entry"); fi; done
 for ((lane = 0; lane < LANES; lane++)); do
   (
     i=0
-    for entry in "$@"; do
+    for entry in "${PARITY[@]}"; do
       if [ $((i % LANES)) -eq $lane ]; then run_entry "$entry"; fi
       i=$((i + 1))
     done
@@ -64,5 +66,7 @@ for ((lane = 0; lane < LANES; lane++)); do
   sleep 5
 done
 wait
+# the speed entries after every parity engine has ended: alone on the GPU
+for entry in "${SPEED[@]}"; do run_entry "$entry"; done
 pack
 echo "done at $((SECONDS - START)) s"
