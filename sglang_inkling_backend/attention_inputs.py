@@ -12,8 +12,9 @@ from typing import Optional
 import torch
 
 from . import mxfp8
-from .checks import (INDEX_DTYPES, _describe, require_finite_once, require_non_negative_real, require_positive_int,
-                     require_positive_real, require_slots)
+from .checks import (INDEX_DTYPES, _describe, require_device, require_extents, require_finite_once,
+                     require_non_negative_real, require_positive_int, require_positive_real, require_same_shape,
+                     require_slots, require_tensor)
 from .scale_layout import ScaleLayout
 
 FLOAT_KV_DTYPES = tuple(mxfp8.UNQUANTIZED_FORMAT_OF_DTYPE)  # bf16, fp16, fp32
@@ -34,13 +35,12 @@ class PagedKV:
 
     def __post_init__(self):
         for name in ("k_buffer", "v_buffer"):
-            buf = getattr(self, name)
-            if not isinstance(buf, torch.Tensor) or buf.dim() != 3:
-                raise ValueError(f"{name} must be a 3-D tensor [slots, Hkv, D], got "
-                                 f"{tuple(buf.shape) if isinstance(buf, torch.Tensor) else type(buf).__name__}")
-        if self.k_buffer.shape[:2] != self.v_buffer.shape[:2]:
-            raise ValueError(f"k_buffer and v_buffer must agree on [slots, Hkv], got {tuple(self.k_buffer.shape)} "
-                             f"and {tuple(self.v_buffer.shape)}")
+            buf = require_tensor(getattr(self, name), name, "a 3-D tensor [slots, Hkv, D]")
+            if buf.dim() != 3:
+                raise ValueError(f"{name} must be a 3-D tensor [slots, Hkv, D], got {tuple(buf.shape)}")
+            require_extents(buf, name, ("slots", "Hkv (KV heads)", "D (head_dim)"))
+        # every reader takes V's rows, heads and channels as K's (no route serves a V head_dim other than K's)
+        require_same_shape(self.k_buffer, "k_buffer", self.v_buffer, "v_buffer", " [slots, Hkv, D]")
         if self.k_buffer.dtype != self.v_buffer.dtype:
             raise TypeError(f"k_buffer and v_buffer must share a dtype, got {self.k_buffer.dtype} and "
                             f"{self.v_buffer.dtype}")
@@ -54,6 +54,8 @@ class PagedKV:
         if has_scales:
             if self.k_scales is None or self.v_scales is None or self.layout is None:
                 raise ValueError("an MXFP8 PagedKV needs k_scales, v_scales and their layout")
+            if not isinstance(self.layout, ScaleLayout):
+                raise TypeError(f"layout must be a ScaleLayout (ScaleLayout.for_pool), got {_describe(self.layout)}")
             if self.k_buffer.dtype != mxfp8.DATA_DTYPE:
                 raise TypeError(f"MXFP8 scale buffers need float8_e4m3fn data, got {self.k_buffer.dtype}")
             expected = (self.layout.num_slots, self.layout.num_kv_heads, self.layout.head_dim)
@@ -115,18 +117,29 @@ class AttentionParams:
         self.logit_cap = require_non_negative_real(self.logit_cap, "logit_cap")  # 0 disables it
         for name in ("rel_bias", "sinks"):
             t = getattr(self, name)
-            if t is not None and (not isinstance(t, torch.Tensor) or not t.is_floating_point()):
-                raise TypeError(f"{name} must be None or a floating-point tensor, got "
-                                f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}")
-        if self.rel_bias is not None and self.rel_bias.dim() != 3:
-            raise ValueError(f"rel_bias must be 3-D [query rows, Hq, rel_extent], got shape "
-                             f"{tuple(self.rel_bias.shape)}")
+            if t is not None and not require_tensor(t, name, "None or a floating-point tensor").is_floating_point():
+                raise TypeError(f"{name} must be None or a floating-point tensor, got {t.dtype}")
+        if self.rel_bias is not None:
+            check_rel_bias(self.rel_bias)
         if self.sinks is not None and self.sinks.dim() != 1:
             raise ValueError(f"sinks must be 1-D [Hq] (one per query head), got shape {tuple(self.sinks.shape)}")
         # sinks are weights: read once per tensor and version. rel_bias is an activation, like q, k and v: never read
         # back (a NaN there propagates to its rows' outputs, as in every attention kernel)
         if self.sinks is not None:
             require_finite_once(self.sinks, "sinks")
+
+
+def check_rel_bias(rel_bias: torch.Tensor, rows: Optional[int] = None, num_q_heads: Optional[int] = None,
+                   name: str = "rel_bias") -> None:
+    """A relative bias ``[query rows, Hq, rel_extent]`` with ``rel_extent >= 1`` (the bias of distances
+    ``0 .. rel_extent - 1``; a model without one passes None), and, where given, the query's rows and heads. Every
+    consumer reads it through here: ``AttentionParams`` at construction, the reference and the Triton launchers
+    again per call (a dataclass's field can be replaced after construction)."""
+    if rel_bias.dim() != 3:
+        raise ValueError(f"{name} must be 3-D [query rows, Hq, rel_extent], got shape {tuple(rel_bias.shape)}")
+    if rows is not None and tuple(rel_bias.shape[:2]) != (rows, num_q_heads):
+        raise ValueError(f"{name} must have shape [{rows}, {num_q_heads}, rel_extent], got {tuple(rel_bias.shape)}")
+    require_extents(rel_bias, name, (None, None, "rel_extent (the distances it biases)"))
 
 
 def inkling_params(head_dim: int, rel_bias: Optional[torch.Tensor], window: Optional[int] = None) -> AttentionParams:
@@ -166,7 +179,10 @@ class SpecVerify:
 
     def __post_init__(self):
         mask, indptr, depths = self.tree_mask, self.mask_indptr, self.depths
-        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        for name, t, what in (("tree_mask", mask, "a bool tensor"), ("mask_indptr", indptr, "an int32/int64 tensor"),
+                              ("depths", depths, "an int32/int64 tensor")):
+            require_tensor(t, name, what)
+        if mask.dtype != torch.bool:
             raise TypeError(f"tree_mask must be a bool tensor, got {_describe(mask)}")
         if mask.dim() != 1:
             raise ValueError(f"tree_mask must be 1-D (each request's [D, D] mask flattened, request after request), "
@@ -219,7 +235,7 @@ class SpecVerify:
         want = (("tree_mask", tree_mask, torch.bool, b * d * d), ("mask_indptr", mask_indptr, torch.int64, b + 1),
                 ("depths", depths, torch.int64, b * d))
         for name, t, dtype, n in want:
-            if not isinstance(t, torch.Tensor) or t.dtype != dtype:
+            if require_tensor(t, name, f"a {dtype} tensor").dtype != dtype:
                 raise TypeError(f"{name} must be a {dtype} tensor, got {_describe(t)}")
             if t.dim() != 1 or t.numel() != n:
                 raise ValueError(f"{name} must be 1-D with {n} entries ({b} requests of {d} drafts), got shape "
@@ -242,6 +258,8 @@ class SpecVerify:
         trees = list(trees)
         if not trees:
             raise ValueError("from_trees needs at least one request's tree")
+        if device is not None:
+            device = require_device(device)
         masks, depths = zip(*trees)
         counts = torch.tensor([0] + [m.numel() for m in masks]).cumsum(0)
         parts = (torch.cat([m.reshape(-1) for m in masks]), counts, torch.cat(depths))
@@ -250,8 +268,9 @@ class SpecVerify:
     def check_queries(self, qo_indptr: torch.Tensor) -> None:
         """ValueError unless the extend has one request per tree and request b ``D_b`` query rows. A ``uniform``
         verify checks the request count only (its offsets are ``arange * D`` by construction; nothing is read)."""
+        require_tensor(qo_indptr, "qo_indptr", "a 1-D int32/int64 tensor of query offsets")
         if self.uniform_len:
-            if not isinstance(qo_indptr, torch.Tensor) or qo_indptr.numel() != self.num_requests + 1:
+            if qo_indptr.numel() != self.num_requests + 1:
                 raise ValueError(f"verify has {self.num_requests} requests; qo_indptr must have "
                                  f"{self.num_requests + 1} entries, got {_describe(qo_indptr)}")
             return

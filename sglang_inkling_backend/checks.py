@@ -34,6 +34,116 @@ def require_positive_int(value, name: str) -> int:
     return require_int(value, name, 1)
 
 
+# --- tensors and devices ----------------------------------------------------------------------------------------
+# Every public entry that takes a tensor checks it here first (``require_tensor``): a list, a numpy array or None
+# is a TypeError naming the argument (never an AttributeError from the first ``.shape``), and a tensor on the
+# ``meta`` device (shapes, no data) a ValueError (never a NotImplementedError from the first read, nor a store
+# that writes nothing: torch ignores a meta source in an indexed store). Every constructor that allocates on a
+# device checks it here (``require_device``): its name parses, it is not ``meta``, and torch can reach it here.
+# FakeTensors (torch.compile's tracing) report the device they stand for, so they pass.
+
+
+_reachable_devices: set = set()  # devices found reachable: the launchers ask for theirs on every plan
+
+
+def _unreachable(device: torch.device) -> str:
+    """Why torch cannot hold data on ``device`` in this process, or "" when it can."""
+    if device.type == "meta":
+        return "the meta device holds shapes only, no data"
+    if device.type == "cpu" or device in _reachable_devices:
+        return ""
+    why = _why_unreachable(device)
+    if not why:
+        _reachable_devices.add(device)
+    return why
+
+
+def _why_unreachable(device: torch.device) -> str:
+    module = getattr(torch, device.type, None)  # torch.cuda (ROCm too), torch.mps, torch.xpu, ...
+    available = getattr(module, "is_available", None)
+    if callable(available):
+        if not available():
+            built = "" if device.type != "cuda" or torch.backends.cuda.is_built() else ", torch was built without it"
+            return f"torch cannot reach a {device.type} device in this process (torch.{device.type}.is_available() " \
+                   f"is False{built})"
+        count = getattr(module, "device_count", None)
+        if device.index is not None and callable(count) and device.index >= count():
+            return f"this machine has {count()} {device.type} device(s), so indices 0 to {count() - 1}"
+        return ""
+    try:  # a backend without an availability query: try a tensor of no elements
+        torch.empty(0, device=device)
+    except Exception as err:  # torch raises RuntimeError, AssertionError, ... by backend
+        return f"torch cannot make a tensor there ({type(err).__name__}: {err})"
+    return ""
+
+
+def require_device(device, name: str = "device") -> torch.device:
+    """``device`` (a ``torch.device`` or its name) as a ``torch.device`` that can hold data here: not ``meta``, and
+    one torch can reach in this process (``'cuda'`` on a machine without CUDA, ``'cuda:3'`` on one with two GPUs
+    are refused). For constructors, before their first allocation."""
+    if isinstance(device, bool) or not isinstance(device, (str, torch.device, int)):
+        raise TypeError(f"{name} must be a torch.device or its name (e.g. 'cpu', 'cuda:0'), got {_describe(device)}")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as err:
+        raise ValueError(f"{name} must be a torch device or its name (e.g. 'cpu', 'cuda:0'), got {device!r}") \
+            from err
+    why = _unreachable(dev)
+    if why:
+        raise ValueError(f"{name} must be a device that can hold data here, got {dev}: {why}")
+    return dev
+
+
+def require_tensor(value, name: str, expected: str = "a torch.Tensor", *, show_value: bool = False) -> torch.Tensor:
+    """``value`` itself, once it is a tensor that holds data: TypeError (naming ``name`` and ``expected``, and the
+    type it got, with its value where ``show_value``) for anything else, ValueError for a tensor on the ``meta``
+    device. No device read."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be {expected}, got {_describe(value) if show_value else type(value).__name__}")
+    if value.device.type == "meta":
+        raise ValueError(f"{name} must be {expected} holding data, got a tensor on the meta device (shape "
+                         f"{tuple(value.shape)}, no data to read or store)")
+    return value
+
+
+def require_pin_memory(value, name: str = "pin_memory") -> bool:
+    """A bool; True only where torch has a pinned-memory allocator (an accelerator it can reach)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {_describe(value)}")
+    accelerator = getattr(torch, "accelerator", None)
+    reachable = accelerator.is_available() if accelerator is not None else torch.cuda.is_available()
+    if value and not reachable:
+        raise ValueError(f"{name}=True needs an accelerator torch can reach (pinned host memory is an accelerator's "
+                         f"allocation); none is available in this process: pass {name}=False")
+    return value
+
+
+def require_extents(t: torch.Tensor, name: str, labels) -> None:
+    """Each dimension of ``t`` that ``labels`` names (None: any size, 0 included) must be >= 1: an extent of 0
+    (no heads, no channels, a relative bias reaching no distance) is refused by name before anything indexes it."""
+    for dim, label in enumerate(labels):
+        if label is not None and t.shape[dim] < 1:
+            raise ValueError(f"{name}'s {label} (dim {dim}) must be >= 1, got shape {tuple(t.shape)}")
+
+
+def require_same_shape(a: torch.Tensor, a_name: str, b: torch.Tensor, b_name: str, why: str = "") -> None:
+    """Two tensors read together (K and V, their scale buffers) must have one shape."""
+    if tuple(a.shape) != tuple(b.shape):
+        raise ValueError(f"{a_name} and {b_name} must have the same shape{why}, got {tuple(a.shape)} and "
+                         f"{tuple(b.shape)}")
+
+
+def require_entries(t, name: str, count: int, counted: str, *, at_least: bool = False) -> None:
+    """A per-request array (a tensor's first dimension, or a sequence's length) must hold ``count`` entries, one
+    per ``counted`` (``at_least``: ``count`` or more, a host's padded buffer), checked where the count and the
+    array meet, before anything indexes one by the other."""
+    n = t.shape[0] if isinstance(t, torch.Tensor) and t.dim() else len(t)
+    if n < count or (n != count and not at_least):
+        shape = f" (shape {tuple(t.shape)})" if isinstance(t, torch.Tensor) else ""
+        raise ValueError(f"{name} must be {'at least ' if at_least else ''}{count} entries long, one per {counted}, "
+                         f"got {n}{shape}")
+
+
 FLOAT32_MAX = 3.4028234663852886e38  # the kernels compute in float32: a larger "finite" value is an inf there
 FLOAT32_TINY = 1.1754943508222875e-38  # float32's smallest normal: a positive scale below it is 0 or subnormal there
 
@@ -74,8 +184,7 @@ def require_slots(slots, name: str, num_slots: int, distinct: bool = False, wher
     the padding sink, slots ``[0, padding_slots)`` (slot 0; vLLM's null block is a whole block), which are never
     read (one write must not store two values in one slot: which one lands would depend on the device). One device
     read for the range and the duplicates together (a device tensor's every read waits for the GPU)."""
-    if not isinstance(slots, torch.Tensor):
-        raise TypeError(f"{name} must be a 1-D int32/int64 tensor of slot ids, got {_describe(slots)}")
+    require_tensor(slots, name, "a 1-D int32/int64 tensor of slot ids", show_value=True)
     if slots.dtype not in INDEX_DTYPES:
         raise TypeError(f"{name} must be int32 or int64 slot ids, got {slots.dtype}")
     if slots.dim() != 1:
@@ -112,7 +221,8 @@ def require_slots_once(slots, name: str, num_slots: int, distinct: bool = False,
     bench/results/current/sglang-h200/speed/call-fast-plan/README.md). A write that bypasses torch's version counter
     (a kernel storing through the tensor's pointer) is not seen: SGLang builds a new ``out_cache_loc`` per eager
     batch, and its graph buffers are stored through unchecked (``kv_views.store_kv_unchecked``)."""
-    if not isinstance(slots, torch.Tensor) or slots.dtype not in INDEX_DTYPES or slots.dim() != 1:
+    if not isinstance(slots, torch.Tensor) or slots.dtype not in INDEX_DTYPES or slots.dim() != 1 \
+            or slots.device.type == "meta":
         return require_slots(slots, name, num_slots, distinct, where, padding_slots)  # its TypeError/ValueError
     key = (slots._version, slots.data_ptr(), tuple(slots.shape), num_slots, distinct, padding_slots)
     seen = _checked_slots.get(id(slots))

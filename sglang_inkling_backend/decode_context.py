@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from .checks import require_entries
 from .layer_plan import LayerPlan
 
 MISSING_FULL_MAP_ERROR = ("BatchedDecodeContext requires full_kv_pool_index_by_layer when the fused AOT RoPE + "
@@ -75,6 +76,11 @@ class BatchedDecodeContext:
         except TypeError:
             raise TypeError(f"attention_layer_caches must be a list (one entry per attention layer), got "
                             f"{type(self.attention_layer_caches).__name__}") from None
+        for i, caches in enumerate(self.attention_layer_caches):  # [attention index][request]: cache_for indexes both
+            if not hasattr(caches, "__len__") or not hasattr(caches, "__getitem__"):
+                raise TypeError(f"attention_layer_caches[{i}] must be a list of the layer's caches, one per request, "
+                                f"got {type(caches).__name__}")
+            require_entries(caches, f"attention_layer_caches[{i}]", self.batch_size, "request (seq_lens)")
         if not callable(self.mask_factory):
             raise TypeError(f"mask_factory must be callable (rows -> keep-mask), got "
                             f"{type(self.mask_factory).__name__}")

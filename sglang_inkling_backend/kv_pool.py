@@ -15,7 +15,8 @@ from typing import Any, Callable, Optional, Sequence, Union
 import torch
 
 from . import kv_views, mxfp8
-from .checks import require_positive_int, require_positive_real, require_slots, require_slots_once
+from .checks import (require_device, require_pin_memory, require_positive_int, require_positive_real, require_slots,
+                     require_slots_once, require_tensor)
 from .layer_plan import LayerPlan
 from .attention_inputs import PagedKV
 from .scale_layout import ScaleLayout
@@ -65,11 +66,7 @@ class InklingKVPool:
                 mxfp8.require_head_dim(plan.spec(layer_id).head_dim, f"layer {layer_id}'s head_dim")
         self.plan, self.size, self.page_size, self.kv_format = plan, size, page_size, kv_format
         self.swa_size = swa_size if swa_size is not None else size
-        try:
-            self.device = torch.device(device)
-        except (RuntimeError, TypeError) as err:
-            raise ValueError(f"device must be a torch device or its name (e.g. 'cpu', 'cuda:0'), got {device!r}") \
-                from err
+        self.device = require_device(device, "device")  # before the first allocation
         self.k_scale, self.v_scale = float(k_scale), float(v_scale)
         self.store_dtype = mxfp8.STORAGE_DTYPE[kv_format]
         # A route's fused store (``fused_store(kv, loc, k, v, validate=False)``, e.g. the Triton ``store_kv``), given
@@ -139,8 +136,7 @@ class InklingKVPool:
     def _check_values(self, layer: LayerKV, n: int, **values) -> None:
         hkv, d = layer.k.shape[1:]
         for name, t in values.items():
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            require_tensor(t, name)
             if tuple(t.shape) not in ((n, hkv, d), (n, hkv * d)):
                 raise ValueError(f"{name} must hold [{n}, Hkv={hkv}, D={d}] values (or [{n}, {hkv * d}]), "
                                  f"got shape {tuple(t.shape)}")
@@ -191,9 +187,7 @@ class InklingKVPool:
             if t.dtype not in (mxfp8.DATA_DTYPE, torch.uint8):
                 raise TypeError(f"{name} must be float8_e4m3fn (or its uint8 bytes), got {t.dtype}")
         for name, t in (("k_scales", k_scales), ("v_scales", v_scales)):
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"{name} must be a uint8 / float8_e8m0fnu tensor of UE8M0 bytes, got "
-                                f"{type(t).__name__}")
+            require_tensor(t, name, "a uint8 / float8_e8m0fnu tensor of UE8M0 bytes")
             if t.dtype not in mxfp8.SCALE_DTYPES:
                 raise TypeError(f"{name} must be uint8 or float8_e8m0fnu (UE8M0 bytes), got {t.dtype}")
             if tuple(t.shape) not in ((n, hkv, nb), (n, hkv * nb)):
@@ -262,6 +256,7 @@ class HostKVTier:
             raise TypeError(f"pool must be an InklingKVPool, got {type(pool).__name__}")
         if isinstance(num_pages, bool) or not isinstance(num_pages, int) or num_pages <= 0:
             raise ValueError(f"num_pages must be a positive int, got {num_pages!r}")
+        require_pin_memory(pin_memory)
         self.pool, self.num_pages, self.page_size = pool, num_pages, pool.page_size
         self.layer_ids = list(layer_ids) if layer_ids is not None else list(pool.layers)
         P = pool.page_size
@@ -277,9 +272,10 @@ class HostKVTier:
                 self.scales[layer_id] = (make(sshape, torch.uint8), make(sshape, torch.uint8))
 
     def _pages(self, pages: torch.Tensor, limit: int, name: str, distinct: bool) -> torch.Tensor:
-        if not isinstance(pages, torch.Tensor) or pages.dtype not in (torch.int32, torch.int64) or pages.dim() != 1:
-            raise TypeError(f"{name} must be a 1-D int32/int64 tensor of page ids, got "
-                            f"{pages.dtype if isinstance(pages, torch.Tensor) else type(pages).__name__}")
+        require_tensor(pages, name, "a 1-D int32/int64 tensor of page ids")
+        if pages.dtype not in (torch.int32, torch.int64) or pages.dim() != 1:
+            raise TypeError(f"{name} must be a 1-D int32/int64 tensor of page ids, got {pages.dtype} "
+                            f"{tuple(pages.shape)}")
         if pages.numel() and (int(pages.min()) < 0 or int(pages.max()) >= limit):
             raise ValueError(f"{name} must be pages in [0, {limit}), got [{int(pages.min())}, {int(pages.max())}]")
         if distinct and torch.unique(pages).numel() != pages.numel():
@@ -299,6 +295,8 @@ class HostKVTier:
         self._copy(device_pages, host_pages, to_host=False)
 
     def _copy(self, device_pages: torch.Tensor, host_pages: torch.Tensor, to_host: bool) -> None:
+        for name, pages in (("device_pages", device_pages), ("host_pages", host_pages)):
+            require_tensor(pages, name, "a 1-D int32/int64 tensor of page ids")
         if device_pages.shape != host_pages.shape:
             raise ValueError(f"device_pages and host_pages must have one shape, got {tuple(device_pages.shape)} "
                              f"and {tuple(host_pages.shape)}")

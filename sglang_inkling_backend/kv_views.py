@@ -16,6 +16,7 @@ import torch
 
 from sglang_inkling_backend import mxfp8
 from sglang_inkling_backend.attention_inputs import PagedKV
+from sglang_inkling_backend.checks import require_tensor
 from sglang_inkling_backend.scale_layout import ScaleLayout
 
 
@@ -34,6 +35,8 @@ def dequantize_query(q: torch.Tensor, num_heads: int, head_dim: int,
                      q_descale: Optional[torch.Tensor]) -> torch.Tensor:
     """``q [T, Hq * D]`` (or ``[T, Hq, D]``) as ``[T, Hq, D]``; an e4m3 q (the Inkling model's MXFP8 q) is
     dequantized with its UE8M0 block scales ``q_descale [T, Hq, D // 32]`` (any shape of that many bytes)."""
+    if isinstance(q, torch.Tensor):
+        require_tensor(q, "q", f"[tokens, {num_heads * head_dim}] or [tokens, {num_heads}, {head_dim}]")
     if not isinstance(q, torch.Tensor) or q.dim() not in (2, 3) or math.prod(q.shape[1:]) != num_heads * head_dim:
         desc = tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__
         raise ValueError(f"q must be [tokens, {num_heads * head_dim}] or [tokens, {num_heads}, {head_dim}] (the "
@@ -52,6 +55,8 @@ def dequantize_query(q: torch.Tensor, num_heads: int, head_dim: int,
         return q3
     if q_descale is None:
         raise ValueError("q arrived as float8_e4m3fn without q_descale (its MXFP8 block scales)")
+    if isinstance(q_descale, torch.Tensor):
+        require_tensor(q_descale, "q_descale", "a tensor of UE8M0 bytes")
     if not isinstance(q_descale, torch.Tensor) or q_descale.numel() != rows * num_heads * (head_dim // mxfp8.BLOCK):
         desc = tuple(q_descale.shape) if isinstance(q_descale, torch.Tensor) else type(q_descale).__name__
         raise ValueError(f"q_descale must hold {rows * num_heads * (head_dim // mxfp8.BLOCK)} UE8M0 bytes (one per 32 "
@@ -66,9 +71,15 @@ def paged_kv(kv_format: str, k_buffer: torch.Tensor, v_buffer: torch.Tensor, *, 
     """One layer's pool buffers as a ``PagedKV`` for the routes."""
     if kv_format not in mxfp8.KV_FORMATS:
         raise ValueError(f"kv_format must be one of {mxfp8.KV_FORMATS}, got {kv_format!r}")
+    for name, t in (("k_buffer", k_buffer), ("v_buffer", v_buffer)):
+        require_tensor(t, name, "a 3-D tensor [slots, Hkv, D]")
     if kv_format == "mxfp8":
         if k_scales is None or v_scales is None:
             raise ValueError("an mxfp8 pool layer needs its scale buffers (get_kv_scale_buffer)")
+        for name, t in (("k_scales", k_scales), ("v_scales", v_scales)):
+            require_tensor(t, name, "a scale buffer of UE8M0 bytes")
+        if k_buffer.dim() != 3:
+            raise ValueError(f"k_buffer must be a 3-D tensor [slots, Hkv, D], got {tuple(k_buffer.shape)}")
         slots, hkv, d = k_buffer.shape
         layout = ScaleLayout.for_pool(slots, hkv, d, page_size)
         return PagedKV(k_buffer, v_buffer, k_scales.view(torch.uint8), v_scales.view(torch.uint8), layout)

@@ -23,6 +23,7 @@ import torch
 
 from sglang_inkling_backend import kv_views
 from sglang_inkling_backend.attention_inputs import FLOAT_KV_DTYPES, AttentionParams, PagedKV, SpecVerify
+from sglang_inkling_backend.checks import require_tensor
 from sglang_inkling_backend.layer_plan import LayerSpec
 from sglang_inkling_backend.rails import KVPages, KVRails
 from sglang_inkling_backend.step_plans import check_extend_keys
@@ -106,16 +107,21 @@ def attend(route, spec: LayerSpec, q3: torch.Tensor, kv: PagedKV, keys: StepKeys
     one per query row) for the extend rows to read their own keys from, not from the pool (``forward_rows_keys``);
     decode rows always read the pool. ``verify``: the extend rows are a speculative verify step's draft tokens
     (one tree per extend request); refused, before any route is called, by a route without ``serves_verify``."""
+    require_tensor(q3, "q", "a [rows, Hq, D] tensor")
     rows, nd = q3.shape[0], keys.num_decode_rows
     if forward_kv is not None:
         want = (rows, spec.num_kv_heads, spec.head_dim)
         for name, t in zip(("forward_kv[0] (k)", "forward_kv[1] (v)"), forward_kv):
+            if isinstance(t, torch.Tensor):
+                require_tensor(t, name, f"a bf16/fp16/fp32 tensor of shape {want}")
             if not isinstance(t, torch.Tensor) or t.dtype not in FLOAT_KV_DTYPES or tuple(t.shape) != want:
                 desc = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
                 raise ValueError(f"{name} must be a bf16/fp16/fp32 tensor of shape {want} (one row per query row), "
                                  f"got {desc}")
     if not 0 <= nd <= rows:
         raise ValueError(f"num_decode_rows must lie in [0, {rows}] (the query's rows), got {nd}")
+    if out is not None:
+        require_tensor(out, "out", f"a floating-point tensor of the query's shape {tuple(q3.shape)}")
     if out is not None and tuple(out.shape) != tuple(q3.shape):
         raise ValueError(f"out must have the query's shape {tuple(q3.shape)}, got {tuple(out.shape)}")
     if out is not None and not out.is_floating_point():

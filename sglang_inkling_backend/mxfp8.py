@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from .checks import require_positive_int, require_positive_real
+from .checks import require_positive_int, require_positive_real, require_tensor
 
 BLOCK = 32
 E4M3_MAX = 448.0
@@ -91,8 +91,7 @@ def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize ``x [..., D]`` (any float dtype; bf16 in the KV path) to ``(data float8_e4m3fn [..., D],
     scales uint8 [..., D // 32])``. Finite values past ``LARGEST_ROUND_TRIP`` saturate to it; a block holding a NaN
     or an infinity is all NaN."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    require_tensor(x, "x")
     if not x.is_floating_point():
         raise TypeError(f"x must be a floating-point tensor, got {x.dtype}")
     d = _check_last_dim(x, "x")
@@ -115,8 +114,7 @@ def dequantize(data: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = to
     """``data [..., D]`` (float8_e4m3fn, or its uint8 bytes) times ``2**(scales - 127)`` per 32-block, as
     ``dtype`` (a floating dtype)."""
     for name, t in (("data", data), ("scales", scales)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        require_tensor(t, name)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point or dtype.itemsize == 1:
         raise TypeError(f"dtype must be a bf16/fp16/fp32/fp64 torch.dtype, got {dtype!r}")
     if data.dtype == torch.uint8:
@@ -139,9 +137,8 @@ def quantize_per_tensor(x: torch.Tensor, scale: float) -> torch.Tensor:
     """Per-tensor fp8 e4m3 (the format FlashInfer and SGLang's fp8 KV use): ``e4m3_rne(x / scale)``, saturating at
     +-448 rather than overflowing to NaN (a per-tensor scale is a calibration, not a guarantee). ``scale`` must be
     finite and > 0 (0 would divide by zero, a negative scale flip every sign)."""
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        raise TypeError(f"x must be a floating-point torch.Tensor, got "
-                        f"{x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}")
+    if not require_tensor(x, "x", "a floating-point torch.Tensor").is_floating_point():
+        raise TypeError(f"x must be a floating-point torch.Tensor, got {x.dtype}")
     scale = require_positive_real(scale, "scale")
     return (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(DATA_DTYPE)
 

@@ -23,6 +23,8 @@ from typing import Callable, Optional
 
 import torch
 
+from sglang_inkling_backend.checks import require_tensor
+
 INDEX_DTYPE = torch.int64
 PAGE_ID_DTYPE = torch.int32
 
@@ -36,6 +38,10 @@ class KVRails:
     indices: torch.Tensor  # int64 [>= nnz]
     dense: bool = False  # indices are 0..nnz-1: a reader may take the buffers' first nnz rows as they are
 
+    def __post_init__(self):  # tensors holding data (no device read); their dtypes and values are the readers'
+        require_tensor(self.indptr, "indptr", "a 1-D integer tensor (the rails' offsets)")
+        require_tensor(self.indices, "indices", "a 1-D integer tensor of pool slots")
+
 
 @dataclass
 class KVPages:
@@ -46,12 +52,16 @@ class KVPages:
     seq_lens: torch.Tensor  # int64 [B]: keys per request, the query's own included
     page_size: int
 
+    def __post_init__(self):  # tensors holding data (no device read); the rest is the readers' (check_page_table)
+        require_tensor(self.page_table, "page_table", "a 2-D integer tensor of page ids")
+        require_tensor(self.seq_lens, "seq_lens", "a 1-D integer tensor of key counts")
+
 
 def _require_int_tensor(t, name: str) -> None:
-    """An integer (not bool) tensor: a dtype check, no host sync."""
-    if not isinstance(t, torch.Tensor) or t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-        desc = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
-        raise TypeError(f"{name} must be an integer tensor, got {desc}")
+    """An integer (not bool) tensor holding data: a dtype check, no host sync."""
+    require_tensor(t, name, "an integer tensor")
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor, got {t.dtype}")
 
 
 def check_token_table(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, *,
@@ -81,6 +91,8 @@ def window_start(seq_lens: torch.Tensor, query_lens: torch.Tensor, window: int) 
         raise TypeError(f"window must be an int (visible keys), got {window!r} ({type(window).__name__})")
     if window < 1:
         raise ValueError(f"window must be >= 1 visible key, got {window}")
+    _require_int_tensor(seq_lens, "seq_lens")
+    _require_int_tensor(query_lens, "query_lens")
     return torch.clamp(seq_lens - query_lens - (window - 1), min=0)
 
 
@@ -112,7 +124,8 @@ def gather_rails(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq
 def check_host_lengths(seq_lens_host: torch.Tensor, batch: int, max_len: int) -> None:
     """A host's key counts for a decode batch: a 1-D int32/int64 CPU tensor of ``batch`` entries in
     ``[1, max_len]`` (checked on the host: no device read)."""
-    if not isinstance(seq_lens_host, torch.Tensor) or seq_lens_host.device.type != "cpu" or seq_lens_host.dim() != 1 \
+    require_tensor(seq_lens_host, "seq_lens_host", "a 1-D int32/int64 CPU tensor")
+    if seq_lens_host.device.type != "cpu" or seq_lens_host.dim() != 1 \
             or seq_lens_host.dtype not in (torch.int32, torch.int64):
         desc = (f"{seq_lens_host.dtype} {tuple(seq_lens_host.shape)} on {seq_lens_host.device}"
                 if isinstance(seq_lens_host, torch.Tensor) else type(seq_lens_host).__name__)
@@ -167,13 +180,14 @@ def translate_rails(rails: KVRails, full_to_swa: Optional[torch.Tensor], *, chec
     """Full-pool slots -> sliding-window sub-pool slots (SGLang's ``full_to_swa_index_mapping``). ``check`` reads
     the rails' largest slot back (one sync) to refuse a map that does not cover it; pass False only where the caller
     has checked the slots against a map it knows covers the pool."""
+    if not isinstance(rails, KVRails):
+        raise TypeError(f"rails must be KVRails, got {type(rails).__name__}")
     if full_to_swa is None:
         return rails
-    if not isinstance(full_to_swa, torch.Tensor) or full_to_swa.dim() != 1 \
-            or full_to_swa.dtype not in (torch.int32, torch.int64):
-        desc = f"{full_to_swa.dtype} {tuple(full_to_swa.shape)}" if isinstance(full_to_swa, torch.Tensor) \
-            else type(full_to_swa).__name__
-        raise TypeError(f"full_to_swa must be a 1-D int32/int64 map from full-pool slots, got {desc}")
+    require_tensor(full_to_swa, "full_to_swa", "a 1-D int32/int64 map from full-pool slots")
+    if full_to_swa.dim() != 1 or full_to_swa.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"full_to_swa must be a 1-D int32/int64 map from full-pool slots, got {full_to_swa.dtype} "
+                        f"{tuple(full_to_swa.shape)}")
     if check and rails.indices.numel():
         low, high = int(rails.indices.min()), int(rails.indices.max())
         if low < 0 or high >= full_to_swa.numel():
@@ -189,11 +203,13 @@ def page_table(token_to_slot: torch.Tensor, rows: torch.Tensor, page_size: int,
     ``page_size``. Entries past a request's length are whatever the table holds there; kernels read only
     ``cdiv(seq_len, page_size)`` pages of each row. ``check`` reads ``rows`` back (one sync) to refuse a row outside
     the table; with False (the caller ran ``check_token_table``) there is no host sync."""
+    _require_int_tensor(token_to_slot, "token_to_slot")
     if token_to_slot.dim() != 2:
         raise ValueError(f"token_to_slot must be 2-D [max_reqs, max_len], got shape {tuple(token_to_slot.shape)}")
-    if not isinstance(rows, torch.Tensor) or rows.dim() != 1 or rows.dtype not in (torch.int32, torch.int64):
-        desc = f"{rows.dtype} {tuple(rows.shape)}" if isinstance(rows, torch.Tensor) else type(rows).__name__
-        raise TypeError(f"rows must be a 1-D int32/int64 tensor of token_to_slot's rows, got {desc}")
+    require_tensor(rows, "rows", "a 1-D int32/int64 tensor of token_to_slot's rows")
+    if rows.dim() != 1 or rows.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"rows must be a 1-D int32/int64 tensor of token_to_slot's rows, got {rows.dtype} "
+                        f"{tuple(rows.shape)}")
     if check and rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= token_to_slot.shape[0]):
         raise ValueError(f"rows must be rows of token_to_slot in [0, {token_to_slot.shape[0]}), got "
                          f"[{int(rows.min())}, {int(rows.max())}]")
@@ -211,11 +227,10 @@ def block_table_token_table(block_table: torch.Tensor, block_size: int) -> torch
     """A token-to-slot table ``[B, max_blocks * block_size]`` (int64) from a block table ``[B, max_blocks]`` (vLLM's
     ``block_table_tensor``): position ``p`` of request ``b`` is slot ``block_table[b, p // block_size] * block_size
     + p % block_size``. It feeds ``gather_rails`` with ``rows = arange(B)``. No host sync."""
-    if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2 \
-            or block_table.dtype not in (torch.int32, torch.int64):
-        desc = f"{tuple(block_table.shape)} {block_table.dtype}" if isinstance(block_table, torch.Tensor) \
-            else type(block_table).__name__
-        raise TypeError(f"block_table must be a 2-D int32/int64 tensor [batch, max_blocks], got {desc}")
+    require_tensor(block_table, "block_table", "a 2-D int32/int64 tensor [batch, max_blocks]")
+    if block_table.dim() != 2 or block_table.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"block_table must be a 2-D int32/int64 tensor [batch, max_blocks], got "
+                        f"{tuple(block_table.shape)} {block_table.dtype}")
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
         raise ValueError(f"block_size must be a positive int, got {block_size!r}")
     offsets = torch.arange(block_size, dtype=INDEX_DTYPE, device=block_table.device)

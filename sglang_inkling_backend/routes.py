@@ -82,6 +82,8 @@ class TorchRoute:
     def extend(self, q: torch.Tensor, kv: PagedKV, rails: KVRails, qo_indptr: torch.Tensor,
                params: AttentionParams, *, plans: Optional[DecodePlanCache] = None,
                verify: Optional[SpecVerify] = None, workspace=None) -> torch.Tensor:
+        if not isinstance(rails, KVRails):
+            raise TypeError(f"the torch route reads per-token rails (KVRails), got {type(rails).__name__}")
         if not rails.dense:  # ``workspace`` is unused: the reference allocates per call
             kv, rails = gather_rails_kv(kv, rails)
         return reference.paged_extend_attention(q, kv, rails.indptr, rails.indices, qo_indptr, params, verify)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .checks import require_positive_int, require_slots
+from .checks import require_device, require_positive_int, require_slots, require_tensor
 from .mxfp8 import BLOCK, SCALE_DTYPE, SCALE_DTYPES, require_head_dim
 
 INTERLEAVED_PAGE_SIZE = 128
@@ -22,20 +22,23 @@ ROWS_PER_ATOM = 32  # the interleaved atom stores 32 tokens x (page // 32) colum
 
 @dataclass(frozen=True)
 class ScaleLayout:
+    """Checked however it is built (``ScaleLayout(...)`` or ``for_pool``): every index below assumes these."""
     num_slots: int  # data rows, slot 0 included (SGLang: size + page_size)
     num_kv_heads: int
     head_dim: int
     page_size: int
 
+    def __post_init__(self):
+        for name in ("num_slots", "num_kv_heads", "head_dim", "page_size"):
+            require_positive_int(getattr(self, name), name)
+        require_head_dim(self.head_dim)
+        if self.page_size == INTERLEAVED_PAGE_SIZE and self.num_slots % self.page_size:
+            raise ValueError(f"num_slots must be a multiple of page_size={self.page_size} for the interleaved "
+                             f"layout, got {self.num_slots}")
+
     @classmethod
     def for_pool(cls, num_slots: int, num_kv_heads: int, head_dim: int, page_size: int) -> "ScaleLayout":
-        for name, value in (("num_slots", num_slots), ("num_kv_heads", num_kv_heads),
-                            ("head_dim", head_dim), ("page_size", page_size)):
-            require_positive_int(value, name)
-        require_head_dim(head_dim)
-        if page_size == INTERLEAVED_PAGE_SIZE and num_slots % page_size:
-            raise ValueError(f"num_slots must be a multiple of page_size={page_size} for the interleaved layout, "
-                             f"got {num_slots}")
+        """The layout of a pool of ``num_slots`` slots (the constructor, named for its callers)."""
         return cls(num_slots, num_kv_heads, head_dim, page_size)
 
     @property
@@ -66,7 +69,7 @@ class ScaleLayout:
 
     def empty(self, device: torch.device | str = "cpu") -> torch.Tensor:
         """A zeroed scale buffer (0xFF would be UE8M0 NaN, so never uninitialised memory)."""
-        return torch.zeros(self.shape, dtype=SCALE_DTYPE, device=device)
+        return torch.zeros(self.shape, dtype=SCALE_DTYPE, device=require_device(device))
 
     def check_slots(self, slots: torch.Tensor, name: str = "slots", distinct: bool = False) -> torch.Tensor:
         return require_slots(slots, name, self.num_slots, distinct)
@@ -87,8 +90,7 @@ class ScaleLayout:
         return (((page * hkv + head) * ROWS_PER_ATOM + po % ROWS_PER_ATOM) * cols + po // ROWS_PER_ATOM) * nb + block
 
     def check_buffer(self, sf: torch.Tensor, name: str = "sf") -> None:
-        if not isinstance(sf, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor scale buffer, got {type(sf).__name__}")
+        require_tensor(sf, name, "a torch.Tensor scale buffer")
         if sf.dtype not in SCALE_DTYPES:
             raise TypeError(f"{name} must be uint8 or float8_e8m0fnu, got {sf.dtype}")
         if tuple(sf.shape) != self.shape:
@@ -106,9 +108,8 @@ class ScaleLayout:
         """Write ``scales [N, Hkv, D // 32]`` (uint8 or float8_e8m0fnu) at distinct ``slots`` (slot 0, the padding
         sink, may repeat), in place. ``check=False`` skips the slot checks (range, distinct), as in ``flat_index``."""
         self.check_buffer(sf)
-        if not isinstance(scales, torch.Tensor) or scales.dtype not in SCALE_DTYPES:
-            raise TypeError(f"scales must be a uint8 / float8_e8m0fnu tensor of UE8M0 bytes, got "
-                            f"{scales.dtype if isinstance(scales, torch.Tensor) else type(scales).__name__}")
+        if require_tensor(scales, "scales", "a uint8 / float8_e8m0fnu tensor of UE8M0 bytes").dtype not in SCALE_DTYPES:
+            raise TypeError(f"scales must be a uint8 / float8_e8m0fnu tensor of UE8M0 bytes, got {scales.dtype}")
         if check:
             slots = self.check_slots(slots, distinct=True)
         index = self.flat_index(slots, check=False)

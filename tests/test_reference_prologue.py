@@ -387,7 +387,9 @@ ERROR_CASES = [
      "log_scaling_tau must have at least T=4"),
     ("tau dtype", False, lambda a: a.update(log_scaling_tau=torch.ones(4, dtype=torch.int32)), TypeError,
      "log_scaling_tau must be a float tensor"),
-    ("device", False, lambda a: a.update(loc=a["loc"].to("meta")), ValueError, "all tensors must share a device"),
+    # a tensor on the meta device holds no data: refused by name (checks.require_tensor) before the device check
+    ("device", False, lambda a: a.update(loc=a["loc"].to("meta")), ValueError,
+     "loc must be a torch.Tensor holding data, got a tensor on the meta device"),
 ]
 
 

@@ -289,7 +289,8 @@ def test_a_uniform_verify_reads_nothing_and_checks_shapes_only():
         (ValueError, "depths must be 1-D with 6 entries", (bad_tree, ptr, depths.view(2, 3), d, b)),
         (ValueError, "draft_len must be", (bad_tree, ptr, depths, 0, b)),
         (ValueError, "batch must be", (bad_tree, ptr, depths, d, 0)),
-        (ValueError, r"depths must be on cpu \(tree_mask's device\), got meta",
+        # a tensor on the meta device holds no data: refused by name (checks.require_tensor) before the device check
+        (ValueError, r"depths must be a torch.int64 tensor holding data, got a tensor on the meta device",
          (bad_tree, ptr, depths.to("meta"), d, b)),
     ]
     for error, message, args in cases:

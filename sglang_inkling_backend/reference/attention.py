@@ -24,14 +24,15 @@ from typing import Optional
 
 import torch
 
-from ..attention_inputs import AttentionParams, PagedKV, SpecVerify
+from ..attention_inputs import AttentionParams, PagedKV, SpecVerify, check_rel_bias
+from ..checks import require_extents, require_tensor
 
 
 def _check_indices(kv: PagedKV, kv_indptr: torch.Tensor, kv_indices: torch.Tensor, batch: int) -> None:
     if not isinstance(kv, PagedKV):
         raise TypeError(f"kv must be a PagedKV, got {type(kv).__name__}")
     for name, t in (("kv_indptr", kv_indptr), ("kv_indices", kv_indices)):
-        if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int32, torch.int64) or t.dim() != 1:
+        if require_tensor(t, name, "a 1-D int32/int64 tensor").dtype not in (torch.int32, torch.int64) or t.dim() != 1:
             raise TypeError(f"{name} must be a 1-D int32/int64 tensor")
     if kv_indptr.numel() != batch + 1:
         raise ValueError(f"kv_indptr must have batch + 1 = {batch + 1} entries, got {kv_indptr.numel()}")
@@ -52,14 +53,16 @@ def _check_query(q: torch.Tensor, kv: PagedKV, params: AttentionParams) -> None:
     if not isinstance(q, torch.Tensor) or not q.is_floating_point() or q.dim() != 3:
         raise ValueError(f"q must be a floating-point [rows, Hq, D] tensor, got "
                          f"{tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__}")
+    require_tensor(q, "q", "a floating-point [rows, Hq, D] tensor")
+    require_extents(q, "q", (None, "Hq (query heads)", "D (head_dim)"))
     rows, hq, d = q.shape
     if d != kv.head_dim:
         raise ValueError(f"q's head_dim {d} does not match the pool's {kv.head_dim}")
     if hq % kv.num_kv_heads:
         raise ValueError(f"q's head count {hq} must be a multiple of the pool's KV heads {kv.num_kv_heads}")
-    if params.rel_bias is not None and (params.rel_bias.dim() != 3 or tuple(params.rel_bias.shape[:2]) != (rows, hq)):
-        raise ValueError(f"rel_bias must have shape [{rows}, {hq}, rel_extent], got {tuple(params.rel_bias.shape)}")
-    if params.sinks is not None and tuple(params.sinks.shape) != (hq,):
+    if params.rel_bias is not None:
+        check_rel_bias(require_tensor(params.rel_bias, "rel_bias"), rows, hq)
+    if params.sinks is not None and tuple(require_tensor(params.sinks, "sinks").shape) != (hq,):
         raise ValueError(f"sinks must have shape [{hq}], got {tuple(params.sinks.shape)}")
 
 
@@ -122,8 +125,8 @@ def paged_extend_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: torch.Tensor
     _check_query(q, kv, params)
     if verify is not None and not isinstance(verify, SpecVerify):
         raise TypeError(f"verify must be None or a SpecVerify, got {type(verify).__name__}")
-    if not isinstance(qo_indptr, torch.Tensor) or qo_indptr.dim() != 1 or qo_indptr.dtype not in (torch.int32,
-                                                                                                   torch.int64):
+    require_tensor(qo_indptr, "qo_indptr", "a 1-D int32/int64 tensor")
+    if qo_indptr.dim() != 1 or qo_indptr.dtype not in (torch.int32, torch.int64):
         raise TypeError("qo_indptr must be a 1-D int32/int64 tensor")
     batch = qo_indptr.numel() - 1
     if batch < 1:

@@ -56,7 +56,7 @@ from typing import Optional
 import torch
 
 from .. import mxfp8
-from ..checks import PADDING_SLOT
+from ..checks import PADDING_SLOT, require_tensor
 from ..scale_layout import INTERLEAVED_PAGE_SIZE, ScaleLayout
 
 HEAD_DIM = 128  # the fused prologue's only head size (SGLang's kHeadDim)
@@ -86,9 +86,7 @@ class PrologueGeometry:
 # --------------------------------------------------------------------------------------------------------------
 
 def _require_tensor(value, name: str) -> torch.Tensor:
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-    return value
+    return require_tensor(value, name)  # a tensor holding data (not on the meta device): checks.py's one rule
 
 
 def _require_dtype(t: torch.Tensor, name: str, dtypes) -> None:

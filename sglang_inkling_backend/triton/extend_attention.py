@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from ..attention_inputs import AttentionParams, PagedKV, SpecVerify
+from ..checks import require_device
 from .device import add_logit_bias, cap_logits, load_kv_tile, log2e, scale_logits
 from .inputs import (check_index_tensor, check_kv_map, check_query_and_pool, dot_dtype, kv_format_code, launch_scalars,
                      kv_data, launch_strides, scale_args, validate_page_table)
@@ -297,7 +298,7 @@ def verify_splits(batch: int, draft_len: int, num_q_heads: int, num_kv_heads: in
     block_m = _row_geometry(num_q_heads, num_kv_heads, block_rows)[2]
     # The interpreter runs programs one after another: plan as for 16 SMs (at most 8 splits for the CPU tests'
     # batches, each split still >= VERIFY_MIN_SPLIT_KEYS), not an H200's 132 (32 splits, 4x the programs to run).
-    sms = num_sms(device) if torch.device(device).type == "cuda" else 16
+    sms = num_sms(device) if require_device(device).type == "cuda" else 16
     return choose_verify_splits(batch * triton.cdiv(draft_len, block_m) * num_kv_heads, sms)
 
 

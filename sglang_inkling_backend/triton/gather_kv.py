@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from ..attention_inputs import FLOAT_KV_DTYPES, PagedKV
-from ..checks import require_slots
+from ..checks import require_slots, require_tensor
 from .device import load_kv_tile
 from .inputs import kv_data, kv_format_code, scale_args
 
@@ -60,7 +60,7 @@ def gather_kv(kv: PagedKV, slots: torch.Tensor, *, validate: bool = True, block_
         raise TypeError(f"kv must be a PagedKV, got {type(kv).__name__}")
     if validate:
         slots = require_slots(slots, "slots", kv.num_slots)
-    elif not isinstance(slots, torch.Tensor) or slots.dim() != 1:
+    elif require_tensor(slots, "slots", "a 1-D tensor").dim() != 1:
         raise ValueError("slots must be a 1-D tensor")
     if slots.device != kv.k_buffer.device:
         raise ValueError(f"slots must be on the pool's device {kv.k_buffer.device}, got {slots.device}")

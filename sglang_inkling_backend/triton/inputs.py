@@ -11,8 +11,8 @@ import torch
 import triton.language as tl
 
 from .. import mxfp8
-from ..attention_inputs import AttentionParams, PagedKV
-from ..checks import triton_head_dim_ok
+from ..attention_inputs import AttentionParams, PagedKV, check_rel_bias
+from ..checks import require_extents, require_tensor, triton_head_dim_ok
 from .device import KV_FLOAT, KV_FP8, KV_MXFP8
 from .plan import check_max_seq_len, e4m3_by_integers
 
@@ -69,10 +69,13 @@ def check_query_and_pool(q: torch.Tensor, kv: PagedKV, params: AttentionParams,
         raise TypeError(f"kv must be a PagedKV, got {type(kv).__name__}")
     if not isinstance(params, AttentionParams):
         raise TypeError(f"params must be an AttentionParams, got {type(params).__name__}")
+    if isinstance(q, torch.Tensor):
+        require_tensor(q, "q", "a [rows, Hq, D] bf16/fp16/fp32 tensor")
     if not isinstance(q, torch.Tensor) or q.dim() != 3 or q.dtype not in (torch.bfloat16, torch.float16,
                                                                           torch.float32):
         desc = f"{tuple(q.shape)} {q.dtype}" if isinstance(q, torch.Tensor) else type(q).__name__
         raise TypeError(f"q must be a [rows, Hq, D] bf16/fp16/fp32 tensor, got {desc}")
+    require_extents(q, "q", (None, "Hq (query heads)", None))
     rows, hq, d = q.shape
     if q.stride(-1) != 1:
         raise ValueError("q must be contiguous in its last (head_dim) dimension")
@@ -96,22 +99,23 @@ def check_query_and_pool(q: torch.Tensor, kv: PagedKV, params: AttentionParams,
                 raise ValueError(f"kv.{name} must be contiguous")
     if params.rel_bias is not None:
         rb = params.rel_bias
-        if rb.dim() != 3 or tuple(rb.shape[:2]) != (rows, hq) or rb.shape[2] < 1:
-            raise ValueError(f"params.rel_bias must have shape [{rows}, {hq}, rel_extent], got {tuple(rb.shape)}")
+        check_rel_bias(require_tensor(rb, "params.rel_bias"), rows, hq, "params.rel_bias")
         if rb.stride(-1) != 1 or rb.device != q.device:
             raise ValueError("params.rel_bias must be contiguous in its last dim and on q's device")
     if params.sinks is not None:
-        if tuple(params.sinks.shape) != (hq,) or params.sinks.device != q.device:
+        if tuple(require_tensor(params.sinks, "params.sinks").shape) != (hq,) or params.sinks.device != q.device:
             raise ValueError(f"params.sinks must have shape [{hq}] on q's device, got {tuple(params.sinks.shape)}")
     if out is not None:
-        if not isinstance(out, torch.Tensor) or tuple(out.shape) != (rows, hq, d) or out.stride(-1) != 1:
+        require_tensor(out, "out", f"a [{rows}, {hq}, {d}] tensor contiguous in its last dim")
+        if tuple(out.shape) != (rows, hq, d) or out.stride(-1) != 1:
             raise ValueError(f"out must be a [{rows}, {hq}, {d}] tensor contiguous in its last dim")
         if out.device != q.device or out.dtype not in (torch.bfloat16, torch.float16, torch.float32):
             raise ValueError("out must be bf16/fp16/fp32 on q's device")
 
 
 def check_index_tensor(name: str, t: torch.Tensor, device: torch.device) -> None:
-    if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.dtype not in (torch.int32, torch.int64):
+    require_tensor(t, name, "a 1-D int32/int64 tensor")
+    if t.dim() != 1 or t.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"{name} must be a 1-D int32/int64 tensor")
     if t.device != device:
         raise ValueError(f"{name} is on {t.device}, q on {device}")
@@ -132,6 +136,9 @@ def check_page_table(page_table: torch.Tensor, seq_lens: torch.Tensor, batch: in
                      kv: PagedKV, device: torch.device) -> None:
     """No-sync checks of a page table (``[batch, max_pages]`` int32 page ids, contiguous rows) and its
     ``seq_lens`` (``[batch]`` int32/int64)."""
+    for name, t in (("page_table", page_table), ("seq_lens", seq_lens)):
+        if isinstance(t, torch.Tensor):
+            require_tensor(t, name)
     if not isinstance(page_table, torch.Tensor) or page_table.dim() != 2 or page_table.dtype != torch.int32:
         desc = (f"{tuple(page_table.shape)} {page_table.dtype}" if isinstance(page_table, torch.Tensor)
                 else type(page_table).__name__)

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..checks import require_slots, triton_head_dim_ok
+from ..checks import require_slots, require_tensor, triton_head_dim_ok
 from ..attention_inputs import PagedKV
 from .device import scale_offsets
 from .encode import mxfp8_encode_blocks
@@ -96,15 +96,15 @@ def store_kv(kv: PagedKV, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor, v
 
 def _check_store_inputs(kv: PagedKV, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor, validate: bool):
     """The checks both stores make, before anything is written: ``k``/``v`` as ``[N, Hkv, D]`` views."""
-    if not isinstance(loc, torch.Tensor) or loc.dim() != 1 or loc.dtype not in (torch.int32, torch.int64):
+    require_tensor(loc, "loc", "a 1-D int32/int64 tensor of slot ids")
+    if loc.dim() != 1 or loc.dtype not in (torch.int32, torch.int64):
         raise TypeError("loc must be a 1-D int32/int64 tensor of slot ids")
     n, hkv, d = loc.numel(), kv.num_kv_heads, kv.head_dim
     if not triton_head_dim_ok(d):
         raise ValueError(f"head_dim must be a power of two >= 32 for the Triton store, got {d}")
     views = []
     for name, t in (("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        require_tensor(t, name)
         if t.dtype not in (torch.bfloat16, torch.float16, torch.float32):
             raise TypeError(f"{name} must be bf16/fp16/fp32, got {t.dtype}")
         if tuple(t.shape) not in ((n, hkv, d), (n, hkv * d)):

@@ -20,6 +20,7 @@ import torch
 import triton
 
 from .. import mxfp8
+from ..checks import require_device
 from ..scale_layout import INTERLEAVED_PAGE_SIZE
 
 MIN_SPLIT_TOKENS = 256  # fewer keys per split and the merge costs more than the parallelism gains
@@ -31,7 +32,7 @@ WINDOW_SLACK = 63  # page-aligned tiles start up to block_n - 1 (<= 63 for plann
 
 
 def num_sms(device: Optional[torch.device]) -> int:
-    if device is not None and torch.device(device).type == "cuda":
+    if device is not None and require_device(device).type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 132  # the interpreter: any number works, use an H200's
 
@@ -84,6 +85,7 @@ class DecodeWorkspace:
         for name, value in (("max_batch", max_batch), ("num_q_heads", num_q_heads), ("head_dim", head_dim),
                             ("max_splits", max_splits)):
             _positive_int(name, value)
+        device = require_device(device, "device (the DecodeWorkspace's)")  # before the allocation
         self.max_batch, self.num_q_heads, self.head_dim, self.max_splits = max_batch, num_q_heads, head_dim, max_splits
         rows = max_batch * num_q_heads * max_splits
         self.part_o = torch.empty(rows * head_dim, dtype=torch.float32, device=device)

@@ -29,7 +29,7 @@ from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 
-from sglang_inkling_backend import kv_views, layer_step, mxfp8
+from sglang_inkling_backend import checks, kv_views, layer_step, mxfp8
 from sglang_inkling_backend.hosts.sglang import call_args
 from sglang_inkling_backend.hosts.sglang.layers import layer_plan_of, radix_layers
 from sglang_inkling_backend.hosts.sglang.metadata import (DecodeGraphBuffers, InklingForwardMetadata,
@@ -99,7 +99,7 @@ class InklingAttnBackend(AttentionBackend):
     def __init__(self, model_runner):
         super().__init__()
         check_sglang_version()
-        self.device = torch.device(model_runner.device)
+        self.device = checks.require_device(model_runner.device, "model_runner.device")
         self.req_to_token_pool = model_runner.req_to_token_pool
         self.token_to_kv_pool = model_runner.token_to_kv_pool
         self.model_dtype = model_runner.dtype
@@ -367,6 +367,8 @@ class InklingAttnBackend(AttentionBackend):
         loc = KVWriteLoc.for_layer(forward_batch, layer, swa_loc=md.swa_out_cache_loc)
         n, hkv, d = forward_batch.out_cache_loc.numel(), spec.num_kv_heads, spec.head_dim
         for name, t in (("k", k), ("v", v)):
+            if isinstance(t, torch.Tensor):
+                checks.require_tensor(t, name, f"one [{hkv}, {d}] row per new token")
             if not isinstance(t, torch.Tensor) or t.numel() != n * hkv * d or (t.dim() and t.shape[0] != n):
                 desc = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
                 raise ValueError(f"{name} must hold one [{hkv}, {d}] row per new token ({n}, out_cache_loc's "

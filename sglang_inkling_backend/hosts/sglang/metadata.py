@@ -24,7 +24,7 @@ from typing import Callable, Iterable, Optional
 import torch
 
 from sglang_inkling_backend.attention_inputs import SpecVerify
-from sglang_inkling_backend.checks import PADDING_SLOT
+from sglang_inkling_backend.checks import PADDING_SLOT, require_device, require_tensor
 from sglang_inkling_backend.hosts.sglang.spec_verify import full_layout_tree_index
 from sglang_inkling_backend.rails import (INDEX_DTYPE, KVPages, KVRails, check_host_lengths, check_token_table,
                                           gather_rails_host_lengths, page_table, translate_rails, window_start)
@@ -113,6 +113,10 @@ def build_forward_metadata(req_to_token: torch.Tensor, req_pool_indices: torch.T
     batch's longest request) then sizes it. ``num_slots``: the pool's slots; the batch's ``req_to_token`` entries
     are checked to lie in it before any layer stores (one sync; eager steps only)."""
     check_token_table(req_to_token, req_pool_indices, seq_lens, ranges=False)  # types and shapes
+    for name, t in (("extend_seq_lens", extend_seq_lens), ("full_to_swa", full_to_swa),
+                    ("out_cache_loc", out_cache_loc)):
+        if t is not None:
+            require_tensor(t, name, "None or an integer tensor")
     device = req_to_token.device
     bs = seq_lens.numel()
     seq_lens = seq_lens.to(device=device, dtype=INDEX_DTYPE)
@@ -211,6 +215,7 @@ class DecodeGraphBuffers:
             raise ValueError(f"max_bs and max_context_len must be >= 1, got {max_bs} and {max_context_len}")
         if page_size is not None and (isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1):
             raise ValueError(f"page_size must be None or a positive int, got {page_size!r}")
+        device = require_device(device)  # before the first allocation
         self.max_bs = max_bs
         self.max_context_len = max_context_len
         self.page_size = page_size
@@ -247,6 +252,10 @@ class DecodeGraphBuffers:
         rows and table entries are SGLang's own (its eager steps check them); without it the lengths and rows are
         read back and checked (several syncs, each stalling the GPU until it drains). ``gather_slots`` (a route's
         ``gather_rail_slots``: one kernel; None: torch) gathers the rails' slots."""
+        check_token_table(req_to_token, req_pool_indices, seq_lens, ranges=False)  # types and shapes, first
+        for name, t in (("full_to_swa", full_to_swa), ("out_cache_loc", out_cache_loc)):
+            if t is not None:
+                require_tensor(t, name, "None or an integer tensor")
         bs = seq_lens.numel()
         if bs > self.max_bs:
             raise ValueError(f"batch of {bs} exceeds the graph buffers' max_bs {self.max_bs}")
@@ -303,6 +312,7 @@ class VerifyGraphBuffers:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if draft_len >= max_context_len:
             raise ValueError(f"draft_len ({draft_len}) must be below max_context_len ({max_context_len})")
+        device = require_device(device)  # before the first allocation
         self.max_bs, self.draft_len, self.max_context_len = max_bs, draft_len, max_context_len
         self.windows = sorted(set(windows))
         self.swa = swa
@@ -343,6 +353,11 @@ class VerifyGraphBuffers:
         the FULL layout (``[D, seq_len + D]`` per real request: gathered on the device; its prefix columns are not
         read, SGLang sets them all True), or None (the capture: the trees stay as they are). ``out_cache_loc``
         (hybrid SWA pools): the real rows' ``num_real * D`` write slots; the padding rows' SWA slots are 0."""
+        check_token_table(req_to_token, req_pool_indices, seq_lens, ranges=False)  # types and shapes, first
+        for name, t in (("positions", positions), ("mask", mask), ("full_to_swa", full_to_swa),
+                        ("out_cache_loc", out_cache_loc)):
+            if isinstance(t, torch.Tensor):
+                require_tensor(t, name)
         d, bs = self.draft_len, seq_lens.numel()
         if not 1 <= bs <= self.max_bs:
             raise ValueError(f"a verify batch of {bs} requests; the graph buffers hold 1 to {self.max_bs} (max_bs)")

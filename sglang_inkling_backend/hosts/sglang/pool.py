@@ -52,6 +52,7 @@ class InklingMHATokenToKVPool(MHATokenToKVPool):
             raise ValueError(f"the inkling KV pool needs v_head_dim == head_dim, got {v_head_dim} and {head_dim}")
         if kwargs.get("post_capture_active"):
             raise ValueError("the inkling KV pool does not support post-capture KV backing")
+        checks.require_device(device)  # before SGLang's pool sets up anything on it
         super().__init__(size, page_size, dtype, head_num, head_dim, layer_num, device, enable_memory_saver,
                          v_head_dim=v_head_dim, **kwargs)
 
@@ -193,6 +194,8 @@ class InklingMHATokenToKVPool(MHATokenToKVPool):
                 raise ValueError(f"kv_cache_cpu[{local}] must be [k, v, k_scales, v_scales]")
             buf = self.k_buffer[local]
             for name, t in zip(("k", "v"), entry[:2]):
+                if isinstance(t, torch.Tensor):  # a meta tensor would fail at its copy, after earlier layers' writes
+                    checks.require_tensor(t, f"kv_cache_cpu[{local}]'s {name}")
                 if not isinstance(t, torch.Tensor) or tuple(t.shape) != (n, *buf.shape[1:]) or t.dtype != buf.dtype:
                     raise ValueError(f"kv_cache_cpu[{local}]'s {name} must be {buf.dtype} of shape "
                                      f"{(n, *buf.shape[1:])}, got "
@@ -201,6 +204,8 @@ class InklingMHATokenToKVPool(MHATokenToKVPool):
                 layout = self.core.scale_layout(local)
                 want = (n, layout.num_kv_heads, layout.blocks_per_head)  # ScaleLayout.gather's shape
                 for name, t in zip(("k_scales", "v_scales"), entry[2:]):
+                    if isinstance(t, torch.Tensor):
+                        checks.require_tensor(t, f"kv_cache_cpu[{local}]'s {name}")
                     if not isinstance(t, torch.Tensor) or tuple(t.shape) != want or t.dtype != torch.uint8:
                         raise ValueError(f"kv_cache_cpu[{local}]'s {name} must be uint8 scale bytes of shape {want}, "
                                          f"got {f'{t.dtype} {tuple(t.shape)}' if isinstance(t, torch.Tensor) else t!r}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from sglang_inkling_backend.attention_inputs import SpecVerify
+from sglang_inkling_backend.checks import require_tensor
 
 
 def draft_count(spec_info) -> int:
@@ -28,6 +29,10 @@ def spec_verify_of(spec_info, seq_lens_host: torch.Tensor) -> SpecVerify:
     ints, the drafts excluded, as SGLang's ``seq_lens_cpu``). ValueError/TypeError naming what does not fit."""
     d = draft_count(spec_info)
     mask, positions = getattr(spec_info, "custom_mask", None), getattr(spec_info, "positions", None)
+    for name, t in (("spec_info.custom_mask", mask), ("spec_info.positions", positions)):
+        if isinstance(t, torch.Tensor):
+            require_tensor(t, name)
+    require_tensor(seq_lens_host, "seq_lens_host", "a 1-D tensor of cached keys per request")
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() != 1:
         raise TypeError(f"spec_info.custom_mask must be a 1-D bool tensor, got "
                         f"{f'{mask.dtype} {tuple(mask.shape)}' if isinstance(mask, torch.Tensor) else mask!r}")

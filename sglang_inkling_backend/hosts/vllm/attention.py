@@ -20,9 +20,8 @@ from sglang_inkling_backend.attention_inputs import PagedKV
 def _require_token_rows(t, name: str, n: int, counted_by: str, heads: int, head_dim: int) -> None:
     """``t`` a floating-point ``[tokens >= n, heads, head_dim]`` or ``[tokens >= n, heads * head_dim]`` tensor (vLLM
     pads its token buffers past the step's ``n`` rows, which ``counted_by`` names)."""
-    if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor, got "
-                        f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}")
+    if not checks.require_tensor(t, name, "a floating-point tensor").is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
     width = heads * head_dim
     if t.dim() not in (2, 3) or t.shape[0] < n or math.prod(t.shape[1:]) != width:
         raise ValueError(f"{name} must be [tokens >= {n} ({counted_by}), {heads}, {head_dim}] or [tokens, {width}], "
@@ -52,6 +51,8 @@ class LayerAttention:
         if not isinstance(model_dtype, torch.dtype) or not model_dtype.is_floating_point:
             raise TypeError(f"model_dtype must be a floating-point torch.dtype, got {model_dtype!r}")
         if sinks is not None:
+            if isinstance(sinks, torch.Tensor):
+                checks.require_tensor(sinks, "sinks", f"a floating-point tensor of shape [{spec.num_q_heads}]")
             if not isinstance(sinks, torch.Tensor) or not sinks.is_floating_point() or \
                     tuple(sinks.shape) != (spec.num_q_heads,):
                 desc = f"{sinks.dtype} {tuple(sinks.shape)}" if isinstance(sinks, torch.Tensor) \
@@ -73,6 +74,8 @@ class LayerAttention:
             self.spec = replace(self.spec, k_scale=k_scale, v_scale=v_scale)
 
     def paged_kv(self, kv_cache: torch.Tensor) -> PagedKV:
+        if isinstance(kv_cache, torch.Tensor):
+            checks.require_tensor(kv_cache, "kv_cache", "vLLM's 4-D per-layer view [num_blocks, H, N, C]")
         if not isinstance(kv_cache, torch.Tensor) or kv_cache.dim() != 4:
             desc = tuple(kv_cache.shape) if isinstance(kv_cache, torch.Tensor) else type(kv_cache).__name__
             raise ValueError(f"kv_cache must be vLLM's 4-D per-layer view [num_blocks, H, N, C], got {desc}")
@@ -89,11 +92,10 @@ class LayerAttention:
         block; ``key``/``value`` may have more rows, vLLM's padding, which are not written). Every argument is
         checked before the first write; the slots' values too (in the cache or -1, no slot twice) unless a CUDA graph
         is being captured (nothing can be read back then)."""
-        if not isinstance(slot_mapping, torch.Tensor) or slot_mapping.dtype not in (torch.int32, torch.int64) \
-                or slot_mapping.dim() != 1:
-            desc = f"{slot_mapping.dtype} {tuple(slot_mapping.shape)}" if isinstance(slot_mapping, torch.Tensor) \
-                else type(slot_mapping).__name__
-            raise TypeError(f"slot_mapping must be a 1-D int32/int64 tensor of slots, got {desc}")
+        checks.require_tensor(slot_mapping, "slot_mapping", "a 1-D int32/int64 tensor of slots")
+        if slot_mapping.dtype not in (torch.int32, torch.int64) or slot_mapping.dim() != 1:
+            raise TypeError(f"slot_mapping must be a 1-D int32/int64 tensor of slots, got {slot_mapping.dtype} "
+                            f"{tuple(slot_mapping.shape)}")
         n = slot_mapping.shape[0]
         for name, t in (("key", key), ("value", value)):
             _require_token_rows(t, name, n, "slot_mapping's entries", self.spec.num_kv_heads, self.spec.head_dim)
@@ -121,6 +123,8 @@ class LayerAttention:
         ``key``/``value``: the step's K/V as the model computed them; over a quantized cache the prefill rows read
         their own new keys from them (``layer_step.forward_rows_keys``; ``INKLING_EXTEND_NEW_KEYS=cache`` reads the
         cache instead)."""
+        if not isinstance(batch, VllmBatch):
+            raise TypeError(f"batch must be a VllmBatch (the metadata builder's), got {type(batch).__name__}")
         spec, route = self.spec, batch.route
         n = batch.num_actual_tokens
         kv = self.paged_kv(kv_cache)

@@ -35,6 +35,7 @@ from sglang_inkling_backend.hosts.vllm.cache_dtypes import (MXFP8_CACHE_DTYPE, M
 from sglang_inkling_backend.hosts.vllm.block_cache import MXFP8_BLOCK_SIZE, cell_bytes
 from sglang_inkling_backend.hosts.vllm import version as vllm_release
 from sglang_inkling_backend.layer_plan import LayerSpec
+from sglang_inkling_backend import checks
 from sglang_inkling_backend.checks import triton_head_dim_ok
 from sglang_inkling_backend.routes import choose_route
 
@@ -222,6 +223,8 @@ class InklingVllmImpl(AttentionImpl[VllmBatch]):
     def do_kv_cache_update(self, layer, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                            slot_mapping: torch.Tensor) -> None:
         self._bind(layer)
+        # the cache is checked before its device picks the route (a list has none; a meta tensor's is no device)
+        checks.require_tensor(kv_cache, "kv_cache", "vLLM's 4-D per-layer view [num_blocks, H, N, C]")
         route = route_for(kv_cache.device, (self.spec.head_dim,))
         self.attention.store(key, value, kv_cache, slot_mapping, fused_store=route.fused_store)
 

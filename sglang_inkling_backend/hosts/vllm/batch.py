@@ -44,20 +44,26 @@ class VllmBatch:
             value = getattr(self, name)
             if isinstance(value, numbers.Integral) and not isinstance(value, bool):
                 setattr(self, name, int(value))  # a numpy count from vLLM's host arrays is a count
+        self.check_structure()
+
+    def check_structure(self) -> None:
+        """The counts (ints in range) and the per-request and per-token arrays (int tensors holding data, with an
+        entry for every request or token the counts name: vLLM's buffers may hold more), no device read. Run at
+        construction and again by ``check_values``: a field set after construction (a dataclass's fields can be)
+        is checked before the kernels read it."""
         for name in ("num_reqs", "num_actual_tokens", "num_decodes", "num_decode_tokens"):
             setattr(self, name, checks.require_int(getattr(self, name), name, 0))
         self.block_size = checks.require_positive_int(self.block_size, "block_size")
         self.max_seq_len = checks.require_positive_int(self.max_seq_len, "max_seq_len")
-        for name, t, rows, dims in (("query_start_loc", self.query_start_loc, self.num_reqs + 1, 1),
-                                    ("seq_lens", self.seq_lens, self.num_reqs, 1),
-                                    ("block_table", self.block_table, self.num_reqs, 2),
-                                    ("slot_mapping", self.slot_mapping, self.num_actual_tokens, 1)):
-            if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int32, torch.int64) or t.dim() != dims:
-                desc = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
-                raise TypeError(f"{name} must be a {dims}-D int32/int64 tensor, got {desc}")
-            if t.shape[0] < rows:
-                raise ValueError(f"{name} must be {dims}-D with at least {rows} rows for this batch, got "
-                                 f"{tuple(t.shape)}")
+        for name, t, rows, counted, dims in (
+                ("query_start_loc", self.query_start_loc, self.num_reqs + 1, "request and one more (num_reqs + 1)", 1),
+                ("seq_lens", self.seq_lens, self.num_reqs, "request (num_reqs)", 1),
+                ("block_table", self.block_table, self.num_reqs, "request (num_reqs)", 2),
+                ("slot_mapping", self.slot_mapping, self.num_actual_tokens, "token (num_actual_tokens)", 1)):
+            checks.require_tensor(t, name, f"a {dims}-D int32/int64 tensor")
+            if t.dtype not in (torch.int32, torch.int64) or t.dim() != dims:
+                raise TypeError(f"{name} must be a {dims}-D int32/int64 tensor, got {t.dtype} {tuple(t.shape)}")
+            checks.require_entries(t, name, rows, counted, at_least=True)
         # (CUDA-graph padding requests are decodes of no token: only prefills must have one.)
         if self.num_actual_tokens < self.num_reqs - self.num_decodes:
             raise ValueError(f"num_actual_tokens {self.num_actual_tokens} cannot hold "
@@ -75,6 +81,7 @@ class VllmBatch:
         padding row) and at least each prefill's query tokens; the ``block_table`` entries a layer with ``window``
         visible keys reads (blocks before its window are not read: vLLM may have freed them) inside the cache's
         ``num_blocks`` blocks."""
+        self.check_structure()  # host metadata only; a field may have been set since construction
         nr, nd = self.num_reqs, self.num_decodes
         if nr == 0:
             return

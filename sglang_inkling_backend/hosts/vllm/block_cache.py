@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sglang_inkling_backend import mxfp8
+from sglang_inkling_backend import checks, mxfp8
 from sglang_inkling_backend.attention_inputs import PagedKV
 from sglang_inkling_backend.scale_layout import INTERLEAVED_PAGE_SIZE, ScaleLayout
 
@@ -77,6 +77,8 @@ class BlockCacheLayout:
 
     def _region(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, int]:
         """The layer's bytes as one flat uint8 tensor, and the number of blocks."""
+        if isinstance(kv_cache, torch.Tensor):
+            checks.require_tensor(kv_cache, "kv_cache", "vLLM's 4-D per-layer view [num_blocks, H, N, C]")
         if not isinstance(kv_cache, torch.Tensor) or kv_cache.dim() != 4:
             desc = tuple(kv_cache.shape) if isinstance(kv_cache, torch.Tensor) else type(kv_cache).__name__
             raise ValueError(f"kv_cache must be vLLM's 4-D per-layer view [num_blocks, H, N, C], got {desc}")
@@ -102,7 +104,7 @@ def vllm_layer_view(layout: BlockCacheLayout, num_blocks: int, *, device="cpu", 
     that run without vLLM."""
     cell = cell_bytes(layout.kv_format, layout.head_dim)
     stride = layout.page_bytes + pad
-    raw = torch.zeros(num_blocks * stride, dtype=torch.uint8, device=device)
+    raw = torch.zeros(num_blocks * stride, dtype=torch.uint8, device=checks.require_device(device))
     view = torch.as_strided(raw, (num_blocks, layout.num_kv_heads, layout.block_size, cell),
                             (stride, layout.block_size * cell, cell, 1))
     return view if dtype == torch.uint8 else view.view(dtype)

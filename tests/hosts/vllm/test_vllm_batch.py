@@ -92,12 +92,13 @@ def good_batch_args():
     (dict(num_reqs=True), TypeError, r"num_reqs must be an int, got True"),
     (dict(block_size=16.0), TypeError, r"block_size must be an int"),
     (dict(max_seq_len=0), ValueError, r"max_seq_len must be an int >= 1"),
-    (dict(query_start_loc=torch.tensor([0, 1])), ValueError, r"query_start_loc must be 1-D with at least 3 rows"),
+    (dict(query_start_loc=torch.tensor([0, 1])), ValueError,
+     r"query_start_loc must be at least 3 entries long, one per request and one more"),
     (dict(seq_lens=torch.tensor([5.0, 3.0])), TypeError, r"seq_lens must be a 1-D int32/int64 tensor, got "
                                                          r"torch.float32"),
     (dict(block_table=torch.tensor([1, 2], dtype=torch.int32)), TypeError, r"block_table must be a 2-D int32/int64"),
     (dict(slot_mapping=torch.zeros(3, dtype=torch.int64)), ValueError,
-     r"slot_mapping must be 1-D with at least 4 rows"),
+     r"slot_mapping must be at least 4 entries long, one per token \(num_actual_tokens\)"),
 ])
 def test_a_malformed_batch_is_refused_at_construction(change, error, match):
     VllmBatch(**good_batch_args())  # the unchanged batch is fine
