@@ -92,3 +92,27 @@ def test_the_classifier(probe):
     assert synthetic(probe, lambda: torch.zeros(1), expect=torch.zeros(1), kind="activation") == "silent_wrong"
     assert synthetic(probe, lambda: object(), use=lambda o: raise_(TypeError("slots must be a tensor")),
                      kind="construct") == "deferred"
+
+
+# Issue #58's findings (round four), each a case of the probe next to the other members of its class
+ROUND_FOUR_EXAMPLES = [
+    "core.InklingKVPool.set.meta_cache_k", "core.InklingKVPool.set.meta_loc", "vllm.store.meta_slot_mapping",
+    "vllm.store.meta_key", "vllm.store.meta_value", "core.InklingKVPool.init.device_unreachable",
+    "core.InklingKVPool.host.backup_list_device_pages", "core.PagedKV.layout_direct_interleaved",
+    "core.AttentionParams.rel_bias_extent_0", "core.reference.decode.rel_bias_extent_0",
+    "core.PagedKV.kv_head_dims_differ", "vllm.batch.seq_lens_short_set_later",
+]
+
+
+def test_the_round_four_examples_are_cases(probe):
+    ids = {c.id for c in _all_cases(probe)}
+    assert not [i for i in ROUND_FOUR_EXAMPLES if i not in ids]
+
+
+def test_the_classifier_takes_meta_buffers_and_results(probe):
+    """A case whose defect is a tensor on the meta device: its buffer is not snapshotted (no bytes), and a call that
+    returns meta tensors computed nothing (silent wrong), where it used to kill the worker."""
+    assert synthetic(probe, lambda: torch.zeros(2, device="meta"), {"buf": torch.zeros(2, device="meta")}) \
+        == "silent_wrong"
+    assert synthetic(probe, lambda: torch.zeros(2), expect=lambda r: (_ for _ in ()).throw(RuntimeError("no data"))) \
+        == "accepted"

@@ -16,6 +16,12 @@ Every case builds valid inputs, applies one defect, snapshots every output / cac
     deferred       accepted at construction, clean error only at first use
     crash          the process died (a signal) or the call hung
 
+Round four (issue #58, ``define_round_four_cases``) probes five classes at every public entry each reaches: a tensor
+on the meta device and a device torch cannot reach (``checks.require_tensor`` / ``require_device``), a list where
+a tensor goes, a value object built without its checking factory, an extent of 0 or K/V shapes that differ, and a
+per-request array shorter than its count (also when set after construction). A buffer on the meta device is not
+snapshotted (it has no bytes), and a call that returns meta tensors computed nothing (silent wrong).
+
 Cases run in worker subprocesses: the core and the host-free vLLM parts in one, the SGLang adapter in another
 (it needs SGLang's CPU import shims first), and every Triton-route case (under ``TRITON_INTERPRET=1``, tiny
 shapes) in a process of its own, since a bad block id there used to kill the process. A worker that dies records
@@ -269,6 +275,8 @@ def store_case(id, defect, mutate, names=("slot_mapping", ), kind="bad", fmt="bf
 
         def expect(_):
             # the mapped rows at their slots (padding -1: the null block), everything else past block 0 as before
+            if any(isinstance(t, torch.Tensor) and t.device.type == "meta" for t in (S.key, S.value)):
+                return "accepted", "no error, and K/V on the meta device hold nothing to store (a silent no-op)"
             kv = S.att.paged_kv(S.cache)
             m = S.slot_mapping
             if not isinstance(m, torch.Tensor) or m.dtype not in (torch.int32, torch.int64):
@@ -1344,8 +1352,12 @@ def define_decode_context_cases():
     from sglang_inkling_backend.decode_context import BatchedDecodeContext, make_decode_context
     from sglang_inkling_backend.layer_plan import LayerPlan
     S = "core.decode_context"
-    caches = lambda: [[None], [None], [None]]  # noqa: E731
-    ctx = lambda **kw: BatchedDecodeContext(**{"seq_lens": [4], "attention_layer_caches": caches(), **kw})  # noqa: E731
+    caches = lambda n=1: [[None] * n for _ in range(3)]  # noqa: E731  [attention layer][request]
+
+    def ctx(**kw):  # three attention layers' caches, one per request of seq_lens
+        seq = kw.get("seq_lens", [4])
+        return BatchedDecodeContext(**{"seq_lens": [4], "attention_layer_caches": caches(len(seq)), **kw})
+
     for tag, fn, names, kind in (
         ("valid", lambda: ctx(full_kv_pool_index_by_layer={
             0: 0,
@@ -2180,6 +2192,434 @@ def define_verify_graph_cases():
                   expect=lambda r: ("accepted", str(r)))
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Round four (issue #58): the classes behind the last wrong exception types and silent no-op. Each class is probed
+# at every public entry it reaches, not only where the issue met it:
+#   device   a tensor on the meta device (shapes, no data), a device torch cannot reach here (a constructor's
+#            device, pinned memory without an accelerator): checks.require_tensor / checks.require_device
+#   list     a Python list (or None) where a tensor goes: checks.require_tensor
+#   bypass   a value object built without its checking factory (ScaleLayout(...) rather than for_pool, a layout
+#            that is not a ScaleLayout, rails of lists): the checks live in the constructor itself
+#   extent   a dimension of 0 where one is needed (a relative bias reaching no distance, no heads) and tensors read
+#            together whose shapes differ (K and V head dims): checks.require_extents / require_same_shape
+#   count    a per-request array shorter than its count (also when set after construction): checks.require_entries
+# ---------------------------------------------------------------------------------------------------------------
+def _unreachable_cuda() -> str:
+    """A CUDA device torch cannot reach on any machine: the index past this machine's count (cuda:0 without CUDA)."""
+    torch = _torch()
+    return f"cuda:{torch.cuda.device_count() if torch.cuda.is_available() else 0}"
+
+
+def define_round_four_cases():
+    torch = _torch()
+    from sglang_inkling_backend import checks, kv_views, layer_step, mxfp8, rails
+    from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV, SpecVerify
+    from sglang_inkling_backend.decode_context import BatchedDecodeContext
+    from sglang_inkling_backend.kv_pool import HostKVTier, InklingKVPool
+    from sglang_inkling_backend.layer_plan import LayerPlan
+    from sglang_inkling_backend.reference.attention import paged_decode_attention, paged_extend_attention
+    from sglang_inkling_backend.scale_layout import ScaleLayout
+    T = torch.tensor
+    meta = lambda t: t.to("meta")  # noqa: E731
+    g = lambda s: torch.Generator().manual_seed(s)  # noqa: E731
+    plan = lambda: LayerPlan.from_windows({0: None, 1: 4, 2: None}, num_q_heads=2, num_kv_heads=1, head_dim=32)  # noqa
+
+    # --- the core pool and its host tier: every buffer snapshotted, so a write before the error shows ----------
+    def pool_case(tag, defect, call, names, kind="bad", fmt="bf16"):
+        def build():
+            page = 128 if fmt == "mxfp8" else 1
+            p = InklingKVPool(plan(), size=256 if fmt == "mxfp8" else 64, page_size=page, kv_format=fmt)
+            k = torch.randn(2, 1, 32, generator=g(1)).bfloat16()
+            p.set_kv_buffer(0, T([3, 4]), k, k)
+            bufs = {f"L{i}.{n}": t for i, layer in p.layers.items() for n, t in zip("kvsS", layer.tensors())}
+            return Setup(lambda: call(p, k), bufs, (lambda r: None) if kind == "control" else None)
+
+        case(f"core.InklingKVPool.{fmt}.{tag}" if fmt != "bf16" else f"core.InklingKVPool.{tag}", "core.kv_pool",
+             "kv_pool.py:InklingKVPool / HostKVTier", defect, build, names, kind)
+
+    fp8 = lambda x: x.to(torch.float8_e4m3fn)  # noqa: E731
+    scales = lambda: torch.zeros(2, 1, 1, dtype=torch.uint8)  # noqa: E731
+    pool_case("set.meta_cache_k", "set_kv_buffer: cache_k on the meta device (issue #58)",
+              lambda p, k: p.set_kv_buffer(0, T([5, 6]), meta(k), k), "cache_k")
+    pool_case("set.meta_cache_v", "set_kv_buffer: cache_v on the meta device",
+              lambda p, k: p.set_kv_buffer(0, T([5, 6]), k, meta(k)), "cache_v")
+    pool_case("set.meta_loc", "set_kv_buffer: loc on the meta device (issue #58)",
+              lambda p, k: p.set_kv_buffer(0, meta(T([5, 6])), k, k), "loc")
+    pool_case("set.meta_loc", "set_kv_buffer: loc on the meta device", lambda p, k: p.set_kv_buffer(
+        0, meta(T([130, 131])), k, k), "loc", fmt="mxfp8")
+    pool_case("set_mxfp8.meta_k_scales", "set_mxfp8_kv_buffer: k_scales on the meta device",
+              lambda p, k: p.set_mxfp8_kv_buffer(0, T([130, 131]), fp8(k), meta(scales()), fp8(k), scales()),
+              "k_scales", fmt="mxfp8")
+    pool_case("set_mxfp8.meta_v_data", "set_mxfp8_kv_buffer: v_data on the meta device",
+              lambda p, k: p.set_mxfp8_kv_buffer(0, T([130, 131]), fp8(k), scales(), meta(fp8(k)), scales()),
+              "v_data", fmt="mxfp8")
+    pool_case("move.meta_src_loc", "move_kv_cache: src_loc on the meta device",
+              lambda p, k: p.move_kv_cache(T([9, 10]), meta(T([3, 4]))), "src_loc")
+    pool_case("read.meta_slots", "read_kv: slots on the meta device", lambda p, k: p.read_kv(0, meta(T([3]))),
+              "slots")
+    pool_case("host.backup_meta_device_pages", "HostKVTier.backup: device_pages on the meta device",
+              lambda p, k: HostKVTier(p, 2).backup(meta(T([3])), T([0])), "device_pages")
+    pool_case("host.restore_meta_host_pages", "HostKVTier.restore: host_pages on the meta device",
+              lambda p, k: HostKVTier(p, 2).restore(meta(T([0])), T([3])), "host_pages")
+    pool_case("host.backup_list_device_pages", "HostKVTier.backup: device_pages a Python list (issue #58)",
+              lambda p, k: HostKVTier(p, 2).backup([3], T([0])), "device_pages")
+    pool_case("host.backup_list_host_pages", "HostKVTier.backup: host_pages a Python list",
+              lambda p, k: HostKVTier(p, 2).backup(T([3]), [0]), "host_pages")
+    pool_case("host.restore_list_device_pages", "HostKVTier.restore: device_pages a Python list",
+              lambda p, k: HostKVTier(p, 2).restore(T([0]), [3]), "device_pages")
+    pool_case("host.backup_none", "HostKVTier.backup: device_pages None", lambda p, k: HostKVTier(p, 2).backup(
+        None, T([0])), "device_pages")
+    pool_case("set.list_loc", "set_kv_buffer: loc a Python list", lambda p, k: p.set_kv_buffer(0, [5, 6], k, k), "loc")
+    accelerator = getattr(torch, "accelerator", None)
+    if not (accelerator.is_available() if accelerator is not None else torch.cuda.is_available()):
+        pool_case("host.pin_memory_without_accelerator", "HostKVTier(pin_memory=True) where torch has no "
+                  "accelerator (pinned memory needs one)", lambda p, k: HostKVTier(p, 2, pin_memory=True),
+                  "pin_memory")
+    pool_case("host.pin_memory_int", "HostKVTier(pin_memory=1)", lambda p, k: HostKVTier(p, 2, pin_memory=1),
+              "pin_memory")
+
+    # --- constructors that take a device --------------------------------------------------------------------
+    unreachable = _unreachable_cuda()
+    for tag, device in (("device_unreachable", unreachable), ("device_meta", "meta"),
+                        ("device_torch_unreachable", torch.device(unreachable))):
+        call_case(f"core.InklingKVPool.init.{tag}", "core.kv_pool", "kv_pool.py:InklingKVPool.__init__",
+                  f"device={device!r} (issue #58: 'cuda' without CUDA was torch's AssertionError)",
+                  lambda device=device: InklingKVPool(plan(), 64, 1, device=device), "device")
+    for tag, device in (("device_unreachable", unreachable), ("device_meta", "meta")):
+        call_case(f"core.scale_layout.empty_{tag}", "core.scale_layout", "scale_layout.py:ScaleLayout.empty",
+                  f"device={device!r}", lambda device=device: ScaleLayout.for_pool(8, 1, 32, 1).empty(device), "device")
+    call_case("core.SpecVerify.from_trees_device_unreachable", "core.attention_inputs",
+              "attention_inputs.py:SpecVerify.from_trees", f"device={unreachable!r}",
+              lambda: SpecVerify.from_trees([(torch.ones(1, 1, dtype=torch.bool), T([0]))], device=unreachable),
+              "device")
+
+    def layer_view(device):
+        from sglang_inkling_backend.hosts.vllm.block_cache import BlockCacheLayout, vllm_layer_view
+        return vllm_layer_view(BlockCacheLayout("bf16", HKV, D, BS), 4, device=device)
+
+    for tag, device in (("device_unreachable", unreachable), ("device_meta", "meta")):
+        call_case(f"vllm.layer.view_{tag}", "vllm.layer", "hosts/vllm/block_cache.py:vllm_layer_view",
+                  f"device={device!r}", lambda device=device: layer_view(device), "device")
+
+    # --- the core's value objects and readers: meta, lists, factory bypass, zero extents -----------------------
+    S = "core.attention_inputs"
+    kvp = lambda: PagedKV(torch.randn(16, 1, 32, generator=g(1)), torch.randn(16, 1, 32, generator=g(2)))  # noqa
+    e4m3 = lambda n=8: torch.full((n, 1, 32), 1.0).to(torch.float8_e4m3fn)  # noqa: E731
+
+    def decode_over(kv):  # the first use of a pool: two requests' decode over slots 1..8 (8 when it has fewer)
+        d = kv.head_dim if kv.k_buffer.dim() == 3 else 32
+        last = max(1, min(8, kv.num_slots - 1))
+        return paged_decode_attention(torch.randn(2, 2, d, generator=g(3)), kv, T([0, last // 2, last]),
+                                      torch.arange(1, last + 1), AttentionParams(0.2))
+    for tag, make, names, defect in (
+            ("meta_buffers", lambda: PagedKV(meta(torch.zeros(8, 1, 32)), meta(torch.zeros(8, 1, 32))), "k_buffer",
+             "k_buffer and v_buffer on the meta device"),
+            ("meta_scales", lambda: PagedKV(e4m3(), e4m3(), meta(torch.zeros(8, 1, 1, dtype=torch.uint8)),
+                                            torch.zeros(8, 1, 1, dtype=torch.uint8),
+                                            ScaleLayout.for_pool(8, 1, 32, 1)), "k_scales",
+             "MXFP8 k_scales on the meta device"),
+            ("layout_direct_interleaved", lambda: PagedKV(
+                e4m3(), e4m3(), torch.zeros(0, 1, 32, 4, 1, dtype=torch.uint8),
+                torch.zeros(0, 1, 32, 4, 1, dtype=torch.uint8), ScaleLayout(8, 1, 32, 128)), ("num_slots", "layout"),
+             "a ScaleLayout built directly (not with for_pool): 8 slots in the interleaved page-128 layout, zero "
+             "pages (issue #58: IndexError at the first read)"),
+            ("layout_direct_head_dim_16", lambda: PagedKV(
+                torch.zeros(8, 1, 16).to(torch.float8_e4m3fn), torch.zeros(8, 1, 16).to(torch.float8_e4m3fn),
+                torch.zeros(8, 1, 0, dtype=torch.uint8), torch.zeros(8, 1, 0, dtype=torch.uint8),
+                ScaleLayout(8, 1, 16, 1)), "head_dim",
+             "a ScaleLayout built directly with head_dim 16 (no scale block)"),
+            ("layout_not_a_layout", lambda: PagedKV(e4m3(), e4m3(), torch.zeros(8, 1, 1, dtype=torch.uint8),
+                                                    torch.zeros(8, 1, 1, dtype=torch.uint8), (8, 1, 32, 1)), "layout",
+             "layout a tuple, not a ScaleLayout"),
+            ("kv_head_dims_differ", lambda: PagedKV(torch.randn(16, 1, 32), torch.randn(16, 1, 64)),
+             ("k_buffer", "v_buffer"), "K head_dim 32, V head_dim 64 (issue #58: RuntimeError in the reference)"),
+            ("zero_kv_heads", lambda: PagedKV(torch.zeros(16, 0, 32), torch.zeros(16, 0, 32)), ("k_buffer", "Hkv"),
+             "buffers of 0 KV heads"),
+            ("zero_head_dim", lambda: PagedKV(torch.zeros(16, 1, 0), torch.zeros(16, 1, 0)), ("k_buffer", "head_dim"),
+             "buffers of head_dim 0"),
+            ("zero_slots", lambda: PagedKV(torch.zeros(0, 1, 32), torch.zeros(0, 1, 32)), ("k_buffer", "slots"),
+             "buffers of 0 slots (not even the padding slot)")):
+        construct_case(f"core.PagedKV.{tag}", S, "attention_inputs.py:PagedKV (then the reference decode)", defect,
+                       make, decode_over, names)
+    for tag, make, names in (("page_zero", lambda: ScaleLayout(8, 1, 32, 0), "page_size"),
+                             ("head_dim_48", lambda: ScaleLayout(8, 1, 48, 1), "head_dim"),
+                             ("slots_bool", lambda: ScaleLayout(True, 1, 32, 1), "num_slots")):
+        construct_case(f"core.scale_layout.direct_{tag}", "core.scale_layout", "scale_layout.py:ScaleLayout",
+                       f"ScaleLayout built directly: {tag}", make, lambda lay: lay.empty().shape, names)
+    call_case("core.PagedKV.read.meta_slots", S, "attention_inputs.py:PagedKV.read", "slots on the meta device",
+              lambda: kvp().read(meta(T([1, 2]))), "slots")
+    construct_case("core.AttentionParams.meta_sinks", S, "attention_inputs.py:AttentionParams (then the reference "
+                   "decode)", "sinks on the meta device", lambda: AttentionParams(0.2, sinks=meta(torch.zeros(2))),
+                   lambda p: paged_decode_attention(torch.randn(2, 2, 32), kvp(), T([0, 3, 8]), torch.arange(1, 9),
+                                                    p), "sinks")
+    construct_case("core.AttentionParams.meta_rel_bias", S, "attention_inputs.py:AttentionParams (then the reference "
+                   "decode)", "rel_bias on the meta device",
+                   lambda: AttentionParams(0.2, rel_bias=meta(torch.zeros(2, 2, 4))),
+                   lambda p: paged_decode_attention(torch.randn(2, 2, 32), kvp(), T([0, 3, 8]), torch.arange(1, 9),
+                                                    p), "rel_bias")
+    construct_case("core.AttentionParams.rel_bias_extent_0", S, "attention_inputs.py:AttentionParams (then the "
+                   "reference decode)", "rel_bias [2, 2, 0]: a relative bias of extent 0 (issue #58: RuntimeError "
+                   "in the reference)", lambda: AttentionParams(0.2, rel_bias=torch.zeros(2, 2, 0)),
+                   lambda p: paged_decode_attention(torch.randn(2, 2, 32), kvp(), T([0, 3, 8]), torch.arange(1, 9),
+                                                    p), "rel_bias")
+
+    def swapped_rel_bias():  # a field replaced after construction: the reader checks it again
+        p = AttentionParams(0.2, rel_bias=torch.zeros(2, 2, 4))
+        p.rel_bias = torch.zeros(2, 2, 0)
+        return paged_decode_attention(torch.randn(2, 2, 32), kvp(), T([0, 3, 8]), torch.arange(1, 9), p)
+
+    call_case("core.reference.decode.rel_bias_extent_0_set_later", "core.reference",
+              "reference/attention.py:paged_decode_attention", "params.rel_bias replaced by a [2, 2, 0] bias after "
+              "construction", swapped_rel_bias, "rel_bias")
+    tree = lambda: (torch.ones(1, 1, dtype=torch.bool), T([0]))  # noqa: E731
+    for tag, fn, names in (
+            ("meta_tree_mask", lambda: SpecVerify(meta(torch.ones(1, dtype=torch.bool)), T([0, 1]), T([0])),
+             "tree_mask"),
+            ("meta_depths", lambda: SpecVerify(torch.ones(1, dtype=torch.bool), T([0, 1]), meta(T([0]))), "depths"),
+            ("list_mask_indptr", lambda: SpecVerify(torch.ones(1, dtype=torch.bool), [0, 1], T([0])), "mask_indptr"),
+            ("check_queries_list", lambda: SpecVerify.from_trees([tree()]).check_queries([0, 1]), "qo_indptr"),
+            ("check_queries_meta", lambda: SpecVerify.from_trees([tree()]).check_queries(meta(T([0, 1]))),
+             "qo_indptr")):
+        call_case(f"core.SpecVerify.{tag}", S, "attention_inputs.py:SpecVerify", tag, fn, names)
+
+    # --- the reference, the torch route, layer_step ---------------------------------------------------------------
+    R = "core.reference"
+    q2 = lambda: torch.randn(2, 2, 32, generator=g(3))  # noqa: E731
+    P = lambda: AttentionParams(0.2)  # noqa: E731
+    for tag, fn, names in (
+            ("meta_q", lambda: paged_decode_attention(meta(q2()), kvp(), T([0, 3, 8]), torch.arange(1, 9), P()),
+             r"\bq\b"),
+            ("meta_kv_indptr", lambda: paged_decode_attention(q2(), kvp(), meta(T([0, 3, 8])), torch.arange(1, 9),
+                                                              P()), "kv_indptr"),
+            ("meta_kv_indices", lambda: paged_decode_attention(q2(), kvp(), T([0, 3, 8]), meta(torch.arange(1, 9)),
+                                                               P()), "kv_indices"),
+            ("list_kv_indices", lambda: paged_decode_attention(q2(), kvp(), T([0, 3, 8]), list(range(1, 9)), P()),
+             "kv_indices"),
+            ("q_zero_heads", lambda: paged_decode_attention(torch.zeros(2, 0, 32), kvp(), T([0, 3, 8]),
+                                                            torch.arange(1, 9), P()), r"\bq\b"),
+            ("rel_bias_extent_0", lambda: paged_decode_attention(q2(), kvp(), T([0, 3, 8]), torch.arange(1, 9),
+                                                                 AttentionParams(0.2, rel_bias=torch.zeros(2, 2, 0))),
+             "rel_bias")):
+        call_case(f"{R}.decode.{tag}", R, "reference/attention.py:paged_decode_attention", tag, fn, names)
+    for tag, fn, names in (
+            ("meta_qo_indptr", lambda: paged_extend_attention(torch.randn(6, 2, 32), kvp(), T([0, 5, 8]),
+                                                              torch.arange(1, 9), meta(T([0, 4, 6])), P()),
+             "qo_indptr"),
+            ("list_qo_indptr", lambda: paged_extend_attention(torch.randn(6, 2, 32), kvp(), T([0, 5, 8]),
+                                                              torch.arange(1, 9), [0, 4, 6], P()), "qo_indptr")):
+        call_case(f"{R}.extend.{tag}", R, "reference/attention.py:paged_extend_attention", tag, fn, names)
+
+    def attend(out=None, q=None, keys_of=None):
+        def fn():
+            Sx = route_setup("torch")
+            keys = SimpleNamespace(num_decode_rows=2, max_seq_len=20, plans=Sx.plans,
+                                   decode_keys=lambda w, p: Sx.rails, extend_keys=lambda w: (Sx.rails, Sx.qo))
+            from sglang_inkling_backend.layer_plan import LayerSpec
+            spec = LayerSpec(num_q_heads=HQ, num_kv_heads=HKV, head_dim=D, softmax_scale=D**-0.5)
+            return layer_step.attend(Sx.route, spec, q(Sx) if q else Sx.q, Sx.kv, keys, lambda a, b: Sx.params, None,
+                                     out(Sx) if out else None)
+        return fn
+
+    M = "core.routes"
+    call_case("core.layer_step.attend.out_meta", M, "layer_step.py:attend", "out on the meta device",
+              attend(out=lambda Sx: torch.zeros(2, HQ, D, device="meta")), "out")
+    call_case("core.layer_step.attend.out_list", M, "layer_step.py:attend", "out a Python list",
+              attend(out=lambda Sx: [0.0] * 2), "out")
+    call_case("core.layer_step.attend.q_meta", M, "layer_step.py:attend", "q on the meta device",
+              attend(q=lambda Sx: meta(Sx.q)), r"\bq\b")
+    call_case("core.routes.torch_extend_keys_none", M, "routes.py:TorchRoute.extend", "rails None",
+              lambda: __import__("sglang_inkling_backend.routes", fromlist=["TorchRoute"]).TorchRoute().extend(
+                  torch.randn(6, 2, 32), kvp(), None, T([0, 4, 6]), P()), "rails")
+
+    # --- rails, kv_views, mxfp8, checks, scale_layout ---------------------------------------------------------------
+    Rl = "core.rails"
+    r2t = lambda: torch.arange(40).view(4, 10)  # noqa: E731
+    for tag, fn, names, call in (
+            ("gather_meta_seq_lens", lambda: rails.gather_rails(r2t(), T([1]), meta(T([3]))), "seq_lens",
+             "gather_rails"),
+            ("gather_meta_table", lambda: rails.gather_rails(meta(r2t()), T([1]), T([3])), "req_to_token",
+             "gather_rails"),
+            ("page_table_list_table", lambda: rails.page_table([[0, 1]], T([0]), 1), "token_to_slot", "page_table"),
+            ("page_table_meta_rows", lambda: rails.page_table(r2t(), meta(T([1])), 2), "rows", "page_table"),
+            ("window_start_list", lambda: rails.window_start([5], [1], 2), "seq_lens", "window_start"),
+            ("translate_meta_map", lambda: rails.translate_rails(rails.KVRails(T([0, 2]), T([3, 4])),
+                                                                 meta(torch.arange(10))), "full_to_swa",
+             "translate_rails"),
+            ("translate_list_rails", lambda: rails.translate_rails(rails.KVRails([0, 2], [3, 4]), torch.arange(10)),
+             ("indptr", "indices"), "translate_rails"),
+            ("translate_rails_tuple", lambda: rails.translate_rails((T([0, 2]), T([3, 4])), torch.arange(10)), "rails",
+             "translate_rails"),
+            ("block_table_meta", lambda: rails.block_table_token_table(meta(T([[1]])), 4), "block_table",
+             "block_table_token_table"),
+            ("host_lengths_meta", lambda: rails.check_host_lengths(meta(T([3])), 1, 8), "seq_lens_host",
+             "check_host_lengths"),
+            ("KVPages_list_table", lambda: rails.KVPages([[1]], T([3]), 16), "page_table", "KVPages")):
+        call_case(f"core.rails.{tag}", Rl, f"rails.py:{call}", tag, fn, names)
+    fp8z = lambda: torch.zeros(8, 1, 32, dtype=torch.float8_e4m3fn)  # noqa: E731
+    for tag, fn, names, call in (
+            ("dequantize_query_meta", lambda: kv_views.dequantize_query(meta(torch.zeros(2, 64)), 2, 32, None),
+             r"\bq\b", "dequantize_query"),
+            ("dequantize_query_meta_descale", lambda: kv_views.dequantize_query(
+                torch.zeros(2, 64, dtype=torch.float8_e4m3fn), 2, 32, meta(torch.zeros(4, dtype=torch.uint8))),
+             "q_descale", "dequantize_query"),
+            ("paged_kv_list_buffer", lambda: kv_views.paged_kv("mxfp8", [0], [0], page_size=1,
+                                                                k_scales=torch.zeros(8, 1, 1, dtype=torch.uint8),
+                                                                v_scales=torch.zeros(8, 1, 1, dtype=torch.uint8)),
+             "k_buffer", "paged_kv"),
+            ("paged_kv_meta_scales", lambda: kv_views.paged_kv("mxfp8", fp8z(), fp8z(), page_size=1,
+                                                                k_scales=meta(torch.zeros(8, 1, 1, dtype=torch.uint8)),
+                                                                v_scales=torch.zeros(8, 1, 1, dtype=torch.uint8)),
+             "k_scales", "paged_kv")):
+        call_case(f"core.kv_views.{tag}", Rl, f"kv_views.py:{call}", tag, fn, names)
+    for tag, fn, names, call in (
+            ("quantize.meta", lambda: mxfp8.quantize(meta(torch.ones(32))), "x", "quantize"),
+            ("dequantize.meta_scales", lambda: mxfp8.dequantize(torch.zeros(32, dtype=torch.float8_e4m3fn),
+                                                                meta(torch.zeros(1, dtype=torch.uint8))), "scales",
+             "dequantize"),
+            ("quantize_per_tensor.meta", lambda: mxfp8.quantize_per_tensor(meta(torch.ones(4)), 1.0), "x",
+             "quantize_per_tensor")):
+        call_case(f"core.mxfp8.{tag}", "core.mxfp8", f"mxfp8.py:{call}", tag, fn, names)
+    call_case("core.checks.require_slots.meta", "core.checks", "checks.py:require_slots", "slots on the meta device",
+              lambda: checks.require_slots(meta(T([1, 2])), "loc", 10), "loc")
+    call_case("core.checks.require_slots_once.meta", "core.checks", "checks.py:require_slots_once",
+              "slots on the meta device", lambda: checks.require_slots_once(meta(T([1, 2])), "loc", 10), "loc")
+    lay = lambda: ScaleLayout.for_pool(8, 1, 32, 1)  # noqa: E731
+    sf = lambda: torch.zeros(8, 1, 1, dtype=torch.uint8)  # noqa: E731
+    sfb = sf()
+    case("core.scale_layout.scatter_meta_scales", "core.scale_layout", "scale_layout.py:ScaleLayout.scatter",
+         "scales on the meta device (torch ignores a meta source in an indexed store)",
+         lambda: Setup(lambda: lay().scatter(sfb, T([1]), meta(torch.ones(1, 1, 1, dtype=torch.uint8))),
+                       {"sf": sfb}), "scales")
+    call_case("core.scale_layout.gather_meta_buffer", "core.scale_layout", "scale_layout.py:ScaleLayout.gather",
+              "sf on the meta device", lambda: lay().gather(meta(sf()), T([1])), "sf")
+
+    # --- per-request arrays against their counts ------------------------------------------------------------------
+    call_case("core.BatchedDecodeContext.caches_short", "core.decode_context", "decode_context.py:BatchedDecodeContext",
+              "2 requests, a layer's caches for 1 (cache_for(layer, 1) was an IndexError-free refusal only later)",
+              lambda: BatchedDecodeContext([3, 4], [[None, None], [None]]).cache_for(1, 1), "attention_layer_caches")
+    call_case("core.BatchedDecodeContext.caches_not_a_list", "core.decode_context",
+              "decode_context.py:BatchedDecodeContext", "a layer's caches None",
+              lambda: BatchedDecodeContext([3], [None]).cache_for(0, 0), "attention_layer_caches")
+
+    # --- vLLM: the store, the forward, the batch ----------------------------------------------------------------
+    store_case("meta_key", "key on the meta device (issue #58: stored nothing, no error)",
+               lambda S: setattr(S, "key", meta(S.key)), names=("key", ))
+    store_case("meta_value", "value on the meta device", lambda S: setattr(S, "value", meta(S.value)),
+               names=("value", ))
+    store_case("meta_slot_mapping", "slot_mapping on the meta device (issue #58: NotImplementedError from a copy)",
+               lambda S: setattr(S, "slot_mapping", meta(S.slot_mapping)))
+    store_case("meta_kv_cache", "kv_cache on the meta device", lambda S: setattr(S, "cache", meta(S.cache)),
+               names=("kv_cache", ))
+    store_case("meta_key", "key on the meta device", lambda S: setattr(S, "key", meta(S.key)), names=("key", ),
+               fmt="mxfp8")
+    forward_case("meta_query", "query on the meta device", lambda S: setattr(S, "q", meta(S.q)), ("query", ))
+    forward_case("meta_output", "output on the meta device", lambda S: setattr(S, "output", meta(S.output)),
+                 ("output", ))
+    forward_case("meta_kv_cache", "kv_cache on the meta device", lambda S: setattr(S, "cache", meta(S.cache)),
+                 ("kv_cache", ))
+    forward_case("meta_seq_lens", "seq_lens on the meta device",
+                 lambda S: S.kw.__setitem__("seq_lens", meta(S.kw["seq_lens"])), ("seq_lens", ))
+    forward_case("list_block_table", "block_table a Python list",
+                 lambda S: S.kw.__setitem__("block_table", S.kw["block_table"].tolist()), ("block_table", ))
+
+    def after_build(change, names, defect, tag):
+        """A valid VllmBatch, one field set after construction (a dataclass's fields can be), then the forward."""
+        def build():
+            Sv = vllm_batch_setup()
+            from sglang_inkling_backend.hosts.vllm.batch import VllmBatch
+            batch = VllmBatch(**Sv.kw)
+            change(batch)
+            return Setup(lambda: Sv.att.forward(Sv.q, Sv.cache, batch, Sv.output),
+                         {"output": Sv.output, "kv_cache": Sv.cache})
+
+        case(f"vllm.batch.{tag}", "vllm.batch", "hosts/vllm/batch.py:VllmBatch.check_values (via "
+             "LayerAttention.forward)", defect, build, names)
+
+    after_build(lambda b: setattr(b, "seq_lens", T([20, 9], dtype=torch.int32)), "seq_lens",
+                "seq_lens with 2 entries for 3 requests, set after construction (issue #58: IndexError in VllmBatch)",
+                "seq_lens_short_set_later")
+    after_build(lambda b: setattr(b, "num_reqs", 4), ("seq_lens", "query_start_loc", "block_table", "num_reqs"),
+                "num_reqs raised to 4 after construction (3 requests' arrays)", "num_reqs_raised_later")
+    after_build(lambda b: setattr(b, "block_table", b.block_table[:2]), "block_table",
+                "block_table with 2 rows for 3 requests, set after construction", "block_table_short_set_later")
+    after_build(lambda b: setattr(b, "seq_lens", [20, 9, 12]), "seq_lens",
+                "seq_lens a Python list, set after construction", "seq_lens_list_set_later")
+
+    def batch_kw(**change):
+        from sglang_inkling_backend.hosts.vllm.batch import VllmBatch
+        kw = dict(num_reqs=2, num_actual_tokens=4, num_decodes=1, num_decode_tokens=1,
+                  query_start_loc=T([0, 1, 4], dtype=torch.int32), seq_lens=T([5, 3], dtype=torch.int32),
+                  block_table=T([[1], [2]], dtype=torch.int32), slot_mapping=torch.zeros(4, dtype=torch.int64),
+                  block_size=BS, max_seq_len=5)
+        kw.update(change)
+        return VllmBatch(**kw)
+
+    call_case("vllm.batch.meta_seq_lens", "vllm.batch", "hosts/vllm/batch.py:VllmBatch (then check_values)",
+              "seq_lens on the meta device", lambda: batch_kw(seq_lens=meta(T([5, 3], dtype=torch.int32)))
+              .check_values(4), "seq_lens")
+    call_case("vllm.batch.meta_query_start_loc", "vllm.batch", "hosts/vllm/batch.py:VllmBatch (then check_values)",
+              "query_start_loc on the meta device",
+              lambda: batch_kw(query_start_loc=meta(T([0, 1, 4], dtype=torch.int32))).check_values(4),
+              "query_start_loc")
+    call_case("vllm.layer.meta_sinks", "vllm.layer", "hosts/vllm/attention.py:LayerAttention.__init__",
+              "sinks on the meta device", lambda: vllm_layer(sinks=meta(torch.zeros(HQ))), "sinks")
+    call_case("vllm.forward.batch_none", "vllm.forward", "hosts/vllm/attention.py:LayerAttention.forward",
+              "batch None (not the builder's VllmBatch)",
+              lambda: (lambda Sv: Sv.att.forward(Sv.q, Sv.cache, None, Sv.output))(vllm_batch_setup()), "batch")
+
+    # --- SGLang: the pool (one layer's data on the meta device would be copied after layer 0's) and its metadata ---
+    sglang_pool_case("meta_k_layer_1", "layer 1's k on the meta device (its copy would fail after layer 0's write)",
+                     lambda S: S.saved[1].__setitem__(0, meta(S.saved[1][0])), "kv_cache_cpu", op="load")
+    sglang_pool_case("meta_k_scales_layer_1", "layer 1's k scale bytes on the meta device",
+                     lambda S: S.saved[1].__setitem__(2, meta(S.saved[1][2])), "kv_cache_cpu", op="load")
+    sglang_pool_case("meta_indices", "indices on the meta device", lambda S: setattr(S, "indices", meta(S.indices)),
+                     "indices", op="get")
+    sglang_pool_case("meta_loc", "loc on the meta device", lambda S: setattr(S, "loc", meta(S.loc)), "loc",
+                     op="set", fmt="bf16")
+    sglang_pool_case("meta_k", "cache_k on the meta device", lambda S: setattr(S, "k", meta(S.k)),
+                     ("cache_k", "cache_v"), op="set", fmt="bf16")
+
+    def graph_buffers(device):
+        from sglang_inkling_backend.hosts.sglang.metadata import DecodeGraphBuffers
+        return DecodeGraphBuffers(4, 64, [], device, swa=False)
+
+    def verify_buffers(device):
+        from sglang_inkling_backend.hosts.sglang.metadata import VerifyGraphBuffers
+        return VerifyGraphBuffers(4, 3, 64, [], device, swa=False)
+
+    G = "sglang.graph_buffers"
+    for tag, fn, names in (
+            ("decode_device_unreachable", lambda: graph_buffers(unreachable), "device"),
+            ("decode_device_meta", lambda: graph_buffers("meta"), "device"),
+            ("verify_device_unreachable", lambda: verify_buffers(unreachable), "device"),
+            ("decode_refill_list_seq_lens", lambda: graph_buffers("cpu").refill(torch.arange(64).view(1, 64), T([0]),
+                                                                                [3]), "seq_lens"),
+            ("decode_refill_meta_seq_lens", lambda: graph_buffers("cpu").refill(
+                torch.arange(64).view(1, 64), T([0]), meta(T([3]))), "seq_lens"),
+            ("verify_refill_list_seq_lens", lambda: verify_buffers("cpu").refill(
+                torch.arange(64).view(1, 64), T([0]), [3], T([3, 4, 5]), None, num_real=1), "seq_lens"),
+            ("build_list_extend_seq_lens", lambda: __import__(
+                "sglang_inkling_backend.hosts.sglang.metadata", fromlist=["x"]).build_forward_metadata(
+                    torch.arange(64).view(1, 64), T([0]), T([5]), extend_seq_lens=[2]), "extend_seq_lens"),
+            ("build_list_out_cache_loc", lambda: __import__(
+                "sglang_inkling_backend.hosts.sglang.metadata", fromlist=["x"]).build_forward_metadata(
+                    torch.arange(64).view(1, 64), T([0]), T([5]), full_to_swa=torch.arange(64), out_cache_loc=[4]),
+             "out_cache_loc")):
+        call_case(f"{G}.{tag}", G, "hosts/sglang/metadata.py", tag, fn, names)
+
+    # --- the Triton route and its workspace (interpreter; a process per case) --------------------------------------
+    route_case("meta_q", "q on the meta device", lambda S: setattr(S, "q", meta(S.q)), (r"\bq\b", ))
+    route_case("rel_bias_extent_0_set_later", "params.rel_bias replaced by a [2, 4, 0] bias (extent 0) after "
+               "construction", lambda S: (setattr(S, "params", AttentionParams(D**-0.5,
+                                                                               rel_bias=torch.zeros(2, HQ, 4))),
+                                          setattr(S.params, "rel_bias", torch.zeros(2, HQ, 0))), ("rel_bias", ))
+    call_case("triton.route.workspace_device_unreachable", "triton.route", "triton/plan.py:DecodeWorkspace",
+              f"DecodeWorkspace on {unreachable}", lambda: __import__(
+                  "sglang_inkling_backend.triton", fromlist=["DecodeWorkspace"]).DecodeWorkspace(4, 4, 32, 2,
+                                                                                                unreachable),
+              ("device", "workspace"), group="triton")
+
+
 def _keep(args):
     pass
 
@@ -2206,6 +2646,7 @@ def all_cases() -> list[Case]:
     define_sglang_pool_cases()
     define_sglang_forward_cases()
     define_verify_graph_cases()
+    define_round_four_cases()
     return CASES
 
 
@@ -2226,12 +2667,17 @@ def _judge(case: Case, setup: Setup, result) -> tuple[Optional[str], str]:
     """``(outcome or None, detail)`` of a call that did not raise: None when its result is right (or not judged)."""
     exp = setup.expect
     torch = _torch()
-    if isinstance(exp, torch.Tensor):
-        verdict = compare(result, exp, setup.atol)
-    elif callable(exp):
-        verdict = exp(result)
-    else:
-        verdict = ("silent_nan", "non-finite values in the result") if has_nonfinite(result) else None
+    if any(t.device.type == "meta" for t in tensors_in(result)):  # shapes without values: nothing was computed
+        return "silent_wrong", "no error, and the result is a tensor on the meta device (no data computed)"
+    try:
+        if isinstance(exp, torch.Tensor):
+            verdict = compare(result, exp, setup.atol)
+        elif callable(exp):
+            verdict = exp(result)
+        else:
+            verdict = ("silent_nan", "non-finite values in the result") if has_nonfinite(result) else None
+    except Exception as err:  # the check needs the inputs' values (a meta input has none): the call took them
+        return "accepted", f"no error; its result could not be checked ({type(err).__name__}: {str(err)[:120]})"
     if verdict is None or verdict is True:
         return None, ""
     if verdict is False:
@@ -2249,7 +2695,9 @@ def run_one(case: Case) -> dict:
     except Exception as exc:  # the probe's own bug: never counted as an outcome of the code under test
         out.update(outcome="setup_error", message=_message(exc), trace=traceback.format_exc()[-1500:])
         return out
-    snaps = {k: v.detach().clone() for k, v in setup.buffers.items() if isinstance(v, torch.Tensor)}
+    # a buffer on the meta device (a case's defect) holds no bytes to compare
+    snaps = {k: v.detach().clone() for k, v in setup.buffers.items()
+             if isinstance(v, torch.Tensor) and v.device.type != "meta"}
     exc = result = None
     phase = "call"
 
