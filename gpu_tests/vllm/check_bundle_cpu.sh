@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Here, on a CPU: the vLLM bundle (.vgpu/vllm_site.tar.xz) as the GPU machine will see it, up to the GPU. A Python
+# 3.12 venv of the GPU image's torch 2.11.0+cu130 and the image's packages this path uses (numpy, transformers 5.17,
+# tokenizers, safetensors, huggingface_hub, pillow); the bundle appended after its site-packages by a .pth file, as
+# gpu_env.sh does; a stub libcuda.so.1 (vLLM's _C links the driver, absent here). Checks: vLLM's compiled ops load on
+# torch 2.11 and register their schemas; vLLM's engine, GPU worker and model runner, models, attention backends,
+# sampler, OpenAI server, CLI and benchmarks import; the plugin registers CUSTOM and mxfp8 through its entry point.
+#   PYTHON312=python3.12 bash gpu_tests/vllm/check_bundle_cpu.sh
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+PYTHON312=${PYTHON312:-python3.12}
+VENV=${VENV:-$HOME/.cache/sglang-inkling-backend/venv-torch211}
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PYTHON312" -m venv "$VENV"
+  "$VENV/bin/pip" install -q torch==2.11.0 numpy==2.5.2 transformers==5.17.0 tokenizers==0.23.2 safetensors==0.8.0 \
+    huggingface_hub==1.33.0 pillow 2>&1 | grep -v "is ignored" || true
+fi
+tar -xJf "$ROOT/.vgpu/vllm_site.tar.xz" -C "$WORK"
+SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+echo "$WORK/vsite" > "$SITE/zz-inkling-vllm-bundle.pth"
+trap 'rm -rf "$WORK" "$SITE/zz-inkling-vllm-bundle.pth"' EXIT
+printf 'int cuGetProcAddress_v2(void){return 100;}\nint cuPointerGetAttribute(void){return 100;}\nint cuTensorMapEncodeTiled(void){return 100;}\n' > "$WORK/stub.c"
+gcc -shared -fPIC -o "$WORK/libcuda.so.1" "$WORK/stub.c" -Wl,-soname,libcuda.so.1
+mkdir -p "$WORK/src" && cp -r "$ROOT/sglang_inkling_backend" "$WORK/src/" && \
+  cp -r "$ROOT/entry_points" "$WORK/src/sglang_inkling_backend/entry_points"
+mkdir -p "$WORK/fi" && tar -xJf "$ROOT"/.fi072/*.tar.xz -C "$WORK/fi"
+cd "$WORK"
+LD_LIBRARY_PATH=$WORK PYTHONPATH=$WORK/src:$WORK/fi BUNDLE=$WORK/vsite "$VENV/bin/python" - <<'PY' 2>&1 | grep -vE "Warning|warn\(|^\s*$"
+import importlib, os, sys
+import torch
+print("torch", torch.__version__)
+import vllm._C_stable_libtorch as ops
+print("vllm._C_stable_libtorch loaded from", ops.__file__.replace(os.environ["BUNDLE"], "<bundle>"))
+for op in ("_C::rms_norm", "_C::fused_add_rms_norm", "_C::silu_and_mul", "_C_cache_ops::reshape_and_cache_flash"):
+    ns, name = op.split("::")
+    print(" ", getattr(getattr(torch.ops, ns), name).default._schema)
+modules = ["vllm", "vllm.platforms.cuda", "vllm.entrypoints.llm", "vllm.v1.engine.core", "vllm.v1.engine.async_llm",
+           "vllm.v1.worker.gpu_worker", "vllm.v1.worker.gpu_model_runner", "vllm.v1.executor.multiproc_executor",
+           "vllm.model_executor.models.llama", "vllm.model_executor.models.gemma3",
+           "vllm.v1.attention.backends.triton_attn", "vllm.v1.attention.backends.flashinfer",
+           "vllm.v1.sample.sampler", "vllm.entrypoints.openai.api_server", "vllm.entrypoints.cli.main",
+           "vllm.benchmarks.latency", "vllm.benchmarks.throughput", "vllm.compilation.backends", "openai"]
+failed = 0
+for m in modules:
+    try:
+        importlib.import_module(m)
+        print("import", m, "ok")
+    except Exception as e:
+        failed += 1
+        print("import", m, "FAILED", repr(e)[:300])
+import vllm
+from vllm.plugins import load_general_plugins
+load_general_plugins()
+from vllm.v1.attention.backends.registry import AttentionBackendEnum
+from vllm.config.cache import get_kv_cache_dtype_handler
+print("vllm", vllm.__version__, "CUSTOM ->", AttentionBackendEnum.CUSTOM.get_path())
+print("--kv-cache-dtype mxfp8 ->", type(get_kv_cache_dtype_handler("mxfp8")).__name__)
+bundle = os.environ["BUNDLE"]
+used = sorted({m.__file__[len(bundle) + 1:].split("/")[0] for m in list(sys.modules.values())
+               if (getattr(m, "__file__", None) or "").startswith(bundle + "/")})
+print("imported from the bundle:", " ".join(used))
+sys.exit(1 if failed else 0)
+PY
