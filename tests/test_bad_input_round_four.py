@@ -14,6 +14,9 @@ byte for byte). Each test here fails on the code before the fix (wrong exception
 """
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -25,6 +28,9 @@ from sglang_inkling_backend.layer_plan import LayerPlan, LayerSpec
 from sglang_inkling_backend.reference.attention import paged_decode_attention, paged_extend_attention
 from sglang_inkling_backend.routes import TorchRoute
 from sglang_inkling_backend.scale_layout import ScaleLayout
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # round two's SGLang pool builder
+from test_bad_input_round_two import _sglang_pool  # noqa: E402
 
 T = torch.tensor
 META = "on the meta device"
@@ -307,21 +313,7 @@ def test_a_decode_context_needs_one_cache_per_request_in_every_layer():
         BatchedDecodeContext([3], [None])  # was: TypeError from len() naming nothing
 
 
-# --- the SGLang host: its pool (skips without SGLang) and its host-free metadata -------------------------------------
-def _sglang_pool(fmt):
-    import importlib.util
-
-    if importlib.util.find_spec("sglang") is None:
-        pytest.skip("SGLang is not installed")
-    from sglang_inkling_backend.hosts.sglang.cpu_testing import prepare_sglang_cpu_import
-
-    prepare_sglang_cpu_import()
-    from sglang_inkling_backend.hosts.sglang.pool import inkling_pool_class
-
-    page, dtype = (128, torch.float8_e4m3fn) if fmt == "mxfp8" else (1, torch.bfloat16)
-    return inkling_pool_class(fmt)(256, page, dtype, 2, 32, 2, "cpu", False)
-
-
+# --- the SGLang host: its pool (skips without SGLang; round two's builder) and its host-free metadata -----------------
 @pytest.mark.parametrize("fmt, entry", [("bf16", 0), ("mxfp8", 0), ("mxfp8", 2)])
 def test_sglang_load_cpu_copy_refuses_a_meta_tensor_before_layer_0_is_written(fmt, entry):
     """Was: layer 0 restored, then NotImplementedError at layer 1's copy (a partial write)."""

@@ -5,6 +5,8 @@ refusal names the argument and leaves the cache as it was; each test fails on th
 
 import importlib.util
 import math
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -13,11 +15,9 @@ import torch
 from sglang_inkling_backend.hosts.vllm.attention import LayerAttention
 from sglang_inkling_backend.hosts.vllm.batch import VllmBatch
 from sglang_inkling_backend.hosts.vllm.block_cache import BlockCacheLayout, vllm_layer_view
-from sglang_inkling_backend.layer_plan import LayerSpec
-from sglang_inkling_backend.routes import TorchRoute
 
-HQ, HKV, D, BLOCK, BLOCKS = 4, 2, 32, 16, 8
-SPEC = LayerSpec(window=None, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D, softmax_scale=1 / math.sqrt(D))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the forward checks' geometry and batch
+from test_vllm_forward_checks import BLOCK, BLOCKS, D, HKV, HQ, SPEC, batch  # noqa: E402
 META = "holding data, got a tensor on the meta device"
 
 
@@ -35,18 +35,6 @@ def layer_cache(fmt="bf16"):
 
 def rows(n):
     return torch.randn(n, HKV, D, generator=torch.Generator().manual_seed(n)).bfloat16()
-
-
-def batch(**changes):
-    """Two decodes (20 and 5 keys) and a 4-token prefill over 10 keys; blocks 1-4 hold them."""
-    fields = dict(num_reqs=3, num_actual_tokens=6, num_decodes=2, num_decode_tokens=2,
-                  query_start_loc=torch.tensor([0, 1, 2, 6], dtype=torch.int32),
-                  seq_lens=torch.tensor([20, 5, 10], dtype=torch.int32),
-                  block_table=torch.tensor([[1, 2], [3, 0], [4, 0]], dtype=torch.int32),
-                  slot_mapping=torch.zeros(6, dtype=torch.int64), block_size=BLOCK, max_seq_len=32,
-                  route=TorchRoute())
-    fields.update(changes)
-    return VllmBatch(**fields)
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "mxfp8"])
