@@ -24,6 +24,7 @@ Test-only: nothing here ships in the project's wheel.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import lzma
 import shutil
 import subprocess
@@ -36,7 +37,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fatbin  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
+
+def _sglang_bundle():
+    """The SGLang harness's bundle module (loaded by path: it is also called ``make_bundle``)."""
+    path = Path(__file__).resolve().parents[1] / "sglang" / "make_bundle.py"
+    spec = importlib.util.spec_from_file_location("sglang_make_bundle", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+build_project_wheel = _sglang_bundle().build_project_wheel  # this project's wheel, as the SGLang bundle builds it
+
 VLLM = "vllm==0.33.0"
 # What a vLLM 0.33 start imports that the GPU image (torch 2.11, transformers 5.17, numpy, ...) may lack, with what
 # each requires (versions as pip resolves vllm 0.33.0's requirements). Found by importing vLLM's engine, worker,
@@ -94,15 +106,6 @@ def trim_vllm(site: Path, arch: int) -> tuple[int, int]:
     kept, _ = fatbin.strip_library(ops, ops, arch)
     subprocess.run(["strip", "--strip-unneeded", str(ops)], check=True)
     return removed + before - ops.stat().st_size, kept
-
-
-def build_project_wheel(dest: Path) -> Path:
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(dest),
-                    str(REPO)], check=True)
-    wheels = sorted(dest.glob("sglang_inkling_backend-*.whl"))
-    if not wheels:
-        raise RuntimeError(f"no sglang_inkling_backend wheel built in {dest}")
-    return wheels[-1]
 
 
 def main(argv=None) -> int:
