@@ -26,6 +26,16 @@ gcc -shared -fPIC -o "$WORK/libcuda.so.1" "$WORK/stub.c" -Wl,-soname,libcuda.so.
 mkdir -p "$WORK/src" && cp -r "$ROOT/sglang_inkling_backend" "$WORK/src/" && \
   cp -r "$ROOT/entry_points" "$WORK/src/sglang_inkling_backend/entry_points"
 mkdir -p "$WORK/fi" && tar -xJf "$ROOT"/.fi072/*.tar.xz -C "$WORK/fi"
+# Every torch symbol vLLM's ops import (the stable ABI's C shims) is one torch 2.11's libraries export
+TORCH_LIB=$("$VENV/bin/python" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))' 2>/dev/null)
+nm -D --undefined-only "$WORK/vsite/vllm/_C_stable_libtorch.abi3.so" | awk '{print $2}' | grep -E '^(aoti_|torch_)' \
+  | sort -u > "$WORK/needed.txt"
+for lib in libtorch_cpu.so libtorch_cuda.so libtorch.so libc10.so libc10_cuda.so; do
+  nm -D --defined-only "$TORCH_LIB/$lib" | awk '{print $3}'
+done | sort -u > "$WORK/exported.txt"
+missing=$(comm -23 "$WORK/needed.txt" "$WORK/exported.txt" | wc -l)
+echo "torch symbols vLLM's ops import: $(wc -l < "$WORK/needed.txt"); not exported by torch 2.11: $missing"
+[ "$missing" -eq 0 ] || { comm -23 "$WORK/needed.txt" "$WORK/exported.txt"; exit 1; }
 cd "$WORK"
 LD_LIBRARY_PATH=$WORK PYTHONPATH=$WORK/src:$WORK/fi BUNDLE=$WORK/vsite "$VENV/bin/python" - <<'PY' 2>&1 | grep -vE "Warning|warn\(|^\s*$"
 import importlib, os, sys
