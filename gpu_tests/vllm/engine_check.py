@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -184,6 +185,12 @@ def main(argv=None) -> int:
     parser.add_argument("--log")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
+    # vLLM inspects models in `python -m` subprocesses, which put their cwd first on sys.path: in the checkout, its
+    # sglang_inkling_backend/ (entry_points/ outside it) would shadow the package on PYTHONPATH.
+    for name in ("model", "out", "log"):  # given relative to the checkout
+        if getattr(args, name, None):
+            setattr(args, name, Path(getattr(args, name)).resolve())
+    os.chdir(tempfile.gettempdir())
     record = run_served(args) if args.serve else run_offline(args)
     record["label"] = args.label or args.out.stem
     record["args"] = {k: str(v) for k, v in vars(args).items()}

@@ -6,6 +6,13 @@ ROOT=$(pwd)
 if [ ! -d /tmp/vsite/vllm ]; then
   tar -xJf .vgpu/vllm_site.tar.xz -C /tmp || { echo "unpacking .vgpu/vllm_site.tar.xz failed"; return 1; }
 fi
+# The bundle carries neither FlashAttention extension (_vllm_fa2_C, _vllm_fa3_C). On CUDA, Llama's and Gemma-3's
+# modules import vllm_flash_attn (through fa_utils), whose __init__ refuses to import without one; lift that refusal.
+# Its is_fa_version_supported() still answers False, so vLLM never selects FLASH_ATTN here.
+sed -i 's/^if not (FA2_AVAILABLE or FA3_AVAILABLE):$/if False and not (FA2_AVAILABLE or FA3_AVAILABLE):/' \
+  /tmp/vsite/vllm/vllm_flash_attn/__init__.py
+grep -q "^if False and not (FA2_AVAILABLE" /tmp/vsite/vllm/vllm_flash_attn/__init__.py \
+  || { echo "gpu_env.sh: vllm_flash_attn's import guard not found"; return 1; }
 if [ ! -d /tmp/fi_site/flashinfer ]; then
   mkdir -p /tmp/fi_site && tar -xJf .fi072/*.tar.xz -C /tmp/fi_site || { echo "unpacking .fi072 failed"; return 1; }
 fi

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -45,6 +47,12 @@ def main(argv=None) -> int:
     parser.add_argument("--kv-cache-gib", type=float, default=24.0)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
+    # vLLM inspects models in `python -m` subprocesses, which put their cwd first on sys.path: in the checkout, its
+    # sglang_inkling_backend/ (entry_points/ outside it) would shadow the package on PYTHONPATH.
+    for name in ("model", "out", "log"):  # given relative to the checkout
+        if getattr(args, name, None):
+            setattr(args, name, Path(getattr(args, name)).resolve())
+    os.chdir(tempfile.gettempdir())
     points = parse_points(args.points)
 
     import numpy as np
