@@ -14,7 +14,8 @@ START=$SECONDS
 BUDGET=${VLLM_BUDGET_S:-540}
 W=/tmp/vrun && mkdir -p $W/runs $W/logs
 OUT=${OUT:-/tmp/vout} && mkdir -p "$OUT"
-pack() { tar -czf "$OUT/runs.tgz.part" -C $W . 2>/dev/null && mv "$OUT/runs.tgz.part" "$OUT/runs.tgz"; }
+# lanes pack concurrently: each writes its own part file, then renames it (atomic)
+pack() { tar -czf "$OUT/runs.tgz.$BASHPID" -C $W . 2>/dev/null && mv "$OUT/runs.tgz.$BASHPID" "$OUT/runs.tgz"; }
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; python3 -m pip list 2>/dev/null; } > $W/env.txt
 python3 gpu_tests/vllm/check_ops_gpu.py --out $W/ops.json > $W/logs/ops.log 2>&1; echo "ops rc=$?" | tee -a $W/logs/ops.log
 MODELS=$(for e in "$@"; do m=${e%%:*}; [ "$m" = speed ] && m=llama-gqa4-l16; echo "$m"; done | sort -u | paste -sd,)
