@@ -217,8 +217,7 @@ def require_slots_once(slots, name: str, num_slots: int, distinct: bool = False,
                        padding_slots: int = 1) -> torch.Tensor:
     """``require_slots``, reading the device only the first time this tensor, at this version, is checked against
     the same bounds: every layer of a step writes the step's one ``out_cache_loc``, which needs one read, not one
-    per layer (16 layers made 80 reads of one 131k-token prefill at 128 x 1k, the GPU waiting at each:
-    bench/results/current/sglang-h200/speed/call-fast-plan/README.md). A write that bypasses torch's version counter
+    per layer (each read is a device sync the GPU waits at). A write that bypasses torch's version counter
     (a kernel storing through the tensor's pointer) is not seen: SGLang builds a new ``out_cache_loc`` per eager
     batch, and its graph buffers are stored through unchecked (``kv_views.store_kv_unchecked``)."""
     if not isinstance(slots, torch.Tensor) or slots.dtype not in INDEX_DTYPES or slots.dim() != 1 \

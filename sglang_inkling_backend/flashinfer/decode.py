@@ -9,8 +9,7 @@ tensor cores (FlashInfer's prefill kernel run as a decode) where the GQA group i
 16-bit KV (``should_use_tensor_core`` in sglang/srt/layers/attention/flashinfer_backend.py).
 
 Served: a bf16/fp16 pool with a query of its dtype, per-token rails, no relative bias, no sinks, head_dim
-64/128/256. 8-bit pools stay on this package's kernels (MXFP8 decode 1.26x FlashInfer bf16's step at 32 x 32k in
-``bench/results/current/sglang-h200/speed/call-triton-store/``), as do page tables.
+64/128/256. 8-bit pools stay on this package's kernels, as do page tables.
 
 Plans: FlashInfer's ``plan`` reads the rail lengths on the host. Eagerly, the first layer of each key (window, head
 counts, head_dim, dtype, cap, scale) plans it in the step's plan cache (the rail's indptr read back: one sync per

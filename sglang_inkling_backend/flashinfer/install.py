@@ -75,9 +75,7 @@ def float_workspace(device: torch.device) -> torch.Tensor:
 def plan_logging_first(family: str, shape: tuple, plan: Callable[[], None]) -> None:
     """``plan()``, with an INFO line before and after the first one of ``(family, shape)`` in this process: FlashInfer
     loads a shape's kernel module at its first plan, and JIT-builds it there where its cache lacks it, inside the
-    step that asked (SGLang's flashinfer server on a fresh H200 host started in 202 s, in 46 s with the cache
-    carried: bench/results/current/sglang-h200/speed/call-fused-store/README.md); the lines say why that step took
-    so long."""
+    step that asked; the lines say why that step took so long."""
     if (family, shape) in _PLANNED_SHAPES:
         plan()
         return

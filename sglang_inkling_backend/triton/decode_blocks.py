@@ -13,9 +13,8 @@ is taken transposed, keys and channels on the dots' M side and the G query heads
   scale seen in that block (the probabilities times ``2**(e - unit) <= 1`` are rounded to fp16; V in fp16 is exact
   for e4m3). V is loaded as ``[channels, keys]``, which Triton streams through shared memory like K.
 Heads on the N side: an mma is 8 wide in N but 16 tall in M, so G = 8 (or 4) heads fill (half) a dot instead of
-padding it to 16 rows. Against the same kernel with heads on M (measured side by side in
-``bench/results/history/2026-11-29-decode-heads-on-n/``) this halves the dots, the accumulator registers and the
-softmax work per key: 15% fewer instructions per key, 2-7% faster at head_dim 128. No step reduces across the tile
+padding it to 16 rows. Against the same kernel with heads on M this halves the dots, the accumulator registers and
+the softmax work per key. No step reduces across the tile
 except the softmax's max and sum over keys. bf16 / fp16 pools use the same kernel without scales; per-tensor fp8
 applies its two scalars.
 

@@ -605,7 +605,7 @@ def _launch_options(plan):
     """Variant constexprs and launch options by stage count (offline ptxas for sm_90a, head_dim 128, 128-key
     tiles; other shapes take the defaults):
     - 2 stages: one P' buffer and at most 168 registers, so 3 programs fit an SM (74.5 KiB of shared memory each;
-      64 bytes of spills; 1.11-1.32x the 3-stage kernel's time in bench/results/current/2026-12-02-h200.json);
+      64 bytes of spills; slower than the 3-stage kernel on the H200 decode grid);
     - 3 stages (the plan's): 111 KiB and 223 registers on Triton 3.6 (tools/compile_hopper.py), 2 programs per SM."""
     two_stage_128 = plan.num_stages == 2 and plan.block_n == 128 and plan.head_dim == 128
     return {"ONE_P": True, "maxnreg": 168} if two_stage_128 else {}

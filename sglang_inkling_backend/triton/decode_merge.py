@@ -1,7 +1,6 @@
 """Decode stage 2: ``decode_merge_kernel`` merges the splits' partial results (output and base-2 log-sum-exp) of
 one (request, query head, block of channels) and folds in the sinks. Skipped when a batch needs one split.
-Small batches spread it over more programs (``plan.choose_merge_block_d``: 12-33% off a single request's time on an
-H200, bench/results/history/2026-11-30-decode-merge-channel-blocks/).
+Small batches spread it over more programs (``plan.choose_merge_block_d``).
 """
 
 from __future__ import annotations

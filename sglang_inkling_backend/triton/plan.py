@@ -59,7 +59,7 @@ class DecodeConfig:
     ``min_split``: the split policy (programs per SM over all (request, KV head) pairs, and the fewest keys per
     split); ``num_splits``: the split count itself; ``merge_block_d``: channels per merge program (a power of two
     from 32 to head_dim); ``pdl_merge``: launch the merge with programmatic dependent launch (sm_90+: it starts
-    while stage 1 runs and waits for it in the kernel; ``pdl_status``): off unless True (one H100 run so far)."""
+    while stage 1 runs and waits for it in the kernel; ``pdl_status``): off unless True (opt-in until timed)."""
 
     kernel: Optional[str] = None
     block_n: Optional[int] = None
@@ -165,13 +165,12 @@ class DecodePlan:
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_keys: int, num_sms: int, block_n: int,
                       waves: int = 8, min_split: int = MIN_SPLIT_TOKENS, resident: Optional[int] = None) -> int:
-    """Enough (request, head, split) programs to fill the GPU about ``waves`` times over (an H200 sweep: 1280
-    programs beat 640 by 13% at 4/1/256, B=128, 16k keys), never a split shorter than ``min_split`` keys.
+    """Enough (request, head, split) programs to fill the GPU about ``waves`` times over (chosen from H200
+    sweeps), never a split shorter than ``min_split`` keys.
 
     ``resident`` (programs of this kernel that fit on one SM at once): instead, at most one round of resident
     programs, ``resident * num_sms``, so that every program starts at once and none waits for a second, mostly
-    empty round (H200, transposed-V block kernel: one round beat 2, 3 and 32 or 64 waves' worth by 1-4% at the
-    large points and by 13-20% at B=8, 32k keys, where 2048 programs were 1.3 rounds of 1584)."""
+    empty round (on the H200 one round beat several for the transposed-V block kernel)."""
     programs = batch * num_kv_heads
     if resident is not None:
         want = max(1, resident * num_sms // programs)
@@ -227,17 +226,13 @@ _BLOCKS = dict(kernel="blocks", block_n=32, num_warps=1, num_stages=3)  # V load
 # of K/V stages at head_dim 128) split into one round of them
 HOPPER = dict(kernel="hopper", block_n=128, num_warps=4, num_stages=3, resident=2, waves=1, min_split=512)
 # head_dim 256 takes half-page tiles on 2 stages (on 128-key tiles it spills: HOPPER_BLOCK_NS): 199 registers and
-# 83 KiB, 2 programs per SM. On an H100 at 16/8/256, B 32 x 16k: 0.753 ms against the Triton block kernel's 0.876
-# and 128-key tiles' 1.677; 2.94 TB/s against a 3.02 TB/s copy
-# (bench/results/current/h100-2026-12-05/decode/call3-d256-gqa16.json).
+# 83 KiB, 2 programs per SM; on an H100 at 16/8/256 it was faster than the Triton block kernel and 128-key tiles.
 HOPPER_WIDE = dict(HOPPER, block_n=64, num_stages=2)
-# Where plan_decode picks the Hopper kernel on its own (an H200 grid, bench/results/current/2026-12-02-h200.json,
-# rows ours_mxfp8_hopper against ours_mxfp8; bench/hopper_route_table.py applies this rule to it): head_dim 128
-# or 256 with at most 8 query heads per KV head, at least 2**18 keys over all (request, KV head) pairs and at least
-# 2048 keys per request. At the 18 grid points the rule picks at head_dim 128 (16/2/128 and 64/8/128) it took
-# 0.84-0.98x the Triton block kernel's time; of the 14 head_dim-128 points it leaves out, 11 ran 1.00-1.66x (short
-# or few requests: its per-page overhead and one warpgroup per program) and 3 ran 0.79-0.92x. head_dim 256 follows
-# the same thresholds on the one point above (its grid points, 4/1/256, ran the spilling 128-key tiles).
+# Where plan_decode picks the Hopper kernel on its own, from the H200 decode grid (bench/hopper_route_table.py
+# applies this rule to a grid): head_dim 128 or 256 with at most 8 query heads per KV head, at least 2**18 keys
+# over all (request, KV head) pairs and at least 2048 keys per request. Below them (short or few requests) it
+# was mostly the slower kernel (its per-page overhead, one warpgroup per program). head_dim 256 follows the same
+# thresholds.
 HOPPER_MIN_PAIR_KEYS = 1 << 18
 HOPPER_MIN_KEYS = 2048
 _hopper_status: dict = {}
@@ -348,8 +343,8 @@ def hopper_config(head_dim: int) -> dict:
 
 
 # The warp-specialized Hopper kernel (decode_hopper_ws: a softmax warpgroup and a value warpgroup per program, 8
-# warps at 128 registers, 2 programs per SM), taken only when a DecodeConfig names it: on an H100 it took 1.00-1.02x
-# the one-warpgroup kernel's time at five grid points (bench/results/current/h100-2026-12-05/ws-first-run/).
+# warps at 128 registers, 2 programs per SM), taken only when a DecodeConfig names it: on an H100 it was no faster
+# than the one-warpgroup kernel.
 # Shared memory per program (tools/compile_hopper.py --ws, Triton 3.6 and 3.9, no stack): head_dim 128 on 3
 # stages of whole pages 109 KiB; head_dim 256 on half pages 82 KiB with 2 stages (114 KiB with 3: one per SM).
 def hopper_ws_config(head_dim: int) -> dict:
@@ -365,27 +360,21 @@ def _resident_blocks(wide: bool) -> int:
 
 def choose_config(batch: int, num_kv_heads: int, head_dim: int, max_keys: int, page_size: Optional[int],
                   kv_dtype: Optional[torch.dtype]) -> dict:
-    """Kernel configuration for a batch, from the H200 runs (bench/results/current/README.md, section "Decode
-    grid"; the runs behind each choice in bench/results/history/).
+    """Kernel configuration for a batch, from the H200 runs (each choice below was the faster one there; the runs
+    are indexed in bench/results/README.md).
 
     With page-aligned tiles and an 8-bit pool:
     - enough work for 512+ programs of 256-key splits: the block kernel (32-key tiles, one warp per program, no
       block-wide barrier, K and V streamed by cp.async), split into one round of resident programs (12 per SM at
       head_dim 128, 8 at 256). It beat the untransposed-V and heads-on-M block kernels at every large point of
-      the H200 sweeps (bench/results/history/2026-11-29-decode-v-transposed/,
-      bench/results/history/2026-11-29-decode-resident-splits/);
+      the H200 sweeps;
     - little work (under 32768 keys over all (request, KV head) pairs), or one or two pairs at head_dim 256: 64-key
       tiles on 4 warps, two waves of splits of >= 64 keys (a short batch's time is its serial tiles plus the
-      merge; the block kernel tied or lost there, bench/results/history/2026-11-29-decode-small-batch-splits/,
-      bench/results/history/2026-11-30-decode-single-requests/);
+      merge; the block kernel tied or lost there);
     - one or two pairs over more keys (a single request at head_dim <= 128): the block kernel, one round of
-      resident programs of >= 64 keys (1.21-1.28x FlashInfer bf16 at 16/2/128, 16k and 32k keys, where the tile
-      kernel ran 1.08-1.18x, bench/results/history/2026-11-30-decode-single-requests/);
-    - in between: the same block kernel, splits of >= 64 keys for about 4 programs per SM (1.18-1.22x
-      FlashInfer bf16 where the tile kernel ran 0.97-1.03x,
-      bench/results/history/2026-11-29-decode-mid-grid-block-kernel/ and
-      bench/results/history/2026-11-29-decode-small-batch-splits/; at 64/8/128, one request of 4k keys, 1.26x where
-      the tile kernel ran 1.10x, bench/results/history/2026-11-30-decode-single-requests/).
+      resident programs of >= 64 keys (faster than the tile kernel there);
+    - in between: the same block kernel, splits of >= 64 keys for about 4 programs per SM (faster than the tile
+      kernel there).
     Otherwise (per-token indices, or 16-bit pools) the tile kernel: 64-key tiles, 2 warps (4 at head_dim 256, where
     2 spill), 8 waves of splits of >= 256 keys."""
     eight_bit = kv_dtype is None or kv_dtype.itemsize == 1

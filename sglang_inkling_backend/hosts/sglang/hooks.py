@@ -160,9 +160,7 @@ VERIFY_GRAPHS_ENV = "INKLING_VERIFY_GRAPHS"
 def verify_graphs_setting() -> bool:
     """Whether a speculative target's verify steps run under CUDA graphs where the Triton route serves
     (``INKLING_VERIFY_GRAPHS``: 1, the default, or 0). Off, start-up turns decode graphs off with speculation, which
-    also drops EAGLE's draft graphs (SGLang has one switch for both, ``Phase.DECODE``). On an H100, NGRAM over MXFP8
-    gave the eager run's tokens and logprobs exactly at 1.43-1.81x its decode rate
-    (bench/results/current/h100-2026-12-05/sglang/)."""
+    also drops EAGLE's draft graphs (SGLang has one switch for both, ``Phase.DECODE``)."""
     import os
     value = os.environ.get(VERIFY_GRAPHS_ENV, "1")
     if value not in ("0", "1"):
@@ -183,9 +181,8 @@ def decode_graph_capturable(device: str | None, head_dim: int | None = None) -> 
 # request over the cached prefix, with SGLang's tree or chain mask) on the Triton route. NGRAM has no draft model.
 # EAGLE/EAGLE3 run their draft model on one of SGLang's own backends (DRAFT_ATTENTION_BACKENDS; SGLang's
 # DraftBackendFactory has no entry for this one) over a 16-bit draft pool; their verify batches are NGRAM's to this
-# backend (SGLang 0.5.23 eagle_utils.build_tree_kernel_efficient). Against the same server without speculation on the
-# H200, divergences only at near-ties: NGRAM in bench/results/current/sglang-h200/spec-hicache/, EAGLE chains (MXFP8),
-# EAGLE3 chains (MXFP8) and EAGLE trees (bf16) in bench/results/current/sglang-h200/spec-eagle/.
+# backend (SGLang 0.5.23 eagle_utils.build_tree_kernel_efficient). Each was run through the real server on a GPU
+# against the same server without speculation (docs/SERVING.md, "Speculative decoding").
 SPECULATIVE_ALGORITHMS = ("NGRAM", "EAGLE", "EAGLE3")
 DRAFT_MODEL_ALGORITHMS = ("EAGLE", "EAGLE3")
 # Where each runs: CUDA/ROCm ("cuda") through the Triton route's verify kernel; NGRAM also on a CPU through the torch

@@ -44,9 +44,8 @@ PROLOGUE_TARGET = f"{PROLOGUE_MODULE}.inkling_attn_prologue_decode"
 EXTEND_PROLOGUE_TARGET = f"{PROLOGUE_MODULE}.inkling_attn_prologue_extend"
 QUERY_FORMAT_ENV = "INKLING_MXFP8_QUERY"
 QUERY_FORMATS = ("bf16", "mxfp8")
-# bf16: rounding q to MXFP8 moved the seeded Inkling model's teacher-forced logprobs 0.091 +- 0.005 nats further
-# from bf16; with q unrounded MXFP8 drifts as per-tensor fp8 does (-0.0001 +- 0.0006;
-# bench/results/current/sglang-h200/q-rounding/tables.md, runs E and H). The pool's bytes are the same either way.
+# bf16: q unrounded, so K/V's rounding is the only one; mxfp8 rounds q too, which adds its own drift from bf16
+# (docs/MEASURED.md, the Inkling model). The pool's bytes are the same either way.
 DEFAULT_QUERY_FORMAT = "bf16"
 # The backend whose kwarg contract (rel_bias / q_descale / fused prologue) this backend implements.
 CONTRACT_BACKEND = "fa4"

@@ -1,7 +1,7 @@
 """SGLang's target-verify batch (speculative decoding: NGRAM's ``NgramVerifyInput``, EAGLE's verify input) as the
 core's ``attention_inputs.SpecVerify``. Host-free (torch only): the backend hands in SGLang's tensors.
 
-SGLang 0.5.23's verify step (``docs/SGLANG_SPEC_HICACHE_STUDY.md`` section 3): each request has ``D =
+SGLang 0.5.23's verify step (``docs/studies/SGLANG_SPEC_HICACHE_STUDY.md`` section 3): each request has ``D =
 spec_info.draft_token_num`` draft tokens, already in ``req_to_token`` after its ``seq_lens`` cached keys
 (``forward_batch.seq_lens`` excludes them); ``spec_info.positions`` are ``seq_len + depth``; ``spec_info.custom_mask``
 is bool, request after request, either the FULL layout (off CPU: a ``[D, seq_len + D]`` block per request, the
