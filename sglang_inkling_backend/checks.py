@@ -16,6 +16,13 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 PADDING_SLOT = 0  # the pool's padding sink (as in SGLang): written by padded batches, never read
 
 
+class UnsupportedFeature(ValueError, NotImplementedError):
+    """A refusal of a feature or mode this backend does not implement (a layer's logit cap, a forward mode, fused
+    output quantization), naming it. A ValueError, as every refusal of a caller's input here is; also a
+    NotImplementedError, the type SGLang's and vLLM's own backends raise for the same refusals, so a host that catches
+    that type still does."""
+
+
 def _describe(value) -> str:
     if isinstance(value, torch.Tensor):
         return f"a {value.dtype} tensor of shape {tuple(value.shape)}"

@@ -23,7 +23,7 @@ import torch
 
 from sglang_inkling_backend import kv_views
 from sglang_inkling_backend.attention_inputs import FLOAT_KV_DTYPES, AttentionParams, PagedKV, SpecVerify
-from sglang_inkling_backend.checks import require_tensor
+from sglang_inkling_backend.checks import require_tensor, UnsupportedFeature
 from sglang_inkling_backend.layer_plan import LayerSpec
 from sglang_inkling_backend.rails import KVPages, KVRails
 from sglang_inkling_backend.step_plans import check_extend_keys
@@ -128,8 +128,8 @@ def attend(route, spec: LayerSpec, q3: torch.Tensor, kv: PagedKV, keys: StepKeys
         raise TypeError(f"out must be a floating-point tensor (the attention is cast into it), got {out.dtype}")
     if verify is not None:
         if not getattr(route, "serves_verify", False):
-            raise NotImplementedError(f"the {getattr(route, 'name', type(route).__name__)} route cannot serve a "
-                                      "speculative verify step (a tree mask); the torch route can")
+            raise UnsupportedFeature(f"the {getattr(route, 'name', type(route).__name__)} route cannot serve a "
+                                     "speculative verify step (a tree mask); the torch route can")
         if not isinstance(verify, SpecVerify):
             raise TypeError(f"verify must be None or a SpecVerify, got {type(verify).__name__}")
         if rows == nd:

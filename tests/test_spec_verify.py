@@ -15,6 +15,7 @@ import torch
 
 from sglang_inkling_backend import InklingKVPool, LayerPlan, layer_step
 from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV, SpecVerify
+from sglang_inkling_backend.checks import UnsupportedFeature
 from sglang_inkling_backend.layer_plan import LayerSpec
 from sglang_inkling_backend.rails import KVRails, window_start
 from sglang_inkling_backend.reference.attention import paged_extend_attention
@@ -207,6 +208,12 @@ def test_a_route_without_tree_masks_refuses_a_verify_step_before_any_write():
     with pytest.raises(NotImplementedError, match="the stand-in route cannot serve a speculative verify step"):
         layer_step.attend(plain, SPEC, q, b.kv, Keys(b), lambda f, t: AttentionParams(1 / D), None, out,
                           verify=b.verify())
+    # the same refusal is a ValueError too (the rule for every refusal here); hosts may catch either type
+    with pytest.raises(ValueError, match="the stand-in route cannot serve a speculative verify step") as refused:
+        layer_step.attend(plain, SPEC, q, b.kv, Keys(b), lambda f, t: AttentionParams(1 / D), None, out,
+                          verify=b.verify())
+    assert type(refused.value) is UnsupportedFeature
+    assert not out.any()  # nothing written
     with pytest.raises(ValueError, match="the step has no extend rows"):
         layer_step.attend(TorchRoute(), SPEC, q[:1], b.kv, Keys(b), lambda f, t: AttentionParams(1 / D), None,
                           out[:1], verify=b.verify())

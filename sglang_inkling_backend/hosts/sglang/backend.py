@@ -30,6 +30,7 @@ from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 
 from sglang_inkling_backend import checks, kv_views, layer_step, mxfp8
+from sglang_inkling_backend.checks import UnsupportedFeature
 from sglang_inkling_backend.hosts.sglang import call_args
 from sglang_inkling_backend.hosts.sglang.layers import layer_plan_of, radix_layers
 from sglang_inkling_backend.hosts.sglang.metadata import (DecodeGraphBuffers, InklingForwardMetadata,
@@ -71,7 +72,7 @@ def check_swa_placement(plan, layers_mapping) -> None:
         placed = layers_mapping.get(layer_id)
         windowed = plan.window(layer_id) is not None
         if placed is None or bool(placed[1]) != windowed:
-            raise NotImplementedError(
+            raise UnsupportedFeature(
                 f"inkling: layer {layer_id} is {'windowed' if windowed else 'full attention'} but SGLang's hybrid "
                 f"SWA pool places it {'nowhere' if placed is None else ('in the SWA' if placed[1] else 'in the full')}"
                 f" sub-pool; serve this model with --disable-hybrid-swa-memory")
@@ -175,10 +176,10 @@ class InklingAttnBackend(AttentionBackend):
     @staticmethod
     def _check_mode(forward_mode) -> None:
         if forward_mode.is_draft_extend_v2():
-            raise NotImplementedError("--attention-backend inkling does not support speculative decoding's draft "
-                                      f"extend (forward mode {forward_mode.name})")
+            raise UnsupportedFeature("--attention-backend inkling does not support speculative decoding's draft "
+                                     f"extend (forward mode {forward_mode.name})")
         if forward_mode.is_dllm_extend():
-            raise NotImplementedError("--attention-backend inkling does not support diffusion LLM extend")
+            raise UnsupportedFeature("--attention-backend inkling does not support diffusion LLM extend")
 
     def init_forward_metadata(self, forward_batch):
         mode = forward_batch.forward_mode
@@ -253,8 +254,8 @@ class InklingAttnBackend(AttentionBackend):
         if self._graph_buffers is None:
             raise RuntimeError("inkling: init_cuda_graph_state was not called before graph metadata")
         if not mode.is_decode_or_idle():
-            raise NotImplementedError(f"inkling: CUDA graphs cover decode and target verify, got forward mode "
-                                      f"{mode.name}")
+            raise UnsupportedFeature(f"inkling: CUDA graphs cover decode and target verify, got forward mode "
+                                     f"{mode.name}")
         bs = forward_batch.batch_size
         out_cache_loc = None
         if self.is_swa_pool:
@@ -329,9 +330,9 @@ class InklingAttnBackend(AttentionBackend):
     def init_forward_metadata_capture_cpu_graph(self, bs, num_tokens, req_pool_indices, seq_lens, out_cache_loc,
                                                 encoder_lens, forward_mode, spec_info):
         if not forward_mode.is_decode():
-            raise NotImplementedError(f"inkling: the CPU graph runner captures decode only, got {forward_mode.name}")
+            raise UnsupportedFeature(f"inkling: the CPU graph runner captures decode only, got {forward_mode.name}")
         if encoder_lens is not None or spec_info is not None:
-            raise NotImplementedError("inkling: CPU graph capture with encoder lens or speculative info")
+            raise UnsupportedFeature("inkling: CPU graph capture with encoder lens or speculative info")
         self.init_forward_metadata(SimpleNamespace(
             forward_mode=forward_mode, req_pool_indices=req_pool_indices[:bs], seq_lens=seq_lens[:bs],
             seq_lens_cpu=None, out_cache_loc=out_cache_loc[:num_tokens], extend_seq_lens=None))

@@ -9,6 +9,7 @@ from typing import Any, Mapping
 
 import torch
 
+from sglang_inkling_backend.checks import UnsupportedFeature
 from sglang_inkling_backend.layer_plan import LayerSpec, attention_params as record_attention_params
 from sglang_inkling_backend.attention_inputs import AttentionParams
 
@@ -26,18 +27,18 @@ def score_mod_name(score_mod: Any) -> str:
 
 
 def attention_params(spec: LayerSpec, kwargs: Mapping[str, Any], rows: int) -> AttentionParams:
-    """AttentionParams for one call of the layer ``spec``. Raises NotImplementedError naming what is unsupported."""
+    """AttentionParams for one call of the layer ``spec``. Raises UnsupportedFeature naming what is unsupported."""
     for name, what in UNSUPPORTED_KWARGS.items():
         value = kwargs.get(name)
         if value is not None and value is not False:
-            raise NotImplementedError(f"--attention-backend inkling does not implement {what} (got {name}=...)")
+            raise UnsupportedFeature(f"--attention-backend inkling does not implement {what} (got {name}=...)")
     rel_bias = kwargs.get("rel_bias")
     score_mod = kwargs.get("score_mod")
     if score_mod is not None:
         name = score_mod_name(score_mod)
         if name not in RELATIVE_BIAS_SCORE_MODS:
-            raise NotImplementedError(f"--attention-backend inkling supports only the relative-bias score_mod "
-                                      f"({', '.join(RELATIVE_BIAS_SCORE_MODS)}), got score_mod {name!r}")
+            raise UnsupportedFeature(f"--attention-backend inkling supports only the relative-bias score_mod "
+                                     f"({', '.join(RELATIVE_BIAS_SCORE_MODS)}), got score_mod {name!r}")
         aux = kwargs.get("aux_tensors")
         if aux is None or len(aux) != 1:
             raise ValueError("the relative-bias score_mod needs aux_tensors=[rel_logits [rows, Hq, rel_extent]]")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Iterable, Optional
 
+from sglang_inkling_backend.checks import UnsupportedFeature
 from sglang_inkling_backend.layer_plan import LayerPlan, LayerSpec
 
 
@@ -24,23 +25,23 @@ def record_window(sliding_window_size) -> Optional[int]:
 
 
 def layer_spec(layer) -> LayerSpec:
-    """The record of one ``RadixAttention`` (per-rank head counts). Raises NotImplementedError naming what this
+    """The record of one ``RadixAttention`` (per-rank head counts). Raises UnsupportedFeature naming what this
     backend does not serve."""
     from sglang.srt.layers.radix_attention import AttentionType
 
     if layer.is_cross_attention or layer.attn_type != AttentionType.DECODER:
-        raise NotImplementedError(f"--attention-backend inkling serves causal decoder self-attention; layer "
-                                  f"{layer.layer_id} is {layer.attn_type.name}"
-                                  f"{' cross-attention' if layer.is_cross_attention else ''}")
+        raise UnsupportedFeature(f"--attention-backend inkling serves causal decoder self-attention; layer "
+                                 f"{layer.layer_id} is {layer.attn_type.name}"
+                                 f"{' cross-attention' if layer.is_cross_attention else ''}")
     if layer.qk_head_dim != layer.v_head_dim:
-        raise NotImplementedError(f"--attention-backend inkling needs qk_head_dim == v_head_dim, layer "
-                                  f"{layer.layer_id} has {layer.qk_head_dim} and {layer.v_head_dim}")
+        raise UnsupportedFeature(f"--attention-backend inkling needs qk_head_dim == v_head_dim, layer "
+                                 f"{layer.layer_id} has {layer.qk_head_dim} and {layer.v_head_dim}")
     if getattr(layer, "xai_temperature_len", -1) and layer.xai_temperature_len > 0:
-        raise NotImplementedError("--attention-backend inkling does not implement xai_temperature_len")
+        raise UnsupportedFeature("--attention-backend inkling does not implement xai_temperature_len")
     cap = float(layer.logit_cap or 0.0)
     if cap > 0 and layer.logit_capping_method != "tanh":
-        raise NotImplementedError(f"--attention-backend inkling implements the tanh logit cap only, layer "
-                                  f"{layer.layer_id} asks for {layer.logit_capping_method!r}")
+        raise UnsupportedFeature(f"--attention-backend inkling implements the tanh logit cap only, layer "
+                                 f"{layer.layer_id} asks for {layer.logit_capping_method!r}")
     k_scale = getattr(layer, "k_scale_float", None)
     v_scale = getattr(layer, "v_scale_float", None)
     return LayerSpec(window=record_window(layer.sliding_window_size), num_q_heads=layer.tp_q_head_num,

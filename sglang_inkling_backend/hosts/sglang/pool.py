@@ -25,6 +25,7 @@ from typing import Optional
 import torch
 from sglang.srt.mem_cache.memory_pool import GPU_MEMORY_TYPE_KV_CACHE, MHATokenToKVPool, unwrap_write_loc
 
+from sglang_inkling_backend.checks import UnsupportedFeature
 from sglang_inkling_backend import checks, mxfp8
 from sglang_inkling_backend.hosts.sglang.kv_formats import pool_format_for
 from sglang_inkling_backend.kv_pool import InklingKVPool
@@ -126,7 +127,7 @@ class InklingMHATokenToKVPool(MHATokenToKVPool):
     def set_kv_buffer(self, layer, loc_info, cache_k: torch.Tensor, cache_v: torch.Tensor, k_scale=None,
                       v_scale=None, layer_id_override: Optional[int] = None, dcp_kv_mask=None):
         if dcp_kv_mask is not None:
-            raise NotImplementedError("the inkling KV pool does not support dcp_kv_mask (decode context parallelism)")
+            raise UnsupportedFeature("the inkling KV pool does not support dcp_kv_mask (decode context parallelism)")
         loc, _, _ = unwrap_write_loc(loc_info)
         self._check_physical_write_loc(loc_info, "set_kv_buffer (inkling)")
         if layer_id_override is None and not hasattr(layer, "layer_id"):
@@ -224,7 +225,7 @@ class InklingMHATokenToKVPool(MHATokenToKVPool):
                 layout.scatter(sfv, indices, sv.to(sfv.device))
 
     def set_kv_buffer_prefix_valid(self, *args, **kwargs):
-        raise NotImplementedError("prefix-valid commit is not supported by the inkling KV pool")
+        raise UnsupportedFeature("prefix-valid commit is not supported by the inkling KV pool")
 
 
 def _is_block_scales(scale) -> bool:

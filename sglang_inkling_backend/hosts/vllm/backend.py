@@ -36,7 +36,7 @@ from sglang_inkling_backend.hosts.vllm.block_cache import MXFP8_BLOCK_SIZE, cell
 from sglang_inkling_backend.hosts.vllm import version as vllm_release
 from sglang_inkling_backend.layer_plan import LayerSpec
 from sglang_inkling_backend import checks
-from sglang_inkling_backend.checks import triton_head_dim_ok
+from sglang_inkling_backend.checks import triton_head_dim_ok, UnsupportedFeature
 from sglang_inkling_backend.routes import choose_route
 
 
@@ -232,7 +232,7 @@ class InklingVllmImpl(AttentionImpl[VllmBatch]):
                 attn_metadata: Optional[VllmBatch], output: torch.Tensor, output_scale=None,
                 output_block_scale=None) -> torch.Tensor:
         if output_scale is not None or output_block_scale is not None:
-            raise NotImplementedError(f"--attention-backend {BACKEND_NAME} does not fuse output quantization")
+            raise UnsupportedFeature(f"--attention-backend {BACKEND_NAME} does not fuse output quantization")
         if attn_metadata is None:
             return output  # vLLM's profiling run
         self._bind(layer)

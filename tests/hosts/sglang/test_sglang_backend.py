@@ -724,6 +724,8 @@ def test_unsupported_layers_are_refused_at_construction():
     layers[0].v_head_dim = D // 2
     with pytest.raises(NotImplementedError, match="qk_head_dim == v_head_dim, layer 0"):
         InklingAttnBackend(Harness(layers, bf16_pool()).runner)
+    with pytest.raises(ValueError, match="qk_head_dim == v_head_dim, layer 0"):  # a ValueError as well
+        InklingAttnBackend(Harness(layers, bf16_pool()).runner)
 
 
 def test_pool_rejects_bad_writes_before_writing():
