@@ -7,8 +7,9 @@ what was expected, and none writes anything (callers run every check before thei
 from __future__ import annotations
 
 import math
+import numbers
 import weakref
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -29,8 +30,24 @@ def _describe(value) -> str:
     return f"{value!r} ({type(value).__name__})"
 
 
+def is_int(value) -> bool:
+    """An ``int`` that is not a ``bool``."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_integral(value) -> bool:
+    """An ``int`` or another integral number (a numpy integer), not a ``bool``."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_number(value) -> bool:
+    """An ``int`` or a ``float``, not a ``bool`` (any value: NaN and infinities included)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def require_int(value, name: str, minimum: Optional[int] = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    """An int >= ``minimum``: TypeError for a non-int, ValueError for an int below ``minimum``."""
+    if not is_int(value):
         raise TypeError(f"{name} must be an int, got {_describe(value)}")
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
@@ -39,6 +56,27 @@ def require_int(value, name: str, minimum: Optional[int] = None) -> int:
 
 def require_positive_int(value, name: str) -> int:
     return require_int(value, name, 1)
+
+
+def require_int_value(value, name: str, expected: str = "a positive int", *, minimum: Optional[int] = 1,
+                      maximum: Optional[int] = None, valid: Optional[Callable[[int], bool]] = None) -> int:
+    """An int in ``[minimum, maximum]`` (a bound of None: none) for which ``valid`` holds, else one ValueError
+    (a non-int included) "{name} must be {expected}, got {value!r}"."""
+    if not is_int(value) or (minimum is not None and value < minimum) or (maximum is not None and value > maximum) \
+            or (valid is not None and not valid(value)):
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+    return value
+
+
+def is_power_of_two(value: int) -> bool:
+    return value > 0 and value & (value - 1) == 0
+
+
+def require_bool(value, name: str, expected: str = "a bool") -> bool:
+    """A ``bool`` (TypeError naming ``name`` and ``expected`` otherwise: 1 is not True here)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be {expected}, got {_describe(value)}")
+    return value
 
 
 # --- tensors and devices ----------------------------------------------------------------------------------------
@@ -88,7 +126,7 @@ def require_device(device, name: str = "device") -> torch.device:
     """``device`` (a ``torch.device`` or its name) as a ``torch.device`` that can hold data here: not ``meta``, and
     one torch can reach in this process (``'cuda'`` on a machine without CUDA, ``'cuda:3'`` on one with two GPUs
     are refused). For constructors, before their first allocation."""
-    if isinstance(device, bool) or not isinstance(device, (str, torch.device, int)):
+    if not (isinstance(device, (str, torch.device)) or is_int(device)):
         raise TypeError(f"{name} must be a torch.device or its name (e.g. 'cpu', 'cuda:0'), got {_describe(device)}")
     try:
         dev = torch.device(device)
@@ -115,8 +153,7 @@ def require_tensor(value, name: str, expected: str = "a torch.Tensor", *, show_v
 
 def require_pin_memory(value, name: str = "pin_memory") -> bool:
     """A bool; True only where torch has a pinned-memory allocator (an accelerator it can reach)."""
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {_describe(value)}")
+    require_bool(value, name)
     accelerator = getattr(torch, "accelerator", None)
     reachable = accelerator.is_available() if accelerator is not None else torch.cuda.is_available()
     if value and not reachable:
@@ -159,7 +196,7 @@ def require_real(value, name: str, expected: str = "a finite number") -> float:
     """A number finite in float32 (a Python int or float, not bool, or a one-element floating tensor), as a float."""
     if isinstance(value, torch.Tensor) and value.numel() == 1 and value.is_floating_point():
         value = float(value.item())
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not is_number(value):
         raise TypeError(f"{name} must be {expected}, got {_describe(value)}")
     value = float(value)
     if not math.isfinite(value):

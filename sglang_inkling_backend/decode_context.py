@@ -12,13 +12,12 @@ MLX path passes an ``mx.array`` factory), so the core stays free of MLX.
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from .checks import require_entries
+from .checks import is_int, is_integral, require_entries, require_int_value
 from .layer_plan import LayerPlan
 
 MISSING_FULL_MAP_ERROR = ("BatchedDecodeContext requires full_kv_pool_index_by_layer when the fused AOT RoPE + "
@@ -33,7 +32,7 @@ def _seq_len(n: Any, i: int) -> int:
     """An int (or an integer tensor element): a float is refused, never truncated."""
     if isinstance(n, torch.Tensor) and n.numel() == 1 and not n.is_floating_point() and n.dtype != torch.bool:
         n = int(n)
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+    if not is_integral(n):
         raise TypeError(f"seq_lens[{i}] must be an int, got {n!r} ({type(n).__name__})")
     return int(n)
 
@@ -44,7 +43,7 @@ def _check_index_map(mapping: Any, name: str, size: int) -> None:
         raise TypeError(f"{name} must be a dict of layer id -> pool index, got {type(mapping).__name__}")
     for layer, index in mapping.items():
         for what, value in (("layer id", layer), ("pool index", index)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            if not is_int(value) or value < 0:
                 raise ValueError(f"{name}: every {what} must be an int >= 0, got {value!r} (layer {layer!r})")
         if index >= size:
             raise ValueError(f"{name}: layer {layer}'s pool index {index} is out of range [0, {size})")
@@ -104,8 +103,8 @@ class BatchedDecodeContext:
         return list(self.seq_lens)
 
     def decode_padding(self, window: Optional[int]) -> tuple[list[int], Any]:
-        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window <= 0):
-            raise ValueError(f"window must be None or a positive int, got {window!r}")
+        if window is not None:
+            require_int_value(window, "window", "None or a positive int")
         if window not in self._padding_by_window:
             lens = [n + 1 if window is None else min(n + 1, window) for n in self.seq_lens]
             width = max(lens)
@@ -121,8 +120,8 @@ class BatchedDecodeContext:
             raise ValueError(f"layer_id must be one of the model's attention layers "
                              f"{sorted(self.attention_pool_index_by_layer)}, got {layer_id!r}")
         caches = self.attention_layer_caches[self.attention_pool_index_by_layer[layer_id]]
-        if isinstance(request, bool) or not isinstance(request, int) or not 0 <= request < len(caches):
-            raise ValueError(f"request must be an int in [0, {len(caches)}) (the batch's requests), got {request!r}")
+        require_int_value(request, "request", f"an int in [0, {len(caches)}) (the batch's requests)", minimum=0,
+                          maximum=len(caches) - 1)
         return caches[request]
 
 

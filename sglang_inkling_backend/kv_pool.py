@@ -15,8 +15,8 @@ from typing import Any, Callable, Optional, Sequence, Union
 import torch
 
 from . import kv_views, mxfp8
-from .checks import (require_device, require_pin_memory, require_positive_int, require_positive_real, require_slots,
-                     require_slots_once, require_tensor)
+from .checks import (is_int, require_device, require_int_value, require_pin_memory, require_positive_int,
+                     require_positive_real, require_slots, require_slots_once, require_tensor)
 from .layer_plan import LayerPlan
 from .attention_inputs import PagedKV
 from .scale_layout import ScaleLayout
@@ -24,7 +24,7 @@ from .scale_layout import ScaleLayout
 
 def _layer_id(layer: Union[int, Any]) -> int:
     layer_id = layer if isinstance(layer, int) else getattr(layer, "layer_id", None)
-    if isinstance(layer_id, bool) or not isinstance(layer_id, int):
+    if not is_int(layer_id):
         raise TypeError(f"layer must be an int layer id or have an int .layer_id, got {type(layer).__name__}")
     return layer_id
 
@@ -239,8 +239,7 @@ def bytes_per_token(plan: LayerPlan, kv_format: str) -> int:
 
 def tokens_that_fit(byte_budget: int, plan: LayerPlan, kv_format: str) -> int:
     """How many tokens of KV (every attention layer) fit in ``byte_budget`` bytes."""
-    if isinstance(byte_budget, bool) or not isinstance(byte_budget, int) or byte_budget < 0:
-        raise ValueError(f"byte_budget must be a non-negative int, got {byte_budget!r}")
+    require_int_value(byte_budget, "byte_budget", "a non-negative int", minimum=0)
     return byte_budget // bytes_per_token(plan, kv_format)
 
 
@@ -254,8 +253,7 @@ class HostKVTier:
                  pin_memory: bool = False):
         if not isinstance(pool, InklingKVPool):
             raise TypeError(f"pool must be an InklingKVPool, got {type(pool).__name__}")
-        if isinstance(num_pages, bool) or not isinstance(num_pages, int) or num_pages <= 0:
-            raise ValueError(f"num_pages must be a positive int, got {num_pages!r}")
+        require_int_value(num_pages, "num_pages")
         require_pin_memory(pin_memory)
         self.pool, self.num_pages, self.page_size = pool, num_pages, pool.page_size
         self.layer_ids = list(layer_ids) if layer_ids is not None else list(pool.layers)

@@ -21,8 +21,8 @@ from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
-from .checks import (_describe, require_int, require_non_negative_real, require_positive_int, require_positive_real,
-                     require_real)
+from .checks import (_describe, is_int, require_bool, require_int, require_int_value, require_non_negative_real,
+                     require_positive_int, require_positive_real, require_real)
 from .attention_inputs import AttentionParams
 
 
@@ -57,20 +57,15 @@ class LayerSpec:
     v_scale: float = 1.0
 
     def __post_init__(self):
-        if not isinstance(self.has_attention, bool):
-            raise TypeError(f"LayerSpec.has_attention must be a bool, got {_describe(self.has_attention)}")
-        if not self.has_attention:
+        if not require_bool(self.has_attention, "LayerSpec.has_attention"):
             return
         for name in ("num_q_heads", "num_kv_heads", "head_dim"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"LayerSpec.{name} must be a positive int for an attention layer, got {value!r}")
+            require_int_value(getattr(self, name), f"LayerSpec.{name}", "a positive int for an attention layer")
         if self.num_q_heads % self.num_kv_heads:
             raise ValueError(f"LayerSpec.num_q_heads ({self.num_q_heads}) must be a multiple of "
                              f"num_kv_heads ({self.num_kv_heads}) for GQA")
-        if self.window is not None and (isinstance(self.window, bool) or not isinstance(self.window, int)
-                                        or self.window <= 0):
-            raise ValueError(f"LayerSpec.window must be None (full attention) or a positive int, got {self.window!r}")
+        if self.window is not None:
+            require_int_value(self.window, "LayerSpec.window", "None (full attention) or a positive int")
         if self.rel_extent is not None:
             require_positive_int(self.rel_extent, "LayerSpec.rel_extent")
         if self.softmax_scale is not None:
@@ -128,7 +123,7 @@ class LayerPlan:
         no attention."""
         if not windows:
             raise ValueError("windows must name at least one attention layer")
-        keys = [i for i in windows if isinstance(i, bool) or not isinstance(i, int)]
+        keys = [i for i in windows if not is_int(i)]
         if keys:
             raise TypeError(f"windows must map int layer ids to windows, got keys {keys!r}")
         if num_layers is not None:
@@ -146,117 +141,14 @@ class LayerPlan:
         """From a Hugging Face style config: Llama-like (all full), Gemma-2/3 (``layer_types`` or
         ``sliding_window_pattern``), Inkling (``local_layer_ids`` with optional ``swa_*`` geometry). A field that is
         None counts as absent; any other value must be valid (0 is never read as absent)."""
-        text = getattr(config, "text_config", None) or config
-        get = lambda name, default=None: getattr(text, name, default)  # noqa: E731
-        n = get("num_hidden_layers")
-        hq = get("num_attention_heads")
-        if isinstance(n, bool) or isinstance(hq, bool) or not isinstance(n, int) or not isinstance(hq, int) \
-                or n < 1 or hq < 1:
-            raise ValueError(f"config must give num_hidden_layers and num_attention_heads as positive ints, got "
-                             f"{n!r} and {hq!r}")
-
-        def positive_int(name, default=None):
-            value = get(name)
-            return default if value is None else require_positive_int(value, f"config.{name}")
-
-        def positive_real(name, value):
-            return None if value is None else require_positive_real(value, f"config.{name}")
-
-        def gqa(q_name, q, kv_name, kv):
-            if q % kv:
-                raise ValueError(f"config.{q_name} ({q}) must be a multiple of config.{kv_name} ({kv}) for GQA")
-
-        window = get("sliding_window")
-
-        def window_for(reason):
-            if window is None:
-                raise ValueError(f"{reason} but config.sliding_window is None: a window needs its size")
-            return require_positive_int(window, "config.sliding_window")
-
-        hkv = positive_int("num_key_value_heads", hq)
-        d = positive_int("head_dim")
-        if d is None:
-            hidden = get("hidden_size")
-            if hidden is None:
-                raise ValueError("config must give head_dim or hidden_size (head_dim = hidden_size // "
-                                 "num_attention_heads), got neither")
-            require_positive_int(hidden, "config.hidden_size")
-            if hidden % hq:
-                raise ValueError(f"config.hidden_size ({hidden}) must be a multiple of config.num_attention_heads "
-                                 f"({hq}) when config.head_dim is not given")
-            d = hidden // hq
-        full_theta = positive_real("rope_theta", get("rope_theta"))
-        local_theta = positive_real("rope_local_base_freq", get("rope_local_base_freq", full_theta))
-        layer_types = get("layer_types")
-        local_ids = get("local_layer_ids")
-        if get("model_type") == "inkling" or local_ids is not None:
-            try:
-                ids = list(local_ids or [])
-            except TypeError:
-                raise TypeError(f"config.local_layer_ids must be a list of layer ids, got {_describe(local_ids)}") \
-                    from None
-            for i in ids:
-                require_int(i, "config.local_layer_ids' entries")
-            outside = [i for i in ids if not 0 <= i < n]
-            if outside:
-                raise ValueError(f"config.local_layer_ids must name layers in [0, {n}) (config.num_hidden_layers), "
-                                 f"got {outside}")
-            local = set(ids)
-            specs = []
-            if local:
-                w = window_for("config.local_layer_ids names local layers")
-                hq_local = positive_int("swa_num_attention_heads", hq)
-                hkv_local = positive_int("swa_num_key_value_heads", hkv)
-                d_local = positive_int("swa_head_dim", d)
-                gqa("swa_num_attention_heads", hq_local, "swa_num_key_value_heads", hkv_local)
-            if len(local) < n:
-                gqa("num_attention_heads", hq, "num_key_value_heads", hkv)
-                rel_extent = get("rel_extent", 1024)
-                if rel_extent is not None:
-                    require_positive_int(rel_extent, "config.rel_extent")
-                n_floor = positive_int("log_scaling_n_floor")
-                alpha = get("log_scaling_alpha")
-                log_scaling = None if n_floor is None else LogScaling(
-                    n_floor, 0.1 if alpha is None else require_real(alpha, "config.log_scaling_alpha"))
-            for i in range(n):
-                if i in local:
-                    specs.append(LayerSpec(window=w, num_q_heads=hq_local, num_kv_heads=hkv_local, head_dim=d_local,
-                                           rel_extent=w, softmax_scale=1.0 / d_local))
-                else:
-                    specs.append(LayerSpec(window=None, num_q_heads=hq, num_kv_heads=hkv, head_dim=d,
-                                           rel_extent=rel_extent, softmax_scale=1.0 / d, log_scaling=log_scaling))
-            return cls(specs)
-        gqa("num_attention_heads", hq, "num_key_value_heads", hkv)
-        query_pre_attn_scalar = positive_real("query_pre_attn_scalar", get("query_pre_attn_scalar"))
-        scale = query_pre_attn_scalar ** -0.5 if query_pre_attn_scalar is not None else None
-        cap = get("attn_logit_softcapping")
-        cap = 0.0 if cap is None else require_non_negative_real(cap, "config.attn_logit_softcapping")
-        pattern = get("sliding_window_pattern")
-        use_sliding = get("use_sliding_window")
-        if use_sliding is not None and not isinstance(use_sliding, bool):
-            raise TypeError(f"config.use_sliding_window must be a bool, got {_describe(use_sliding)}")
-        if layer_types is not None:
-            known = ("sliding_attention", "full_attention")
-            if len(layer_types) != n:
-                raise ValueError(f"config.layer_types names {len(layer_types)} layers, the model has "
-                                 f"num_hidden_layers={n}")
-            unknown = sorted({t for t in layer_types if t not in known})
-            if unknown:
-                raise ValueError(f"config.layer_types holds {unknown}; this backend serves {known}")
-            is_local = [t == "sliding_attention" for t in layer_types]
-            if any(is_local):
-                window_for("config.layer_types has sliding_attention layers")
-        elif pattern is not None and window is not None:
-            p = require_positive_int(pattern, "config.sliding_window_pattern")
-            window_for("config.sliding_window_pattern is given")
-            is_local = [(i + 1) % p != 0 for i in range(n)]
-        else:
-            is_local = [bool(use_sliding)] * n
-            if use_sliding:
-                window_for("config.use_sliding_window is True")
-        return cls([LayerSpec(window=window if loc else None, num_q_heads=hq, num_kv_heads=hkv, head_dim=d,
-                              softmax_scale=scale, logit_cap=cap,
-                              rope_theta=local_theta if loc else full_theta) for loc in is_local])
+        fields = _ConfigFields(config)
+        n, hq, hkv, d, full_theta, local_theta = check_hf_geometry(fields)
+        if fields.get("model_type") == "inkling" or fields.get("local_layer_ids") is not None:
+            local, local_spec, full_spec = check_inkling_config(fields, n, hq, hkv, d)
+            return cls([LayerSpec(**(local_spec if i in local else full_spec)) for i in range(n)])
+        is_local, window, common = check_sliding_config(fields, n, hq, hkv, d)
+        return cls([LayerSpec(window=window if loc else None, rope_theta=local_theta if loc else full_theta, **common)
+                    for loc in is_local])
 
     # --- queries ------------------------------------------------------------------------------------------------
     @property
@@ -264,8 +156,8 @@ class LayerPlan:
         return len(self.specs)
 
     def spec(self, layer_id: int) -> LayerSpec:
-        if isinstance(layer_id, bool) or not isinstance(layer_id, int) or not 0 <= layer_id < len(self.specs):
-            raise ValueError(f"layer_id must be an int in [0, {len(self.specs)}), got {layer_id!r}")
+        require_int_value(layer_id, "layer_id", f"an int in [0, {len(self.specs)})", minimum=0,
+                          maximum=len(self.specs) - 1)
         return self.specs[layer_id]
 
     def attention_spec(self, layer_id: int) -> LayerSpec:
@@ -303,8 +195,7 @@ class LayerPlan:
 
     def with_tp(self, tp_size: int) -> "LayerPlan":
         """Per-rank geometry: query heads split, KV heads split or replicated when tp_size > num_kv_heads."""
-        if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size <= 0:
-            raise ValueError(f"tp_size must be a positive int, got {tp_size!r}")
+        require_int_value(tp_size, "tp_size")
         specs = []
         for i, s in enumerate(self.specs):
             if not s.has_attention:
@@ -318,6 +209,138 @@ class LayerPlan:
             hkv = max(1, s.num_kv_heads // tp_size)
             specs.append(replace(s, num_q_heads=s.num_q_heads // tp_size, num_kv_heads=hkv))
         return LayerPlan(specs)
+
+
+class _ConfigFields:
+    """The fields of a Hugging Face config (its ``text_config`` where it has one), each checked as it is read: a
+    field that is None counts as absent."""
+
+    def __init__(self, config: Any):
+        self.text = getattr(config, "text_config", None) or config
+
+    def get(self, name: str, default=None):
+        return getattr(self.text, name, default)
+
+    def positive_int(self, name: str, default=None):
+        value = self.get(name)
+        return default if value is None else require_positive_int(value, f"config.{name}")
+
+    def positive_real(self, name: str, value):
+        return None if value is None else require_positive_real(value, f"config.{name}")
+
+    def window(self, reason: str) -> int:
+        window = self.get("sliding_window")
+        if window is None:
+            raise ValueError(f"{reason} but config.sliding_window is None: a window needs its size")
+        return require_positive_int(window, "config.sliding_window")
+
+
+def _check_gqa(q_name: str, q: int, kv_name: str, kv: int) -> None:
+    if q % kv:
+        raise ValueError(f"config.{q_name} ({q}) must be a multiple of config.{kv_name} ({kv}) for GQA")
+
+
+def check_hf_geometry(fields: _ConfigFields) -> tuple:
+    """The fields every config gives: ``(num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim,
+    rope_theta, rope_local_base_freq)``, the head counts and head_dim positive ints (head_dim from hidden_size where
+    absent), the RoPE bases positive numbers or None."""
+    n = fields.get("num_hidden_layers")
+    hq = fields.get("num_attention_heads")
+    if not is_int(n) or not is_int(hq) or n < 1 or hq < 1:
+        raise ValueError(f"config must give num_hidden_layers and num_attention_heads as positive ints, got "
+                         f"{n!r} and {hq!r}")
+    hkv = fields.positive_int("num_key_value_heads", hq)
+    d = fields.positive_int("head_dim")
+    if d is None:
+        hidden = fields.get("hidden_size")
+        if hidden is None:
+            raise ValueError("config must give head_dim or hidden_size (head_dim = hidden_size // "
+                             "num_attention_heads), got neither")
+        require_positive_int(hidden, "config.hidden_size")
+        if hidden % hq:
+            raise ValueError(f"config.hidden_size ({hidden}) must be a multiple of config.num_attention_heads "
+                             f"({hq}) when config.head_dim is not given")
+        d = hidden // hq
+    full_theta = fields.positive_real("rope_theta", fields.get("rope_theta"))
+    local_theta = fields.positive_real("rope_local_base_freq", fields.get("rope_local_base_freq", full_theta))
+    return n, hq, hkv, d, full_theta, local_theta
+
+
+def check_inkling_config(fields: _ConfigFields, n: int, hq: int, hkv: int, d: int) -> tuple:
+    """Inkling's fields, as ``(local layer ids, a local layer's LayerSpec fields, a full layer's LayerSpec fields)``
+    (a kind of layer the model lacks: None): ``local_layer_ids`` in ``[0, n)``; for local layers the window and the
+    ``swa_*`` geometry; for full layers ``rel_extent`` and the log-length scaling."""
+    local_ids = fields.get("local_layer_ids")
+    try:
+        ids = list(local_ids or [])
+    except TypeError:
+        raise TypeError(f"config.local_layer_ids must be a list of layer ids, got {_describe(local_ids)}") from None
+    for i in ids:
+        require_int(i, "config.local_layer_ids' entries")
+    outside = [i for i in ids if not 0 <= i < n]
+    if outside:
+        raise ValueError(f"config.local_layer_ids must name layers in [0, {n}) (config.num_hidden_layers), "
+                         f"got {outside}")
+    local = set(ids)
+    local_spec = full_spec = None
+    if local:
+        w = fields.window("config.local_layer_ids names local layers")
+        hq_local = fields.positive_int("swa_num_attention_heads", hq)
+        hkv_local = fields.positive_int("swa_num_key_value_heads", hkv)
+        d_local = fields.positive_int("swa_head_dim", d)
+        _check_gqa("swa_num_attention_heads", hq_local, "swa_num_key_value_heads", hkv_local)
+        local_spec = dict(window=w, num_q_heads=hq_local, num_kv_heads=hkv_local, head_dim=d_local, rel_extent=w,
+                          softmax_scale=1.0 / d_local)
+    if len(local) < n:
+        _check_gqa("num_attention_heads", hq, "num_key_value_heads", hkv)
+        rel_extent = fields.get("rel_extent", 1024)
+        if rel_extent is not None:
+            require_positive_int(rel_extent, "config.rel_extent")
+        n_floor = fields.positive_int("log_scaling_n_floor")
+        alpha = fields.get("log_scaling_alpha")
+        log_scaling = None if n_floor is None else LogScaling(
+            n_floor, 0.1 if alpha is None else require_real(alpha, "config.log_scaling_alpha"))
+        full_spec = dict(window=None, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, rel_extent=rel_extent,
+                         softmax_scale=1.0 / d, log_scaling=log_scaling)
+    return local, local_spec, full_spec
+
+
+def check_sliding_config(fields: _ConfigFields, n: int, hq: int, hkv: int, d: int) -> tuple:
+    """A Llama-like or Gemma-2/3 config's fields, as ``(is_local per layer, the window or None, the LayerSpec
+    fields every layer shares)``: the softmax scale (``query_pre_attn_scalar``), the logit cap, and which layers
+    are windowed (``layer_types``, else ``sliding_window_pattern``, else ``use_sliding_window``)."""
+    _check_gqa("num_attention_heads", hq, "num_key_value_heads", hkv)
+    query_pre_attn_scalar = fields.positive_real("query_pre_attn_scalar", fields.get("query_pre_attn_scalar"))
+    scale = query_pre_attn_scalar ** -0.5 if query_pre_attn_scalar is not None else None
+    cap = fields.get("attn_logit_softcapping")
+    cap = 0.0 if cap is None else require_non_negative_real(cap, "config.attn_logit_softcapping")
+    pattern = fields.get("sliding_window_pattern")
+    use_sliding = fields.get("use_sliding_window")
+    if use_sliding is not None:
+        require_bool(use_sliding, "config.use_sliding_window")
+    layer_types = fields.get("layer_types")
+    window = fields.get("sliding_window")
+    if layer_types is not None:
+        known = ("sliding_attention", "full_attention")
+        if len(layer_types) != n:
+            raise ValueError(f"config.layer_types names {len(layer_types)} layers, the model has "
+                             f"num_hidden_layers={n}")
+        unknown = sorted({t for t in layer_types if t not in known})
+        if unknown:
+            raise ValueError(f"config.layer_types holds {unknown}; this backend serves {known}")
+        is_local = [t == "sliding_attention" for t in layer_types]
+        if any(is_local):
+            fields.window("config.layer_types has sliding_attention layers")
+    elif pattern is not None and window is not None:
+        p = require_positive_int(pattern, "config.sliding_window_pattern")
+        fields.window("config.sliding_window_pattern is given")
+        is_local = [(i + 1) % p != 0 for i in range(n)]
+    else:
+        is_local = [bool(use_sliding)] * n
+        if use_sliding:
+            fields.window("config.use_sliding_window is True")
+    common = dict(num_q_heads=hq, num_kv_heads=hkv, head_dim=d, softmax_scale=scale, logit_cap=cap)
+    return is_local, window, common
 
 
 def attention_params(spec: LayerSpec, *, rows: int, rel_bias: Optional[torch.Tensor] = None,

@@ -23,7 +23,7 @@ from typing import Callable, Optional
 
 import torch
 
-from sglang_inkling_backend.checks import require_tensor
+from sglang_inkling_backend.checks import is_int, require_int_value, require_tensor
 
 INDEX_DTYPE = torch.int64
 PAGE_ID_DTYPE = torch.int32
@@ -87,7 +87,7 @@ def check_token_table(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor
 
 def window_start(seq_lens: torch.Tensor, query_lens: torch.Tensor, window: int) -> torch.Tensor:
     """First position any query of the request can see with ``window`` visible keys."""
-    if isinstance(window, bool) or not isinstance(window, int):
+    if not is_int(window):
         raise TypeError(f"window must be an int (visible keys), got {window!r} ({type(window).__name__})")
     if window < 1:
         raise ValueError(f"window must be >= 1 visible key, got {window}")
@@ -213,12 +213,10 @@ def page_table(token_to_slot: torch.Tensor, rows: torch.Tensor, page_size: int,
     if check and rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= token_to_slot.shape[0]):
         raise ValueError(f"rows must be rows of token_to_slot in [0, {token_to_slot.shape[0]}), got "
                          f"[{int(rows.min())}, {int(rows.max())}]")
-    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size <= 0:
-        raise ValueError(f"page_size must be a positive int, got {page_size!r}")
+    require_int_value(page_size, "page_size")
     width = -(-token_to_slot.shape[1] // page_size)
     max_pages = width if max_pages is None else max_pages
-    if isinstance(max_pages, bool) or not isinstance(max_pages, int) or not 0 < max_pages <= width:
-        raise ValueError(f"max_pages must be an int in [1, {width}] (the table's width in pages), got {max_pages!r}")
+    require_int_value(max_pages, "max_pages", f"an int in [1, {width}] (the table's width in pages)", maximum=width)
     first_slots = token_to_slot[rows.to(token_to_slot.device, INDEX_DTYPE)][:, : max_pages * page_size : page_size]
     return torch.div(first_slots, page_size, rounding_mode="floor").to(PAGE_ID_DTYPE)
 
@@ -231,8 +229,7 @@ def block_table_token_table(block_table: torch.Tensor, block_size: int) -> torch
     if block_table.dim() != 2 or block_table.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"block_table must be a 2-D int32/int64 tensor [batch, max_blocks], got "
                         f"{tuple(block_table.shape)} {block_table.dtype}")
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
-        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    require_int_value(block_size, "block_size")
     offsets = torch.arange(block_size, dtype=INDEX_DTYPE, device=block_table.device)
     slots = block_table.to(INDEX_DTYPE).unsqueeze(2) * block_size + offsets
     return slots.reshape(block_table.shape[0], -1)

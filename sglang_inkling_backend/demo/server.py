@@ -20,6 +20,8 @@ import urllib.request
 from pathlib import Path
 from typing import Callable
 
+from sglang_inkling_backend.checks import require_int_value
+
 from .cpu_host import cpu_env
 
 
@@ -206,9 +208,7 @@ class SGLangServer(ServerProcess):
         if top_logprobs_num:
             body["top_logprobs_num"] = top_logprobs_num
         if input_logprobs_from is not None:
-            if isinstance(input_logprobs_from, bool) or not isinstance(input_logprobs_from, int) \
-                    or input_logprobs_from < 0:
-                raise ValueError(f"input_logprobs_from must be an int >= 0, got {input_logprobs_from!r}")
+            require_int_value(input_logprobs_from, "input_logprobs_from", "an int >= 0", minimum=0)
             body["logprob_start_len"] = input_logprobs_from
         if input_ids is not None:
             body["input_ids"] = input_ids

@@ -56,7 +56,7 @@ from typing import Optional
 import torch
 
 from .. import mxfp8
-from ..checks import PADDING_SLOT, require_tensor
+from ..checks import PADDING_SLOT, is_number, require_bool, require_int, require_tensor
 from ..scale_layout import INTERLEAVED_PAGE_SIZE, ScaleLayout
 
 HEAD_DIM = 128  # the fused prologue's only head size (SGLang's kHeadDim)
@@ -95,14 +95,6 @@ def _require_dtype(t: torch.Tensor, name: str, dtypes) -> None:
     if t.dtype not in dtypes:
         want = " or ".join(str(d) for d in dtypes)
         raise TypeError(f"{name} must be {want}, got {t.dtype}")
-
-
-def _require_int(value, name: str, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
 
 
 def _require_shape(t: torch.Tensor, name: str, shape: tuple) -> None:
@@ -196,8 +188,7 @@ def check_quantize_q(quantize_q: Optional[bool], mxfp8_quant: bool) -> bool:
     only in MXFP8 mode."""
     if quantize_q is None:
         return bool(mxfp8_quant)
-    if not isinstance(quantize_q, bool):
-        raise TypeError(f"quantize_q must be None or a bool, got {quantize_q!r}")
+    require_bool(quantize_q, "quantize_q", "None or a bool")
     if quantize_q and not mxfp8_quant:
         raise ValueError("quantize_q=True needs mxfp8_quant=True (q is rounded to MXFP8 only in MXFP8 mode)")
     return quantize_q
@@ -211,9 +202,38 @@ def validate_prologue_args(
 ) -> PrologueGeometry:
     """Every check of the decode prologue, before anything is written. ``check_values`` also checks the index
     values (slot ranges, distinct written slots), which costs a device-to-host copy on a GPU."""
-    dq = _require_int(dq, "dq", 1)
-    dkv = _require_int(dkv, "dkv", 1)
-    page_size = _require_int(page_size, "page_size", 1)
+    layout = _check_scalars(dq, dkv, page_size, activation, eps, q_off, k_off, v_off, mxfp8_quant, do_store, k_buf,
+                            sfk, sfv)
+    _check_qkvr(qkvr, dq, dkv, q_off, k_off, v_off)
+    _check_conv(k_cache, v_cache, k_weight, v_weight, dkv)
+    num_tokens = qkvr.shape[0]
+    _check_token_metadata(num_tokens, cache_indices, cache_mask, loc, q_gamma, k_gamma, track_mask, track_indices,
+                          log_scaling_tau)
+    _check_kv_buffers(k_buf, v_buf, dkv, do_store, mxfp8_quant)
+    tensors = {"k_cache": k_cache, "v_cache": v_cache, "cache_indices": cache_indices, "cache_mask": cache_mask,
+               "k_weight": k_weight, "v_weight": v_weight, "q_gamma": q_gamma, "k_gamma": k_gamma, "loc": loc,
+               "k_buf": k_buf, "v_buf": v_buf, "track_mask": track_mask, "track_indices": track_indices,
+               "sfk": sfk if mxfp8_quant else None, "sfv": sfv if mxfp8_quant else None,
+               "log_scaling_tau": log_scaling_tau}
+    for name, t in tensors.items():  # one device for everything the kernel touches
+        if t is not None and t.device != qkvr.device:
+            raise ValueError(f"{name} is on {t.device}, qkvr on {qkvr.device}: all tensors must share a device")
+    do_track = track_mask is not None
+    if check_values and num_tokens > 0:
+        _check_values(k_cache, cache_indices, loc, k_buf, track_mask if do_track else None, track_indices,
+                      do_store, layout)
+    return PrologueGeometry(num_tokens, dq // HEAD_DIM, dkv // HEAD_DIM, k_weight.shape[1],
+                            max(q_off + dq, k_off + dkv, v_off + dkv), activation in ("silu", "swish"), do_track,
+                            layout)
+
+
+def _check_scalars(dq, dkv, page_size, activation, eps, q_off, k_off, v_off, mxfp8_quant, do_store, k_buf, sfk,
+                   sfv) -> Optional[ScaleLayout]:
+    """The sizes, offsets and modes, and in MXFP8 mode the scale buffers (their ``ScaleLayout``; None in bf16
+    mode)."""
+    require_int(dq, "dq", 1)
+    require_int(dkv, "dkv", 1)
+    require_int(page_size, "page_size", 1)
     layout = None
     if mxfp8_quant:
         layout = _check_mxfp8_scale_buffers(k_buf, dq, dkv, sfk, sfv, page_size)
@@ -223,12 +243,16 @@ def validate_prologue_args(
         raise ValueError(f"dq and dkv must be multiples of head_dim {HEAD_DIM}, got dq={dq}, dkv={dkv}")
     if activation not in (None, "silu", "swish"):
         raise ValueError(f"activation must be None, 'silu' or 'swish', got {activation!r}")
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps >= 0:
+    if not is_number(eps) or not eps >= 0:
         raise ValueError(f"eps must be a non-negative float, got {eps!r}")
     for name, off in (("q_off", q_off), ("k_off", k_off), ("v_off", v_off)):
-        _require_int(off, name, 0)
+        require_int(off, name, 0)
+    return layout
 
-    # qkvr: [T, *] bf16 rows (possibly a strided view into the packed projection).
+
+def _check_qkvr(qkvr, dq, dkv, q_off, k_off, v_off) -> None:
+    """``qkvr``: [T, *] bf16 rows (possibly a strided view into the packed projection) whose storage holds every
+    row up to the furthest offset."""
     _require_tensor(qkvr, "qkvr")
     _require_dtype(qkvr, "qkvr", torch.bfloat16)
     if qkvr.dim() != 2:
@@ -236,7 +260,6 @@ def validate_prologue_args(
     if qkvr.shape[1] > 1 and qkvr.stride(1) != 1:
         raise ValueError(f"qkvr rows must be contiguous (stride(1) == 1), got strides {tuple(qkvr.stride())}")
     num_tokens = qkvr.shape[0]
-    device = qkvr.device
     row_extent = max(q_off + dq, k_off + dkv, v_off + dkv)
     if num_tokens > 0:
         needed = qkvr.storage_offset() + (num_tokens - 1) * qkvr.stride(0) + row_extent
@@ -245,7 +268,9 @@ def validate_prologue_args(
                              f"{qkvr.stride(0)} reading up to element {row_extent} need {needed} elements, "
                              f"the storage holds {_storage_elements(qkvr)}")
 
-    # Conv caches and weights.
+
+def _check_conv(k_cache, v_cache, k_weight, v_weight, dkv) -> None:
+    """The conv weights ``[dkv, W]`` (W >= 2) and caches ``[slots, W-1, dkv]``, bf16, channel-contiguous."""
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("k_weight", k_weight), ("v_weight", v_weight)):
         _require_tensor(t, name)
         _require_dtype(t, name, torch.bfloat16)
@@ -264,7 +289,10 @@ def validate_prologue_args(
         raise ValueError(f"k_cache and v_cache must share strides, got {tuple(k_cache.stride())} and "
                          f"{tuple(v_cache.stride())}")
 
-    # Per-token metadata.
+
+def _check_token_metadata(num_tokens, cache_indices, cache_mask, loc, q_gamma, k_gamma, track_mask, track_indices,
+                          log_scaling_tau) -> None:
+    """The per-token arrays (one entry per token, contiguous) and the norm weights."""
     _require_tensor(cache_indices, "cache_indices")
     _require_dtype(cache_indices, "cache_indices", _INDEX_DTYPES)
     _require_shape(cache_indices, "cache_indices", (num_tokens,))
@@ -286,8 +314,7 @@ def validate_prologue_args(
                     ("q_gamma", q_gamma), ("k_gamma", k_gamma)):
         if not t.is_contiguous():  # kernels index these as flat arrays
             raise ValueError(f"{name} must be contiguous, got strides {tuple(t.stride())}")
-    do_track = track_mask is not None
-    if do_track:
+    if track_mask is not None:
         _require_tensor(track_mask, "track_mask")
         _require_dtype(track_mask, "track_mask", torch.bool)
         if track_mask.numel() != num_tokens:
@@ -305,7 +332,10 @@ def validate_prologue_args(
             raise ValueError(f"log_scaling_tau must have at least T={num_tokens} elements, got "
                              f"{log_scaling_tau.numel()}")
 
-    # KV pool buffers: [slots, Hkv, 128] (or [slots, dkv]), rows contiguous.
+
+def _check_kv_buffers(k_buf, v_buf, dkv, do_store, mxfp8_quant) -> None:
+    """The KV pool buffers: [slots, Hkv, 128] (or [slots, dkv]), rows contiguous, one slot count and stride, e4m3
+    (MXFP8 mode) or bf16 where the prologue stores."""
     hkv = dkv // HEAD_DIM
     _require_tensor(k_buf, "k_buf")
     _require_tensor(v_buf, "v_buf")
@@ -323,22 +353,6 @@ def validate_prologue_args(
         want = mxfp8.DATA_DTYPE if mxfp8_quant else torch.bfloat16
         _require_dtype(k_buf, "k_buf", want)
         _require_dtype(v_buf, "v_buf", want)
-
-    # One device for everything the kernel touches.
-    tensors = {"k_cache": k_cache, "v_cache": v_cache, "cache_indices": cache_indices, "cache_mask": cache_mask,
-               "k_weight": k_weight, "v_weight": v_weight, "q_gamma": q_gamma, "k_gamma": k_gamma, "loc": loc,
-               "k_buf": k_buf, "v_buf": v_buf, "track_mask": track_mask, "track_indices": track_indices,
-               "sfk": sfk if mxfp8_quant else None, "sfv": sfv if mxfp8_quant else None,
-               "log_scaling_tau": log_scaling_tau}
-    for name, t in tensors.items():
-        if t is not None and t.device != device:
-            raise ValueError(f"{name} is on {t.device}, qkvr on {device}: all tensors must share a device")
-
-    if check_values and num_tokens > 0:
-        _check_values(k_cache, cache_indices, loc, k_buf, track_mask if do_track else None, track_indices,
-                      do_store, layout)
-    return PrologueGeometry(num_tokens, dq // HEAD_DIM, hkv, conv_width, row_extent,
-                            activation in ("silu", "swish"), do_track, layout)
 
 
 # --------------------------------------------------------------------------------------------------------------

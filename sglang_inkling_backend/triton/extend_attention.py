@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from ..attention_inputs import AttentionParams, PagedKV, SpecVerify
-from ..checks import require_device
+from ..checks import is_power_of_two, require_device, require_int_value
 from .device import add_logit_bias, cap_logits, load_kv_tile, log2e, scale_logits
 from .inputs import (check_index_tensor, check_kv_map, check_query_and_pool, dot_dtype, kv_format_code, launch_scalars,
                      kv_data, launch_strides, scale_args, validate_page_table)
@@ -212,8 +212,7 @@ def verify_merge_kernel(part_o_ptr, part_lse_ptr, sinks_ptr, out_ptr, stride_ot,
 
 def _check_block_sizes(block_rows: int, block_n: int) -> None:
     for name, value in (("block_rows", block_rows), ("block_n", block_n)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 16 or value & (value - 1):
-            raise ValueError(f"{name} must be a power of two >= 16, got {value!r}")
+        require_int_value(value, name, "a power of two >= 16", minimum=16, valid=is_power_of_two)
 
 
 def _row_blocks(q: torch.Tensor, kv: PagedKV, block_rows: int) -> tuple[int, int, int]:
@@ -310,8 +309,7 @@ def verify_workspace_shape(max_batch: int, draft_len: int, num_q_heads: int, num
     once the row programs fill the SMs, so only the first few batch sizes are looked at."""
     for name, value in (("max_batch", max_batch), ("draft_len", draft_len), ("num_q_heads", num_q_heads),
                         ("num_kv_heads", num_kv_heads)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+        require_int_value(value, name)
     best = (1, 1)
     for batch in range(1, max_batch + 1):
         splits = verify_splits(batch, draft_len, num_q_heads, num_kv_heads, device, block_rows=block_rows)
@@ -342,8 +340,7 @@ def uniform_verify_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: torch.Tens
     request's keys, no merge, no workspace."""
     if not isinstance(verify, SpecVerify):
         raise TypeError(f"verify must be a SpecVerify, got {type(verify).__name__}")
-    if isinstance(draft_len, bool) or not isinstance(draft_len, int) or draft_len < 1:
-        raise ValueError(f"draft_len must be an int >= 1, got {draft_len!r}")
+    require_int_value(draft_len, "draft_len", "an int >= 1")
     check_query_and_pool(q, kv, params, out)
     _check_block_sizes(block_rows, block_n)
     check_index_tensor("qo_indptr", qo_indptr, q.device)
@@ -363,11 +360,9 @@ def uniform_verify_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: torch.Tens
     group, block_r, block_m = _row_blocks(q, kv, block_rows)
     if num_splits is None:
         num_splits = verify_splits(batch, draft_len, q.shape[1], kv.num_kv_heads, q.device, block_rows=block_rows)
-    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1 \
-            or num_splits & (num_splits - 1) or num_splits > MAX_VERIFY_SPLITS:
-        raise ValueError(f"num_splits must be a power of two in [1, {MAX_VERIFY_SPLITS}], got {num_splits!r}")
-    if isinstance(split_min_keys, bool) or not isinstance(split_min_keys, int) or split_min_keys < 1:
-        raise ValueError(f"split_min_keys must be a positive int, got {split_min_keys!r}")
+    require_int_value(num_splits, "num_splits", f"a power of two in [1, {MAX_VERIFY_SPLITS}]",
+                      maximum=MAX_VERIFY_SPLITS, valid=is_power_of_two)
+    require_int_value(split_min_keys, "split_min_keys")
     rows, hq, d = q.shape
     splits = None
     if num_splits > 1:

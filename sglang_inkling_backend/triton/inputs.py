@@ -12,7 +12,7 @@ import triton.language as tl
 
 from .. import mxfp8
 from ..attention_inputs import AttentionParams, PagedKV, check_rel_bias
-from ..checks import require_extents, require_tensor, triton_head_dim_ok
+from ..checks import require_extents, require_int_value, require_tensor, triton_head_dim_ok
 from .device import KV_FLOAT, KV_FP8, KV_MXFP8
 from .plan import check_max_seq_len, e4m3_by_integers
 
@@ -124,8 +124,8 @@ def check_index_tensor(name: str, t: torch.Tensor, device: torch.device) -> None
 def check_page_size(page_size, kv: PagedKV) -> None:
     """A page table's page size: a positive multiple of 16 (the smallest tile), and for an MXFP8 pool with the
     interleaved scale layout a divisor or multiple of its page (a tile never crosses a scale page)."""
-    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size <= 0 or page_size % 16:
-        raise ValueError(f"page_size must be a positive multiple of 16 with a page_table, got {page_size!r}")
+    require_int_value(page_size, "page_size", "a positive multiple of 16 with a page_table",
+                      valid=lambda p: p % 16 == 0)
     if kv.is_mxfp8 and kv.layout.interleaved and page_size % kv.layout.page_size \
             and kv.layout.page_size % page_size:
         raise ValueError(f"page_size={page_size} must divide or be a multiple of the MXFP8 pool's scale page "

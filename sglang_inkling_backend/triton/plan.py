@@ -20,7 +20,7 @@ import torch
 import triton
 
 from .. import mxfp8
-from ..checks import require_device
+from ..checks import is_power_of_two, require_device, require_int_value
 from ..scale_layout import INTERLEAVED_PAGE_SIZE
 
 MIN_SPLIT_TOKENS = 256  # fewer keys per split and the merge costs more than the parallelism gains
@@ -38,15 +38,7 @@ def num_sms(device: Optional[torch.device]) -> int:
 
 
 def check_max_seq_len(max_seq_len) -> None:
-    if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len <= 0:
-        raise ValueError(f"max_seq_len must be None or a positive int (the longest request's keys), "
-                         f"got {max_seq_len!r}")
-
-
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
+    require_int_value(max_seq_len, "max_seq_len", "None or a positive int (the longest request's keys)")
 
 
 @dataclass(frozen=True)
@@ -84,7 +76,7 @@ class DecodeWorkspace:
                  device: Union[torch.device, str]):
         for name, value in (("max_batch", max_batch), ("num_q_heads", num_q_heads), ("head_dim", head_dim),
                             ("max_splits", max_splits)):
-            _positive_int(name, value)
+            require_int_value(value, name)
         device = require_device(device, "device (the DecodeWorkspace's)")  # before the allocation
         self.max_batch, self.num_q_heads, self.head_dim, self.max_splits = max_batch, num_q_heads, head_dim, max_splits
         rows = max_batch * num_q_heads * max_splits
@@ -194,8 +186,7 @@ def choose_verify_splits(programs: int, num_sms: int) -> int:
     rows alone fill the SMs. Each request then spreads its own keys over the splits (never fewer than
     ``VERIFY_MIN_SPLIT_KEYS`` per split), so the split count depends on the batch's shape, not its lengths: a
     captured launch serves every length."""
-    if isinstance(programs, bool) or not isinstance(programs, int) or programs < 1:
-        raise ValueError(f"programs must be a positive int, got {programs!r}")
+    require_int_value(programs, "programs")
     if programs >= num_sms:
         return 1
     want = min(-(-2 * num_sms // programs), MAX_VERIFY_SPLITS)
@@ -417,7 +408,7 @@ def decode_workspace_splits(max_batch: int, num_kv_heads: int, max_seq_len: int,
     any configuration ``choose_config`` can return asks for, times the batch, over ``max_batch``. Host arithmetic
     only."""
     for name, value in (("max_batch", max_batch), ("num_kv_heads", num_kv_heads), ("max_seq_len", max_seq_len)):
-        _positive_int(name, value)
+        require_int_value(value, name)
     sms, keys = num_sms(device), max_seq_len + WINDOW_SLACK
     rows = max(b * _most_splits(b, num_kv_heads, keys, sms) for b in range(1, max_batch + 1))
     return -(-rows // max_batch)
@@ -431,7 +422,7 @@ def decode_workspace_shape(max_batch: int, num_kv_heads: int, max_seq_len: int,
     it. Large batches split once, so this does not grow with ``max_batch`` beyond the last batch that splits
     (``(1, 1)`` when none does)."""
     for name, value in (("max_batch", max_batch), ("num_kv_heads", num_kv_heads), ("max_seq_len", max_seq_len)):
-        _positive_int(name, value)
+        require_int_value(value, name)
     sms, keys = num_sms(device), max_seq_len + WINDOW_SLACK
     splits = {b: _most_splits(b, num_kv_heads, keys, sms) for b in range(1, max_batch + 1)}
     splitting = [b for b, n in splits.items() if n > 1]
@@ -464,74 +455,23 @@ def plan_decode(batch: Union[int, torch.Tensor], *, num_q_heads: int, num_kv_hea
     (``hopper_decode_status``) the plan then takes the Gluon Hopper kernel where it was measured faster
     (``hopper_decode_fits``, in ``hopper_config``'s tiles) unless ``config`` names a kernel.
     """
-    if isinstance(batch, torch.Tensor):
-        kv_indptr = batch
-        if kv_indptr.dim() != 1 or kv_indptr.dtype not in (torch.int32, torch.int64):
-            raise TypeError("kv_indptr must be a 1-D int32/int64 tensor")
-        if kv_indptr.numel() < 2:
-            raise ValueError(f"kv_indptr must have batch + 1 >= 2 entries, got {kv_indptr.numel()}")
-        batch = kv_indptr.numel() - 1
-        device = kv_indptr.device if device is None else device
+    check_decode_batch(batch)
+    if isinstance(batch, torch.Tensor):  # a kv_indptr
+        device = batch.device if device is None else device
         if max_seq_len is None:
-            max_seq_len = int(kv_indptr.diff().max())
-    elif isinstance(batch, bool) or not isinstance(batch, int) or batch <= 0:
-        raise ValueError(f"batch must be a positive int (or a kv_indptr tensor), got {batch!r}")
-    if max_seq_len is None:
-        raise ValueError("max_seq_len is needed with an int batch (the longest request's keys, a host int)")
-    check_max_seq_len(max_seq_len)
+            max_seq_len = int(batch.diff().max())
+        batch = batch.numel() - 1
+    check_decode_args(max_seq_len, num_q_heads, num_kv_heads, head_dim, window, workspace, config, kv_format)
     if workspace is not None:
-        if not isinstance(workspace, DecodeWorkspace):
-            raise TypeError(f"workspace must be a DecodeWorkspace, got {type(workspace).__name__}")
         device = workspace.device
     if device is None:
         device = torch.device("cuda") if torch.cuda.is_available() else None
-    for name, value in (("num_q_heads", num_q_heads), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
-        _positive_int(name, value)
-    if num_q_heads % num_kv_heads:
-        raise ValueError(f"num_q_heads ({num_q_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
-    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window <= 0):
-        raise ValueError(f"window must be None or a positive int, got {window!r}")
-    if config is None:
-        config = DecodeConfig()
-    elif not isinstance(config, DecodeConfig):
-        raise TypeError(f"config must be a DecodeConfig, got {type(config).__name__}")
+    config = DecodeConfig() if config is None else config
     max_keys = max(1, min(max_seq_len, window) if window is not None else max_seq_len)
-    if kv_format is not None and kv_format not in mxfp8.KV_FORMATS:
-        raise ValueError(f"kv_format must be None or one of {mxfp8.KV_FORMATS}, got {kv_format!r}")
-    chosen = choose_config(batch, num_kv_heads, head_dim, max_keys, page_size, kv_dtype)
-    if config.kernel == "hopper" or (
-            config.kernel is None and kv_format == "mxfp8" and page_size == HOPPER["block_n"]
-            and hopper_decode_fits(batch, num_q_heads, num_kv_heads, head_dim, max_keys)
-            and hopper_decode_status(device)[0]):
-        chosen = hopper_config(head_dim)
-    elif config.kernel == "hopper_ws":
-        chosen = hopper_ws_config(head_dim)
-    kernel = chosen["kernel"] if config.kernel is None else config.kernel
-    block_n = chosen["block_n"] if config.block_n is None else config.block_n
-    num_warps = chosen["num_warps"] if config.num_warps is None else config.num_warps
-    num_stages = chosen["num_stages"] if config.num_stages is None else config.num_stages
-    min_split = chosen["min_split"] if config.min_split is None else config.min_split
-    # Splits by one round of resident programs only for the configuration whose residency choose_config knows;
-    # a caller's waves, or another kernel, tile or warp count, goes by waves
-    same = (kernel, block_n, num_warps) == (chosen["kernel"], chosen["block_n"], chosen["num_warps"])
-    resident = chosen.get("resident") if config.waves is None and same else None
-    waves = chosen["waves"] if config.waves is None else config.waves
-    for name, value in (("block_n", block_n), ("num_warps", num_warps), ("num_stages", num_stages),
-                        ("waves", waves), ("min_split", min_split)):
-        _positive_int(name, value)
-    if block_n < 16 or block_n & (block_n - 1):
-        raise ValueError(f"block_n must be a power of two >= 16, got {block_n}")
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-    if kernel in HOPPER_KERNELS and (block_n not in HOPPER_BLOCK_NS or page_size != INTERLEAVED_PAGE_SIZE):
-        raise ValueError(f"kernel={kernel!r} reads {INTERLEAVED_PAGE_SIZE}-slot pages (an MXFP8 pool's) in tiles of "
-                         f"one page or half of one: it needs page_size={INTERLEAVED_PAGE_SIZE} and block_n in "
-                         f"{HOPPER_BLOCK_NS}, got page_size={page_size!r}, block_n={block_n}")
-    if page_size is not None:
-        if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size <= 0 or page_size % block_n:
-            raise ValueError(f"page_size must be a positive multiple of block_n={block_n}, got {page_size!r}")
-    elif kernel != "tiles":
-        raise ValueError(f"kernel={kernel!r} needs page_size (it reads page-aligned tiles)")
+    kernel, block_n, num_warps, num_stages, waves, min_split, resident = _kernel_config(
+        config, batch, num_q_heads, num_kv_heads, head_dim, max_keys, page_size, kv_dtype, kv_format, device)
+    check_decode_kernel(kernel, block_n, num_warps, num_stages, waves, min_split, page_size)
+    check_decode_config(config, head_dim)
     if page_size is not None and window is not None and window < max_seq_len:
         max_keys += block_n - 1  # page-aligned tiles start up to block_n - 1 keys before the window
     num_splits = config.num_splits
@@ -540,18 +480,11 @@ def plan_decode(batch: Union[int, torch.Tensor], *, num_q_heads: int, num_kv_hea
                                                if kernel in HOPPER_KERNELS else 1)
         num_splits = choose_num_splits(batch, programs_per_request, max_keys, num_sms(device), block_n,
                                        waves=waves, min_split=min_split, resident=resident)
-    _positive_int("num_splits", num_splits)
     split_len = triton.cdiv(triton.cdiv(max_keys, num_splits), block_n) * block_n
     num_splits = triton.cdiv(max_keys, split_len)
     merge_block_d = config.merge_block_d
     if merge_block_d is None:
         merge_block_d = choose_merge_block_d(batch, num_q_heads, head_dim, num_sms(device))
-    elif (isinstance(merge_block_d, bool) or not isinstance(merge_block_d, int) or merge_block_d < 32
-          or merge_block_d > head_dim or merge_block_d & (merge_block_d - 1) or head_dim % merge_block_d):
-        raise ValueError(f"merge_block_d must be a power of two in [32, head_dim={head_dim}] dividing head_dim, "
-                         f"got {merge_block_d!r}")
-    if config.pdl_merge not in (None, True, False):
-        raise ValueError(f"pdl_merge must be None, True or False, got {config.pdl_merge!r}")
     pdl_merge = bool(config.pdl_merge) and num_splits > 1
     if pdl_merge:
         ok, why = pdl_status(device)
@@ -564,3 +497,90 @@ def plan_decode(batch: Union[int, torch.Tensor], *, num_q_heads: int, num_kv_hea
         part_o, part_lse = workspace.split_buffers(batch, num_q_heads, num_splits, head_dim)
     return DecodePlan(batch, num_q_heads, num_kv_heads, head_dim, window, num_splits, split_len, block_n,
                       num_warps, num_stages, part_o, part_lse, page_size, kernel, merge_block_d, pdl_merge)
+
+
+def _kernel_config(config: DecodeConfig, batch, num_q_heads, num_kv_heads, head_dim, max_keys, page_size, kv_dtype,
+                   kv_format, device) -> tuple:
+    """``plan_decode``'s kernel configuration, ``(kernel, block_n, num_warps, num_stages, waves, min_split,
+    resident)``: ``choose_config``'s (or the Hopper kernel's) with ``config``'s fields over it; ``resident``:
+    ``choose_num_splits``'s programs per SM, or None (split by ``waves``)."""
+    chosen = choose_config(batch, num_kv_heads, head_dim, max_keys, page_size, kv_dtype)
+    if config.kernel == "hopper" or (
+            config.kernel is None and kv_format == "mxfp8" and page_size == HOPPER["block_n"]
+            and hopper_decode_fits(batch, num_q_heads, num_kv_heads, head_dim, max_keys)
+            and hopper_decode_status(device)[0]):
+        chosen = hopper_config(head_dim)
+    elif config.kernel == "hopper_ws":
+        chosen = hopper_ws_config(head_dim)
+    kernel, block_n, num_warps, num_stages, waves, min_split = (
+        chosen[name] if getattr(config, name) is None else getattr(config, name)
+        for name in ("kernel", "block_n", "num_warps", "num_stages", "waves", "min_split"))
+    # Splits by one round of resident programs only for the configuration whose residency choose_config knows;
+    # a caller's waves, or another kernel, tile or warp count, goes by waves
+    same = (kernel, block_n, num_warps) == (chosen["kernel"], chosen["block_n"], chosen["num_warps"])
+    resident = chosen.get("resident") if config.waves is None and same else None
+    return kernel, block_n, num_warps, num_stages, waves, min_split, resident
+
+
+def check_decode_batch(batch) -> None:
+    """``plan_decode``'s ``batch``: a positive int, or a ``kv_indptr`` (1-D int32/int64, batch + 1 >= 2 entries)."""
+    if isinstance(batch, torch.Tensor):
+        if batch.dim() != 1 or batch.dtype not in (torch.int32, torch.int64):
+            raise TypeError("kv_indptr must be a 1-D int32/int64 tensor")
+        if batch.numel() < 2:
+            raise ValueError(f"kv_indptr must have batch + 1 >= 2 entries, got {batch.numel()}")
+    else:
+        require_int_value(batch, "batch", "a positive int (or a kv_indptr tensor)")
+
+
+def check_decode_args(max_seq_len, num_q_heads, num_kv_heads, head_dim, window, workspace, config,
+                      kv_format) -> None:
+    """``plan_decode``'s other arguments, ``max_seq_len`` given or read from a ``kv_indptr``."""
+    if max_seq_len is None:
+        raise ValueError("max_seq_len is needed with an int batch (the longest request's keys, a host int)")
+    check_max_seq_len(max_seq_len)
+    if workspace is not None and not isinstance(workspace, DecodeWorkspace):
+        raise TypeError(f"workspace must be a DecodeWorkspace, got {type(workspace).__name__}")
+    for name, value in (("num_q_heads", num_q_heads), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
+        require_int_value(value, name)
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"num_q_heads ({num_q_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+    if window is not None:
+        require_int_value(window, "window", "None or a positive int")
+    if config is not None and not isinstance(config, DecodeConfig):
+        raise TypeError(f"config must be a DecodeConfig, got {type(config).__name__}")
+    if kv_format is not None and kv_format not in mxfp8.KV_FORMATS:
+        raise ValueError(f"kv_format must be None or one of {mxfp8.KV_FORMATS}, got {kv_format!r}")
+
+
+def check_decode_kernel(kernel, block_n, num_warps, num_stages, waves, min_split, page_size) -> None:
+    """The kernel configuration ``plan_decode`` settled on (its choice, or a ``DecodeConfig``'s fields), against
+    the page size."""
+    for name, value in (("block_n", block_n), ("num_warps", num_warps), ("num_stages", num_stages),
+                        ("waves", waves), ("min_split", min_split)):
+        require_int_value(value, name)
+    if not is_power_of_two(block_n) or block_n < 16:
+        raise ValueError(f"block_n must be a power of two >= 16, got {block_n}")
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    if kernel in HOPPER_KERNELS and (block_n not in HOPPER_BLOCK_NS or page_size != INTERLEAVED_PAGE_SIZE):
+        raise ValueError(f"kernel={kernel!r} reads {INTERLEAVED_PAGE_SIZE}-slot pages (an MXFP8 pool's) in tiles of "
+                         f"one page or half of one: it needs page_size={INTERLEAVED_PAGE_SIZE} and block_n in "
+                         f"{HOPPER_BLOCK_NS}, got page_size={page_size!r}, block_n={block_n}")
+    if page_size is not None:
+        require_int_value(page_size, "page_size", f"a positive multiple of block_n={block_n}",
+                          valid=lambda p: p % block_n == 0)
+    elif kernel != "tiles":
+        raise ValueError(f"kernel={kernel!r} needs page_size (it reads page-aligned tiles)")
+
+
+def check_decode_config(config: DecodeConfig, head_dim: int) -> None:
+    """A ``DecodeConfig``'s split and merge fields (``check_decode_kernel`` checks its kernel fields)."""
+    if config.num_splits is not None:
+        require_int_value(config.num_splits, "num_splits")
+    if config.merge_block_d is not None:
+        require_int_value(config.merge_block_d, "merge_block_d",
+                          f"a power of two in [32, head_dim={head_dim}] dividing head_dim", minimum=32,
+                          maximum=head_dim, valid=lambda b: is_power_of_two(b) and head_dim % b == 0)
+    if config.pdl_merge not in (None, True, False):
+        raise ValueError(f"pdl_merge must be None, True or False, got {config.pdl_merge!r}")

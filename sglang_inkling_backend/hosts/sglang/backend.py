@@ -89,7 +89,7 @@ def verify_draft_len_of(model_runner) -> Optional[int]:
         draft_len = getattr(get_spec(), "speculative_num_draft_tokens", None)
     except ValueError:  # "config namespace 'spec' not published"
         draft_len = getattr(getattr(model_runner, "server_args", None), "speculative_num_draft_tokens", None)
-    if isinstance(draft_len, bool) or not isinstance(draft_len, int) or draft_len < 1:
+    if not checks.is_int(draft_len) or draft_len < 1:
         return None
     return draft_len
 

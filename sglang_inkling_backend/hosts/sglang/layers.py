@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Iterable, Optional
 
-from sglang_inkling_backend.checks import UnsupportedFeature
+from sglang_inkling_backend.checks import UnsupportedFeature, require_int_value
 from sglang_inkling_backend.layer_plan import LayerPlan, LayerSpec
 
 
@@ -18,9 +18,8 @@ def record_window(sliding_window_size) -> Optional[int]:
     Anything else that is not an int >= 0 (a float, a bool, -5) is a ValueError naming it."""
     if sliding_window_size is None or sliding_window_size == -1:
         return None
-    if isinstance(sliding_window_size, bool) or not isinstance(sliding_window_size, int) or sliding_window_size < 0:
-        raise ValueError(f"sliding_window_size must be None, -1 (full attention) or an int >= 0, got "
-                         f"{sliding_window_size!r}")
+    require_int_value(sliding_window_size, "sliding_window_size", "None, -1 (full attention) or an int >= 0",
+                      minimum=0)
     return sliding_window_size + 1
 
 

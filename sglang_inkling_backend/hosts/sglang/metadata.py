@@ -24,7 +24,7 @@ from typing import Callable, Iterable, Optional
 import torch
 
 from sglang_inkling_backend.attention_inputs import SpecVerify
-from sglang_inkling_backend.checks import PADDING_SLOT, require_device, require_tensor
+from sglang_inkling_backend.checks import PADDING_SLOT, require_device, require_int_value, require_tensor
 from sglang_inkling_backend.hosts.sglang.spec_verify import full_layout_tree_index
 from sglang_inkling_backend.rails import (INDEX_DTYPE, KVPages, KVRails, check_host_lengths, check_token_table,
                                           gather_rails_host_lengths, page_table, translate_rails, window_start)
@@ -135,8 +135,7 @@ def build_forward_metadata(req_to_token: torch.Tensor, req_pool_indices: torch.T
     torch.cumsum(query_lens, dim=0, out=qo_indptr[1:])
     pages = None
     if page_size is not None and extend_seq_lens is None:
-        if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 1:
-            raise ValueError(f"max_seq_len must be a positive int (host) with page_size, got {max_seq_len!r}")
+        require_int_value(max_seq_len, "max_seq_len", "a positive int (host) with page_size")
         pages = KVPages(page_table(req_to_token, req_pool_indices, page_size, -(-max_seq_len // page_size),
                                    check=False), seq_lens, page_size)  # the rows were checked above
     full = gather_rails_host_lengths(req_to_token, req_pool_indices, seq_host) if pages is None else None
@@ -213,8 +212,8 @@ class DecodeGraphBuffers:
                  page_size: Optional[int] = None):
         if max_bs < 1 or max_context_len < 1:
             raise ValueError(f"max_bs and max_context_len must be >= 1, got {max_bs} and {max_context_len}")
-        if page_size is not None and (isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1):
-            raise ValueError(f"page_size must be None or a positive int, got {page_size!r}")
+        if page_size is not None:
+            require_int_value(page_size, "page_size", "None or a positive int")
         device = require_device(device)  # before the first allocation
         self.max_bs = max_bs
         self.max_context_len = max_context_len
@@ -308,8 +307,7 @@ class VerifyGraphBuffers:
     def __init__(self, max_bs: int, draft_len: int, max_context_len: int, windows: Iterable[int], device, *,
                  swa: bool):
         for name, value in (("max_bs", max_bs), ("draft_len", draft_len), ("max_context_len", max_context_len)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            require_int_value(value, name)
         if draft_len >= max_context_len:
             raise ValueError(f"draft_len ({draft_len}) must be below max_context_len ({max_context_len})")
         device = require_device(device)  # before the first allocation
@@ -361,8 +359,8 @@ class VerifyGraphBuffers:
         d, bs = self.draft_len, seq_lens.numel()
         if not 1 <= bs <= self.max_bs:
             raise ValueError(f"a verify batch of {bs} requests; the graph buffers hold 1 to {self.max_bs} (max_bs)")
-        if isinstance(num_real, bool) or not isinstance(num_real, int) or not 0 <= num_real <= bs:
-            raise ValueError(f"num_real must be an int in [0, {bs}] (the batch's real requests), got {num_real!r}")
+        require_int_value(num_real, "num_real", f"an int in [0, {bs}] (the batch's real requests)", minimum=0,
+                          maximum=bs)
         if self.swa != (full_to_swa is not None):
             raise ValueError("full_to_swa must be given exactly when the buffers were built for a hybrid SWA pool")
         if not isinstance(positions, torch.Tensor) or positions.dim() != 1 or positions.numel() < bs * d \

@@ -13,13 +13,13 @@ from __future__ import annotations
 import torch
 
 from sglang_inkling_backend.attention_inputs import SpecVerify
-from sglang_inkling_backend.checks import require_tensor
+from sglang_inkling_backend.checks import is_int, require_tensor
 
 
 def draft_count(spec_info) -> int:
     """``spec_info.draft_token_num`` as a positive int (ValueError naming it otherwise)."""
     d = getattr(spec_info, "draft_token_num", None)
-    if isinstance(d, bool) or not isinstance(d, int) or d < 1:
+    if not is_int(d) or d < 1:
         raise ValueError(f"a target-verify batch needs spec_info.draft_token_num, a positive int, got {d!r}")
     return d
 

@@ -9,7 +9,6 @@ blocks vLLM puts where a window has moved on are never read.
 """
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -42,7 +41,7 @@ class VllmBatch:
         # the kernels read are checked by the route once per step outside capture.
         for name in ("num_reqs", "num_actual_tokens", "num_decodes", "num_decode_tokens", "block_size", "max_seq_len"):
             value = getattr(self, name)
-            if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            if checks.is_integral(value):
                 setattr(self, name, int(value))  # a numpy count from vLLM's host arrays is a count
         self.check_structure()
 

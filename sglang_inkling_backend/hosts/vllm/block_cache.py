@@ -45,9 +45,7 @@ class BlockCacheLayout:
         if self.kv_format not in mxfp8.KV_FORMATS:
             raise ValueError(f"kv_format must be one of {mxfp8.KV_FORMATS}, got {self.kv_format!r}")
         for name in ("num_kv_heads", "head_dim", "block_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            checks.require_int_value(getattr(self, name), name)
         if self.kv_format == "mxfp8":
             mxfp8.require_head_dim(self.head_dim)
             if self.block_size != MXFP8_BLOCK_SIZE:
