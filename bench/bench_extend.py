@@ -6,7 +6,7 @@ per format with the batch's keys in randomly ordered 128-slot pages (as a servin
   - ``flashinfer_bf16``: FlashInfer's ragged prefill (FA3 on Hopper) over the batch's bf16 K/V already contiguous,
     one call: the least a FlashInfer-bf16 server spends on the layer (SGLang's flashinfer backend runs the new
     tokens ragged and the prefix paged, then merges the two);
-  - ``ours_mxfp8`` / ``ours_bf16``: the route's extend (``triton.route.TritonRoute.extend`` with the FlashInfer family:
+  - ``ours_mxfp8`` / ``ours_bf16``: the route's extend (``gpu.route.GpuRoute.extend`` with the FlashInfer family:
     gather the rail's slots, dequantized, then FlashInfer's ragged prefill), timed per layer (the step's plan is
     made once, outside the timing, as every layer after the first shares it);
   - ``ours_mxfp8_triton`` / ``ours_bf16_triton``: the Triton extend kernel (``INKLING_EXTEND_KERNEL=triton``).
@@ -36,7 +36,7 @@ from sglang_inkling_backend.flashinfer.extend import FlashInferExtend  # noqa: E
 from sglang_inkling_backend.flashinfer.install import load_flashinfer  # noqa: E402
 from sglang_inkling_backend.rails import KVRails  # noqa: E402
 from sglang_inkling_backend.step_plans import DecodePlanCache  # noqa: E402
-from sglang_inkling_backend.triton.route import TritonRoute  # noqa: E402
+from sglang_inkling_backend.gpu.route import GpuRoute  # noqa: E402
 from sglang_inkling_backend.scale_layout import ScaleLayout  # noqa: E402
 
 PAGE = 128
@@ -117,8 +117,8 @@ def main():
     print(f"{torch.cuda.get_device_name()}, FlashInfer {flashinfer.__version__}, triton {triton.__version__}",
           flush=True)
     family = FlashInferExtend(flashinfer, dev)
-    ours = TritonRoute(kernels, family)
-    triton_only = TritonRoute(kernels, None)
+    ours = GpuRoute(kernels, family)
+    triton_only = GpuRoute(kernels, None)
     peer = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(family.workspace, "NHD")
     picked = [SHAPES[int(i)] for i in args.shapes.split(",")] if args.shapes else SHAPES
     start, rows = time.time(), []

@@ -27,7 +27,7 @@ from sglang_inkling_backend.layer_plan import LayerSpec, attention_params  # noq
 from sglang_inkling_backend.rails import gather_rails, window_start  # noqa: E402
 from sglang_inkling_backend.reference.attention import paged_decode_attention  # noqa: E402
 from sglang_inkling_backend.step_plans import DecodePlanCache  # noqa: E402
-from sglang_inkling_backend.triton.route import route_for  # noqa: E402
+from sglang_inkling_backend.gpu.route import route_for  # noqa: E402
 
 BOUND = 8e-3
 SLOTS, D, CTX, MAX_BS = 1 << 16, 128, 4096, 16

@@ -9,7 +9,6 @@ import importlib.abc
 import json
 import logging
 import sys
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -301,12 +300,19 @@ class BrokenImport(importlib.abc.MetaPathFinder):
 
 @pytest.fixture
 def broken_import(monkeypatch):
-    def install(name, err):
+    from sglang_inkling_backend.routes import ACCELERATED_ROUTES
+
+    def forget(name):
         for mod in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
             monkeypatch.delitem(sys.modules, mod)
         parent, _, child = name.rpartition(".")
         if parent in sys.modules and hasattr(sys.modules[parent], child):
             monkeypatch.delattr(sys.modules[parent], child)
+
+    def install(name, err):
+        forget(name)
+        for path in ACCELERATED_ROUTES:  # the route folders import the kernel families: imported afresh too
+            forget(path.rpartition(".")[0])
         monkeypatch.setattr(sys, "meta_path", [BrokenImport(name, err)] + sys.meta_path)
     return install
 
@@ -330,12 +336,14 @@ def test_missing_triton_takes_the_torch_route_with_its_cause_at_warning(broken_i
 
 
 def test_a_broken_prologue_module_raises(broken_import):
-    pytest.importorskip("sglang", reason="SGLang is not installed (the Inkling model seam is SGLang's)")
-    from sglang_inkling_backend.hosts.sglang import inkling_model
+    """The GPU route's decode prologue (what the Inkling model seam calls on CUDA/ROCm) is its Triton kernel."""
+    pytest.importorskip("triton", reason="Triton is not installed (the GPU route's prologue is a Triton kernel)")
+    from sglang_inkling_backend.gpu.route import GpuRoute
 
+    route = GpuRoute()
     broken_import("sglang_inkling_backend.triton.prologue", SyntaxError("invalid syntax (prologue.py, line 9)"))
     with pytest.raises(SyntaxError):
-        inkling_model.our_prologue_decode(SimpleNamespace(is_cuda=True))
+        route.decode_prologue
 
 
 def test_prologue_outside_a_forward_says_so(caplog):

@@ -478,8 +478,8 @@ def vllm_batch_setup(route="torch", fmt="bf16", window=None, sinks=None, seq_len
     if route == "torch":
         r = TorchRoute()
     else:
-        from sglang_inkling_backend.triton.route import TritonRoute
-        r = TritonRoute()
+        from sglang_inkling_backend.gpu.route import GpuRoute
+        r = GpuRoute()
     workspace = r.make_workspace(max_batch=nreq, geometries={(HQ, HKV, D)}, max_seq_len=max(seq_lens) + 64,
                                  device=torch.device("cpu"))
     kw = dict(num_reqs=nreq, num_actual_tokens=T, num_decodes=nd, num_decode_tokens=nd, query_start_loc=qsl,
@@ -527,7 +527,7 @@ def forward_case(id, defect, mutate, names, kind="bad", route="torch", fmt="bf16
 
     case(
         f"{surface}.{fmt}.{id}" if fmt != "bf16" else f"{surface}.{id}", surface,
-        "hosts/vllm/attention.py:LayerAttention.forward" + (" (TritonRoute)" if route == "triton" else " (TorchRoute)"),
+        "hosts/vllm/attention.py:LayerAttention.forward" + (" (GpuRoute)" if route == "triton" else " (TorchRoute)"),
         defect, build, names, kind, "triton" if route == "triton" else "core")
 
 
@@ -817,7 +817,7 @@ def define_vllm_layer_cases():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The Triton route directly (TritonRoute.decode / extend over rails, under the interpreter, one process per case)
+# The GPU route directly (GpuRoute.decode / extend over rails, under the interpreter, one process per case)
 # ---------------------------------------------------------------------------------------------------------------
 def route_setup(route="triton", fmt="bf16", seq_lens=(20, 9), qlens=None, seed=5):
     """A PagedKV pool (bf16, slot 0 the padding sink), requests' rails over shuffled slots, a query, params, and the
@@ -847,8 +847,8 @@ def route_setup(route="triton", fmt="bf16", seq_lens=(20, 9), qlens=None, seed=5
                         kv.v_buffer[indices[indptr[b]:indptr[b + 1]]], D**-0.5) for b in range(len(lens))
     ])
     if route == "triton":
-        from sglang_inkling_backend.triton.route import TritonRoute
-        r = TritonRoute()
+        from sglang_inkling_backend.gpu.route import GpuRoute
+        r = GpuRoute()
     else:
         from sglang_inkling_backend.routes import TorchRoute
         r = TorchRoute()
@@ -873,7 +873,7 @@ def route_case(id, defect, mutate, names, kind="bad", route="triton", op="decode
 
         return Setup(run, {"k_buffer": S.kv.k_buffer, "v_buffer": S.kv.v_buffer}, S.want)
 
-    cls = "triton/route.py:TritonRoute" if route == "triton" else "routes.py:TorchRoute"
+    cls = "gpu/route.py:GpuRoute" if route == "triton" else "routes.py:TorchRoute"
     case(f"{surface}.{op}.{id}", surface, f"{cls}.{op}", defect, build, names, kind,
          "triton" if route == "triton" else "core")
 
@@ -1874,8 +1874,8 @@ class SGLangHarness:
                          model_config=NS(is_encoder_decoder=False, head_dim=D, context_len=64))
         self.backend = InklingAttnBackend(self.runner)
         if route == "triton":  # the CPU picks torch; the tests serve SGLang through the Triton route this way
-            from sglang_inkling_backend.triton.route import TritonRoute
-            self.backend.use_route(TritonRoute())
+            from sglang_inkling_backend.gpu.route import GpuRoute
+            self.backend.use_route(GpuRoute())
         self.gen = torch.Generator().manual_seed(11)
         self.free = list(range(1, 256))
         self.history = {}
@@ -1972,7 +1972,7 @@ def sglang_forward_case(id, defect, mutate, names, kind="bad", decode=True, laye
         f"sglang.forward{'.triton' if triton else ''}.{id}", "sglang.forward" + (".triton" if triton else ""),
         "hosts/sglang/backend.py:InklingAttnBackend." +
         ("init_forward_metadata + forward" if init_in_call else "forward") + (" (decode" if decode else " (extend") +
-        (", TritonRoute)" if triton else ", TorchRoute)"), defect, build, names, kind,
+        (", GpuRoute)" if triton else ", TorchRoute)"), defect, build, names, kind,
         "sglang-triton" if triton else "sglang")
 
 

@@ -3,8 +3,9 @@ chunked prefill, a prefix hit) through its ragged prefill (FA3 on Hopper, FA2 el
 decode through its paged decode.
 
 Importing this package imports neither FlashInfer nor Triton; ``extend_family(device)`` and
-``decode_family(device)`` do, and say why not when they cannot serve. ``extend.FlashInferExtend`` and
-``decode.FlashInferDecode`` are the families; ``triton.route.TritonRoute`` calls them for the layers they serve.
+``decode_family(device)`` import FlashInfer, and say why not when they cannot serve. ``extend.FlashInferExtend`` and
+``decode.FlashInferDecode`` are the families; ``gpu.route.GpuRoute`` calls them for the layers they serve and
+hands the extend family the K/V gather it reads through. This package imports no other kernel family.
 """
 
 from .decode import DECODE_KERNEL_ENV, FlashInferDecode, decode_family

@@ -13,8 +13,8 @@ Served: a bf16/fp16 pool with a query of its dtype, per-token rails, no relative
 
 Plans: FlashInfer's ``plan`` reads the rail lengths on the host. Eagerly, the first layer of each key (window, head
 counts, head_dim, dtype, cap, scale) plans it in the step's plan cache (the rail's indptr read back: one sync per
-step and key). FlashInfer cannot plan inside a CUDA-graph capture, so under graphs the host calls
-``TritonRoute.plan_graph_step`` before each capture and each replay, outside the graph, with its host sequence
+step and key). FlashInfer cannot plan inside a CUDA-graph capture, so under graphs the host calls the route's
+``plan_graph_step`` (``GpuRoute``'s) before each capture and each replay, outside the graph, with its host sequence
 lengths: one wrapper per (key, batch size) over buffers allocated once per window (indptr, int32 indices of
 ``max_bs * max keys``, last-page lengths), which every replay's plan refills at the same addresses. A wrapper's first
 plan (at its capture) is FlashInfer's ``plan``, which builds its kernel module; its replays are planned with

@@ -6,7 +6,8 @@ diagonal bottom-right when a request has more keys than queries, which is that r
 (FlashInfer counts the keys left of the query's own); its soft cap is ``cap * tanh(x / cap)`` on the scaled logit,
 as ours.
 
-Per layer: ``triton.gather_kv`` reads the rail's slots into contiguous K/V in ``gather_dtype`` (dequantized MXFP8,
+Per layer: the route's ``gather_kv`` (``gpu.route`` hands it the Triton gather, ``triton/gather_kv.py``; this
+family imports no other) reads the rail's slots into contiguous K/V in ``gather_dtype(kv)`` (dequantized MXFP8,
 exact in bf16; raw e4m3 for a per-tensor fp8 pool, whose ``k_scale`` goes into the softmax scale and ``v_scale``
 onto the output), then FlashInfer runs on them with the query in that dtype: the values the Triton extend kernel
 multiplies, so the two agree to accumulation order. Per step and (window, cap, scale, shape): one ``plan`` (host
@@ -20,7 +21,7 @@ route runs its Triton kernel for other layers (``why_not`` says why, the route l
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -52,10 +53,7 @@ class FlashInferExtend:
     name = "flashinfer"
 
     def __init__(self, flashinfer, device: torch.device, workspace: Optional[torch.Tensor] = None):
-        from ..triton.gather_kv import gather_dtype, gather_kv  # the family needs our Triton gather
-
         self._flashinfer = flashinfer
-        self._gather_kv, self.gather_dtype = gather_kv, gather_dtype
         self.version = getattr(flashinfer, "__version__", "?")
         self.workspace = float_workspace(device) if workspace is None else workspace
         self._wrappers: dict = {}
@@ -89,10 +87,11 @@ class FlashInferExtend:
         return wrapper, int(kv_host[-1])
 
     def extend(self, q: torch.Tensor, kv: PagedKV, rails: KVRails, qo_indptr: torch.Tensor,
-               params: AttentionParams, plans) -> torch.Tensor:
+               params: AttentionParams, plans, *, gather_kv: Callable, gather_dtype: Callable) -> torch.Tensor:
         """``q [rows, Hq, D]`` -> ``[rows, Hq, D]`` in ``gather_dtype(kv)``. The caller has checked the inputs
-        (``why_not`` is "", rails and qo_indptr are the host's, validated where it builds them)."""
-        dtype = self.gather_dtype(kv)
+        (``why_not`` is "", rails and qo_indptr are the host's, validated where it builds them). ``gather_kv(kv,
+        slots, validate=False)``: the rail's K/V rows, contiguous, in ``gather_dtype(kv)``."""
+        dtype = gather_dtype(kv)
         per_tensor = kv.kv_format == "fp8_e4m3"
         sm_scale = params.softmax_scale * (kv.k_scale if per_tensor else 1.0)
         hq, d = q.shape[1], q.shape[2]
@@ -102,7 +101,7 @@ class FlashInferExtend:
         if rails.dense and kv.k_buffer.dtype == dtype:  # already contiguous in order (layer_step's forward rows)
             k, v = kv.k_buffer[:nnz], kv.v_buffer[:nnz]
         else:
-            k, v = self._gather_kv(kv, rails.indices[:nnz], validate=False)
+            k, v = gather_kv(kv, rails.indices[:nnz], validate=False)
         out = wrapper.run(q.to(dtype), k, v)
         if per_tensor and kv.v_scale != 1.0:
             out.mul_(kv.v_scale)

@@ -22,10 +22,10 @@ while capturing a CUDA graph is valid for every replay. ``check_decode_inputs`` 
 Modules: ``device`` (shared device helpers), ``encode`` (the MXFP8 encoder), ``plan``, ``decode_tiles`` /
 ``decode_blocks`` (the two Triton stage-1 kernels), ``decode_hopper`` (the Gluon stage-1 kernel for sm_90a, MXFP8
 pages: ``plan_decode(kv_format="mxfp8")`` picks it where it is faster, ``hopper_decode_status`` says whether it can
-run), ``decode_merge``, ``decode_attention`` (the launcher), ``inputs``,
-``extend_attention``, ``gather_kv`` (the rail's K/V gathered and dequantized for FlashInfer's ragged prefill:
+run), ``decode_merge``, ``decode_attention`` (the launcher), ``inputs``, ``extend_attention``, ``gather_kv`` (the
+rail's K/V gathered and dequantized: ``gpu.route`` hands it to FlashInfer's ragged prefill,
 ``sglang_inkling_backend.flashinfer``), ``gather_rails`` (a graph step's rail slots in one kernel), ``kv_store``,
-``prologue``.
+``prologue``. This package imports no other kernel family.
 """
 
 from .decode_attention import paged_decode_attention, run_decode

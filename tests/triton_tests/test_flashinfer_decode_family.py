@@ -1,4 +1,4 @@
-"""The decode family's plumbing (``flashinfer.FlashInferDecode`` inside ``triton.route.TritonRoute``) on the CPU,
+"""The decode family's plumbing (``flashinfer.FlashInferDecode`` inside ``gpu.route.GpuRoute``) on the CPU,
 with a stand-in for FlashInfer's paged decode that does what FlashInfer documents and does (page_size pages over
 ``indptr``/``indices``, the last page ``last_page_len`` long, ``sm_scale``, ``cap * tanh(x / cap)``, float32 inside,
 the query's dtype out; under CUDA graphs a fixed batch size and the indptr/indices/last-page buffers given at
@@ -26,7 +26,7 @@ from sglang_inkling_backend.layer_plan import LayerSpec  # noqa: E402
 from sglang_inkling_backend.rails import KVPages, gather_rails, window_start  # noqa: E402
 from sglang_inkling_backend.reference.attention import paged_decode_attention as reference_decode  # noqa: E402
 from sglang_inkling_backend.step_plans import DecodePlanCache  # noqa: E402
-from sglang_inkling_backend.triton.route import TritonRoute  # noqa: E402
+from sglang_inkling_backend.gpu.route import GpuRoute  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 SLOTS, HQ, HKV, D = 256, 8, 2, 64
@@ -141,7 +141,7 @@ def test_family_matches_the_reference(window, cap):
     kv = bf16_pool(gen)
     q, rails, _ = decode_batch(gen, window=window)
     params = AttentionParams(D ** -0.5, window=window, logit_cap=cap)
-    route = TritonRoute(kernels, decode_family=family())
+    route = GpuRoute(kernels, decode_family=family())
     got = step(route, q, kv, rails, params, DecodePlanCache())
     assert PagedDecode.plans == 1 and got.dtype == torch.bfloat16
     want = reference_decode(q.float(), kv, rails.indptr, rails.indices, params)
@@ -156,7 +156,7 @@ def test_one_plan_per_key_per_step_and_tensor_cores_from_group_four():
     kv = bf16_pool(gen)
     q, full, _ = decode_batch(gen)
     _, local, _ = decode_batch(torch.Generator().manual_seed(4), window=11)
-    route = TritonRoute(kernels, decode_family=family())
+    route = GpuRoute(kernels, decode_family=family())
     plans = DecodePlanCache()
     a, b = AttentionParams(D ** -0.5), AttentionParams(D ** -0.5, window=11)
     for params, rails in ((a, full), (b, local), (a, full), (b, local)):  # four layers, two keys
@@ -173,9 +173,9 @@ def test_layers_it_does_not_serve_run_the_triton_kernels_logged_once(caplog):
     gen = torch.Generator().manual_seed(5)
     kv = bf16_pool(gen)
     q, rails, lens = decode_batch(gen)
-    route = TritonRoute(kernels, decode_family=family())
+    route = GpuRoute(kernels, decode_family=family())
     bias = AttentionParams(1.0 / D, rel_bias=torch.randn(q.shape[0], HQ, 8, generator=gen).to(DEV))
-    with caplog.at_level(logging.INFO, logger="sglang_inkling_backend.triton.route"):
+    with caplog.at_level(logging.INFO, logger="sglang_inkling_backend.gpu.route"):
         for _ in range(2):
             got = step(route, q, kv, rails, bias, DecodePlanCache())
     assert PagedDecode.plans == 0
@@ -203,7 +203,7 @@ def test_a_capture_without_a_plan_runs_the_triton_kernels(monkeypatch):
     gen = torch.Generator().manual_seed(6)
     kv = bf16_pool(gen)
     q, rails, _ = decode_batch(gen)
-    route = TritonRoute(kernels, decode_family=family())
+    route = GpuRoute(kernels, decode_family=family())
     monkeypatch.setattr(fi_decode, "stream_capturing", lambda device: True)
     params = AttentionParams(D ** -0.5)
     assert "no FlashInfer plan made before it" in route.decode_family.why_not(q, kv, rails, params, DecodePlanCache())
@@ -230,7 +230,7 @@ def test_graph_step_plans_per_batch_size_over_stable_buffers(fast):
     gen = torch.Generator().manual_seed(7)
     kv = bf16_pool(gen)
     fam = family(fast)
-    route = TritonRoute(kernels, decode_family=fam)
+    route = GpuRoute(kernels, decode_family=fam)
     layers = [LayerSpec(window=None, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D),
               LayerSpec(window=11, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D),
               LayerSpec(window=None, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D),
@@ -274,7 +274,7 @@ def test_graph_step_works_out_the_layers_keys_once(monkeypatch):
     """plan_graph_step runs before every replay: the layers' keys are worked out at its first call for a layers
     object and pool format, then reused (the same plans); another layers object or format works them out again."""
     fam = family()
-    route = TritonRoute(kernels, decode_family=fam)
+    route = GpuRoute(kernels, decode_family=fam)
     calls = []
     real = fam.layer_why_not
     monkeypatch.setattr(fam, "layer_why_not", lambda *a: calls.append(a) or real(*a))
@@ -300,14 +300,14 @@ def test_a_first_call_failure_falls_back_once_and_later_failures_raise(caplog):
     kv = bf16_pool(gen)
     q, rails, _ = decode_batch(gen)
     params = AttentionParams(D ** -0.5)
-    route = TritonRoute(kernels, decode_family=family())
+    route = GpuRoute(kernels, decode_family=family())
     PagedDecode.fail_runs = 1
-    with caplog.at_level(logging.WARNING, logger="sglang_inkling_backend.triton.route"):
+    with caplog.at_level(logging.WARNING, logger="sglang_inkling_backend.gpu.route"):
         got = step(route, q, kv, rails, params, DecodePlanCache())
     assert route.decode_family is None and "ninja: build stopped" in caplog.text
     assert rel_err(got, reference_decode(q.float(), kv, rails.indptr, rails.indices, params)) < TOL
 
-    route = TritonRoute(kernels, decode_family=family())
+    route = GpuRoute(kernels, decode_family=family())
     step(route, q, kv, rails, params, DecodePlanCache())  # serves once
     PagedDecode.fail_runs = 1
     with pytest.raises(RuntimeError, match="ninja: build stopped"):

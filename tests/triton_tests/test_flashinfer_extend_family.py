@@ -1,4 +1,4 @@
-"""The extend family's plumbing (``flashinfer.FlashInferExtend`` inside ``triton.route.TritonRoute``) on the CPU, with a
+"""The extend family's plumbing (``flashinfer.FlashInferExtend`` inside ``gpu.route.GpuRoute``) on the CPU, with a
 stand-in for FlashInfer's ragged prefill that computes what FlashInfer documents (bottom-right causal,
 ``window_left`` keys left of the query, ``cap * tanh(x / cap)``, float32 inside, output in the query's dtype):
 the gather, the scale folding of per-tensor fp8, the window and cap mapping, one plan per key per step, which
@@ -23,7 +23,7 @@ from sglang_inkling_backend.flashinfer import extend as fi_extend  # noqa: E402
 from sglang_inkling_backend.rails import KVRails  # noqa: E402
 from sglang_inkling_backend.reference.attention import paged_extend_attention as reference_extend  # noqa: E402
 from sglang_inkling_backend.step_plans import DecodePlanCache  # noqa: E402
-from sglang_inkling_backend.triton.route import TritonRoute  # noqa: E402
+from sglang_inkling_backend.gpu.route import GpuRoute  # noqa: E402
 from sglang_inkling_backend.scale_layout import ScaleLayout  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -113,7 +113,7 @@ def test_family_matches_the_reference(fmt, window, cap):
     kv = make_pool(fmt, gen)
     q, rails, qo = make_batch(gen)
     params = AttentionParams(D ** -0.5, window=window, logit_cap=cap)
-    route = TritonRoute(kernels, fi_extend.FlashInferExtend(fake_flashinfer(), torch.device(DEV)))
+    route = GpuRoute(kernels, fi_extend.FlashInferExtend(fake_flashinfer(), torch.device(DEV)))
     got = route.extend(q, kv, rails, qo, params, plans=DecodePlanCache())
     assert RaggedPrefill.plans == 1 and got.dtype == torch.bfloat16
     want = reference_extend(q.float(), kv, rails.indptr, rails.indices, qo, params)
@@ -128,7 +128,7 @@ def test_one_plan_per_key_per_step():
     gen = torch.Generator().manual_seed(8)
     kv = make_pool("mxfp8", gen)
     q, rails, qo = make_batch(gen)
-    route = TritonRoute(kernels, fi_extend.FlashInferExtend(fake_flashinfer(), torch.device(DEV)))
+    route = GpuRoute(kernels, fi_extend.FlashInferExtend(fake_flashinfer(), torch.device(DEV)))
     step = DecodePlanCache()
     full, local = AttentionParams(D ** -0.5), AttentionParams(D ** -0.5, window=11)
     for params in (full, local, full, local):  # four layers, two keys
@@ -147,7 +147,7 @@ def test_first_plan_of_a_shape_is_logged_with_its_time(caplog, monkeypatch):
     gen = torch.Generator().manual_seed(8)
     kv = make_pool("bf16", gen)
     q, rails, qo = make_batch(gen)
-    route = TritonRoute(kernels, fi_extend.FlashInferExtend(fake_flashinfer(), torch.device(DEV)))
+    route = GpuRoute(kernels, fi_extend.FlashInferExtend(fake_flashinfer(), torch.device(DEV)))
 
     def lines():
         return [r.getMessage() for r in caplog.records if "FlashInfer ragged prefill" in r.getMessage()]
@@ -165,9 +165,9 @@ def test_layers_it_does_not_serve_run_the_triton_kernel_logged_once(caplog):
     gen = torch.Generator().manual_seed(9)
     kv = make_pool("bf16", gen)
     q, rails, qo = make_batch(gen, qlens=(3, 2), prefixes=(4, 0))
-    route = TritonRoute(kernels, fi_extend.FlashInferExtend(fake_flashinfer(), torch.device(DEV)))
+    route = GpuRoute(kernels, fi_extend.FlashInferExtend(fake_flashinfer(), torch.device(DEV)))
     params = AttentionParams(1.0 / D, rel_bias=torch.randn(q.shape[0], HQ, 8, generator=gen).to(DEV))
-    with caplog.at_level(logging.INFO, logger="sglang_inkling_backend.triton.route"):
+    with caplog.at_level(logging.INFO, logger="sglang_inkling_backend.gpu.route"):
         for _ in range(2):
             got = route.extend(q, kv, rails, qo, params, plans=DecodePlanCache())
     assert RaggedPrefill.plans == 0
@@ -190,14 +190,14 @@ def test_a_first_call_failure_falls_back_once_and_later_failures_raise(caplog):
     q, rails, qo = make_batch(gen, qlens=(3,), prefixes=(5,))
     params = AttentionParams(D ** -0.5)
     fi = fake_flashinfer()
-    route = TritonRoute(kernels, fi_extend.FlashInferExtend(fi, torch.device(DEV)))
+    route = GpuRoute(kernels, fi_extend.FlashInferExtend(fi, torch.device(DEV)))
     RaggedPrefill.fail_runs = 1
-    with caplog.at_level(logging.WARNING, logger="sglang_inkling_backend.triton.route"):
+    with caplog.at_level(logging.WARNING, logger="sglang_inkling_backend.gpu.route"):
         got = route.extend(q, kv, rails, qo, params, plans=DecodePlanCache())
     assert route.extend_family is None and "JIT build failed" in caplog.text and "Triton extend kernel" in caplog.text
     assert rel_err(got, reference_extend(q.float(), kv, rails.indptr, rails.indices, qo, params)) < TOL
 
-    route = TritonRoute(kernels, fi_extend.FlashInferExtend(fi, torch.device(DEV)))
+    route = GpuRoute(kernels, fi_extend.FlashInferExtend(fi, torch.device(DEV)))
     route.extend(q, kv, rails, qo, params, plans=DecodePlanCache())  # serves once
     RaggedPrefill.fail_runs = 1
     with pytest.raises(RuntimeError, match="JIT build failed"):
@@ -231,7 +231,7 @@ def test_extend_rows_from_the_forward_match_the_torch_route(fmt, family, prefixe
         def extend_keys(self, window):
             return rails, qo
 
-    route = TritonRoute(kernels, fi_extend.FlashInferExtend(fake_flashinfer(), torch.device(DEV)) if family else None)
+    route = GpuRoute(kernels, fi_extend.FlashInferExtend(fake_flashinfer(), torch.device(DEV)) if family else None)
     params_of = lambda first, last: attention_params(spec, rows=last - first)  # noqa: E731
     got = layer_step.attend(route, spec, q, kv, Keys(), params_of, None, forward_kv=(new_k, new_v))
     want = layer_step.attend(TorchRoute(), spec, q.float(), kv, Keys(), params_of, None, forward_kv=(new_k, new_v))

@@ -18,7 +18,7 @@ from sglang_inkling_backend import triton as kernels  # noqa: E402
 from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV  # noqa: E402
 from sglang_inkling_backend.rails import KVPages, KVRails  # noqa: E402
 from sglang_inkling_backend.step_plans import DecodePlanCache, check_extend_keys  # noqa: E402
-from sglang_inkling_backend.triton.route import TritonRoute  # noqa: E402
+from sglang_inkling_backend.gpu.route import GpuRoute  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 PAGE, PAGES, HQ, HKV, D = 16, 4, 4, 2, 32
@@ -52,7 +52,7 @@ def decode(route, keys, max_seq_len, plans=None):
 
 def test_valid_decode_keys_checked_once_per_step():
     ks, calls = counting_kernels()
-    route = TritonRoute(ks)
+    route = GpuRoute(ks)
     pages = KVPages(torch.tensor([[1, 2], [3, 0]], dtype=torch.int32, device=DEV), torch.tensor([20, 5], device=DEV),
                     PAGE)
     step = DecodePlanCache()
@@ -77,14 +77,14 @@ def test_bad_decode_page_tables_raise(table, lens, max_seq_len, match):
     pages = KVPages(torch.tensor(table, dtype=torch.int32, device=DEV), torch.tensor(lens, device=DEV), PAGE)
     q = torch.randn(1, HQ, D).bfloat16().to(DEV)
     with pytest.raises(ValueError, match=match):
-        TritonRoute(kernels).decode(q, pool(), pages, AttentionParams(D ** -0.5), max_seq_len=max_seq_len,
+        GpuRoute(kernels).decode(q, pool(), pages, AttentionParams(D ** -0.5), max_seq_len=max_seq_len,
                                     plans=DecodePlanCache(), workspace=None)
 
 
 def test_bad_decode_rails_raise():
     rails = KVRails(torch.tensor([0, 2], device=DEV), torch.tensor([3, PAGE * PAGES], device=DEV))
     with pytest.raises(ValueError, match=r"kv_indices|slots"):
-        TritonRoute(kernels).decode(torch.randn(1, HQ, D).bfloat16().to(DEV), pool(), rails,
+        GpuRoute(kernels).decode(torch.randn(1, HQ, D).bfloat16().to(DEV), pool(), rails,
                                     AttentionParams(D ** -0.5), max_seq_len=8, plans=DecodePlanCache(),
                                     workspace=None)
 
@@ -104,7 +104,7 @@ def test_bad_extend_keys_raise_before_any_kernel(indices, kv_lens, q_lens, match
     rails, qo = extend_args(indices, kv_lens, q_lens)
     q = torch.randn(int(qo[-1]), HQ, D).bfloat16().to(DEV)
     with pytest.raises(ValueError, match=match):
-        TritonRoute(kernels).extend(q, pool(), rails, qo, AttentionParams(D ** -0.5), plans=DecodePlanCache())
+        GpuRoute(kernels).extend(q, pool(), rails, qo, AttentionParams(D ** -0.5), plans=DecodePlanCache())
 
 
 def test_extend_keys_checks():
@@ -121,4 +121,4 @@ def test_extend_keys_checks():
 
 def test_keys_of_the_wrong_kind_are_refused():
     with pytest.raises(TypeError, match=r"keys must be KVPages \(a page table\) or KVRails"):
-        decode(TritonRoute(kernels), None, 8)  # was: AttributeError
+        decode(GpuRoute(kernels), None, 8)  # was: AttributeError

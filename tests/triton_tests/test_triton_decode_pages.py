@@ -276,7 +276,7 @@ def test_triton_route_reads_page_tables_paged_and_rails_per_token(monkeypatch):
     from sglang_inkling_backend import triton as kernels
     from sglang_inkling_backend.rails import KVPages, KVRails
     from sglang_inkling_backend.step_plans import DecodePlanCache
-    from sglang_inkling_backend.triton.route import TritonRoute
+    from sglang_inkling_backend.gpu.route import GpuRoute
 
     seen = page_sizes_planned(monkeypatch, kernels)
     gen = torch.Generator().manual_seed(13)
@@ -289,7 +289,7 @@ def test_triton_route_reads_page_tables_paged_and_rails_per_token(monkeypatch):
         table[b, :len(firsts)] = (firsts // page).to(torch.int32)
     pages = KVPages(table.to(DEV), torch.tensor(lens, device=DEV), page)
     params = MODES["inkling"](2, 8, 64, gen)
-    route = TritonRoute(kernels)
+    route = GpuRoute(kernels)
     for fmt in ("mxfp8", "bfloat16"):
         pool = make_pool(fmt, slots, 2, 64, page, gen)
         q = torch.randn(2, 8, 64, generator=gen).bfloat16().to(DEV)
@@ -307,7 +307,7 @@ def test_triton_route_plans_window_rails_per_token(monkeypatch):
     from sglang_inkling_backend import triton as kernels
     from sglang_inkling_backend.rails import KVRails, window_start
     from sglang_inkling_backend.step_plans import DecodePlanCache
-    from sglang_inkling_backend.triton.route import TritonRoute
+    from sglang_inkling_backend.gpu.route import GpuRoute
 
     seen = page_sizes_planned(monkeypatch, kernels)
     gen = torch.Generator().manual_seed(17)
@@ -320,7 +320,7 @@ def test_triton_route_plans_window_rails_per_token(monkeypatch):
     params = AttentionParams(1.0 / 64, window=window, rel_bias=torch.randn(2, 8, window, generator=gen).to(DEV))
     pool = make_pool("mxfp8", slots, 2, 64, 128, gen)
     q = torch.randn(2, 8, 64, generator=gen).bfloat16().to(DEV)
-    out = TritonRoute(kernels).decode(q, pool, rails, params, max_seq_len=window, plans=DecodePlanCache(),
+    out = GpuRoute(kernels).decode(q, pool, rails, params, max_seq_len=window, plans=DecodePlanCache(),
                                       workspace=None)
     assert seen[-1] is None
     ref = reference_decode(q, pool, indptr.long(), indices.long(), params)  # the whole rails, the window masks

@@ -23,7 +23,7 @@ from sglang_inkling_backend import triton as kernels  # noqa: E402
 from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV  # noqa: E402
 from sglang_inkling_backend.rails import KVPages, KVRails  # noqa: E402
 from sglang_inkling_backend.step_plans import DecodePlanCache  # noqa: E402
-from sglang_inkling_backend.triton.route import TritonRoute  # noqa: E402
+from sglang_inkling_backend.gpu.route import GpuRoute  # noqa: E402
 from sglang_inkling_backend.scale_layout import ScaleLayout  # noqa: E402
 from sglang_inkling_backend.triton.device import e4m3_bytes_to_float  # noqa: E402
 from sglang_inkling_backend.triton.gather_kv import gather_kv  # noqa: E402
@@ -77,7 +77,7 @@ def run_everything(pool, gen_seed):
     table = KVPages(pages.to(DEV), torch.tensor(lens, device=DEV), PAGE)
     q = torch.randn(2, HQ, D, generator=gen).bfloat16().to(DEV)
     params = AttentionParams(D ** -0.5, logit_cap=5.0)
-    route = TritonRoute(kernels)
+    route = GpuRoute(kernels)
     outs = [route.decode(q, pool, keys, params, max_seq_len=150, plans=DecodePlanCache(), workspace=None)
             for keys in (rails, table)]
     qe = torch.randn(7, HQ, D, generator=gen).bfloat16().to(DEV)

@@ -119,12 +119,12 @@ def test_extend_rejects_bad_input():
 
 def test_a_steps_blocks_give_the_same_bytes_and_are_laid_out_once_per_step(monkeypatch):
     """``extend_blocks`` (the grid read from qo_indptr once) gives the per-call layout's bytes; through
-    TritonRoute.extend with the step's plans it is made once for layers of one head grouping and again for another,
+    GpuRoute.extend with the step's plans it is made once for layers of one head grouping and again for another,
     and a call then reads nothing back. Blocks of another grouping, or with validate/verify, are refused."""
     from sglang_inkling_backend import triton as kernels
     from sglang_inkling_backend.rails import KVRails
     from sglang_inkling_backend.step_plans import DecodePlanCache
-    from sglang_inkling_backend.triton.route import TritonRoute
+    from sglang_inkling_backend.gpu.route import GpuRoute
 
     gen = torch.Generator().manual_seed(31)
     hq, hkv, d = 8, 2, 64
@@ -143,7 +143,7 @@ def test_a_steps_blocks_give_the_same_bytes_and_are_laid_out_once_per_step(monke
     made = []
     real = kernels.extend_blocks
     monkeypatch.setattr(kernels, "extend_blocks", lambda *a, **k: made.append(a) or real(*a, **k))
-    route, plans = TritonRoute(kernels), DecodePlanCache()
+    route, plans = GpuRoute(kernels), DecodePlanCache()
     rails = KVRails(kv_indptr, kv_indices)
     wide_q = torch.randn(t, 2 * hq, d, generator=gen).bfloat16().to(DEV)
     wide = AttentionParams(1.0 / d, window=24, rel_bias=torch.randn(t, 2 * hq, 24, generator=gen).to(DEV))

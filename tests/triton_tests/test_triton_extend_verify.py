@@ -24,7 +24,7 @@ from sglang_inkling_backend.reference.attention import paged_extend_attention as
 from sglang_inkling_backend.reference.draft_trees import chain_tree, random_tree  # noqa: E402
 from sglang_inkling_backend.scale_layout import ScaleLayout  # noqa: E402
 from sglang_inkling_backend.step_plans import DecodePlanCache  # noqa: E402
-from sglang_inkling_backend.triton.route import TritonRoute  # noqa: E402
+from sglang_inkling_backend.gpu.route import GpuRoute  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 SLOTS, HQ, HKV, D = 256, 4, 2, 64
@@ -102,7 +102,7 @@ def test_a_chain_is_the_plain_extend():
 
 
 def test_the_route_runs_the_kernel_past_the_flashinfer_family():
-    """A verify step through TritonRoute.extend with the FlashInfer family present: the family (no tree mask) is not
+    """A verify step through GpuRoute.extend with the FlashInfer family present: the family (no tree mask) is not
     asked; the Triton kernel's result matches the reference."""
     class NoRaggedPrefill:
         def __init__(self, *args, **kwargs):
@@ -110,7 +110,7 @@ def test_the_route_runs_the_kernel_past_the_flashinfer_family():
 
     from sglang_inkling_backend.flashinfer.extend import FlashInferExtend
     fake = types.SimpleNamespace(__version__="0.7.2", BatchPrefillWithRaggedKVCacheWrapper=NoRaggedPrefill)
-    route = TritonRoute(kernels, FlashInferExtend(fake, torch.device(DEV), torch.empty(16, dtype=torch.uint8)))
+    route = GpuRoute(kernels, FlashInferExtend(fake, torch.device(DEV), torch.empty(16, dtype=torch.uint8)))
     assert route.serves_verify
     g, kv, rails, qo, q, verify = make_case("bf16", seed=14)
     params = AttentionParams(D ** -0.5)
@@ -187,7 +187,7 @@ def test_the_static_grid_verify_refuses_what_it_cannot_lay_out():
 
 
 def test_the_route_lays_out_a_uniform_verify_from_its_shapes(monkeypatch):
-    """TritonRoute.extend with a ``SpecVerify.uniform`` (a verify graph's metadata) runs the static-grid launch, never
+    """GpuRoute.extend with a ``SpecVerify.uniform`` (a verify graph's metadata) runs the static-grid launch, never
     the eager one (whose layout reads the device), with the eager launch's bytes on the same batch."""
     g = torch.Generator().manual_seed(23)
     draft = 4
@@ -199,7 +199,7 @@ def test_the_route_lays_out_a_uniform_verify_from_its_shapes(monkeypatch):
     checked = spec_verify([random_tree(draft, g) for _ in PREFIX])
     parts = (checked.tree_mask.to(DEV), checked.mask_indptr.to(DEV, torch.int64), checked.depths.to(DEV, torch.int64))
     params = AttentionParams(D ** -0.5, window=9)
-    route = TritonRoute(kernels)
+    route = GpuRoute(kernels)
     eager = route.extend(q, kv, rails, qo, params, plans=DecodePlanCache(), verify=SpecVerify(*parts))
 
     def no_eager_layout(*args, **kwargs):
@@ -334,7 +334,7 @@ def test_the_verify_workspace_shape_holds_every_batchs_partials(hq, hkv, draft):
 
 
 def test_the_route_gives_a_uniform_verify_the_workspace_it_made(caplog):
-    """``TritonRoute.make_workspace(verify_draft_len=D)`` sizes the workspace for D-draft verify launches, and
+    """``GpuRoute.make_workspace(verify_draft_len=D)`` sizes the workspace for D-draft verify launches, and
     ``extend`` hands it to them (the partials land there: the stale sentinel is gone), with the bytes of a launch
     that allocates its own; a workspace sized without verify is too small here: the launch allocates its own, with
     one INFO line for the shape, not one per call."""
@@ -344,7 +344,7 @@ def test_the_route_gives_a_uniform_verify_the_workspace_it_made(caplog):
     g, kv, rails, qo, q, verify = uniform_case("bf16", draft, seed=34)
     uniform = SpecVerify.uniform(verify.tree_mask, verify.mask_indptr, verify.depths, draft, len(PREFIX))
     params = AttentionParams(D ** -0.5, logit_cap=4.0, sinks=torch.randn(HQ, generator=g).to(DEV))
-    route = TritonRoute(kernels)
+    route = GpuRoute(kernels)
     splits = kernels.verify_splits(len(PREFIX), draft, HQ, HKV, DEV)
     assert splits > 1  # 3 requests x 2 KV heads: 6 row programs of 16 planned SMs
     sized = route.make_workspace(max_batch=8, geometries={(HQ, HKV, D)}, max_seq_len=64, device=DEV,
@@ -356,7 +356,7 @@ def test_the_route_gives_a_uniform_verify_the_workspace_it_made(caplog):
     got = route.extend(q, kv, rails, qo, params, plans=DecodePlanCache(), verify=uniform, workspace=sized)
     assert torch.equal(got, own)
     assert not bool((sized.part_lse[:q.shape[0] * HQ * splits] == 1e4).any())
-    with caplog.at_level(logging.INFO, logger="sglang_inkling_backend.triton.route"):
+    with caplog.at_level(logging.INFO, logger="sglang_inkling_backend.gpu.route"):
         for _ in range(2):
             got = route.extend(q, kv, rails, qo, params, plans=DecodePlanCache(), verify=uniform,
                                workspace=decode_only)

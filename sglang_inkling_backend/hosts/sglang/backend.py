@@ -39,6 +39,7 @@ from sglang_inkling_backend.hosts.sglang.pool import InklingMHATokenToKVPool
 from sglang_inkling_backend.hosts.sglang.spec_verify import draft_count, spec_verify_of
 from sglang_inkling_backend.hosts.sglang.version import check_sglang_version
 from sglang_inkling_backend.layer_plan import LayerSpec
+from sglang_inkling_backend.route_protocol import Route
 from sglang_inkling_backend.routes import choose_route
 
 logger = logging.getLogger(__name__)
@@ -144,9 +145,9 @@ class InklingAttnBackend(AttentionBackend):
 
         inkling_model.install_seam_if_loaded()
 
-    def use_route(self, route) -> None:
-        """Serve through ``route`` (chosen by ``routes.choose_route`` at construction; tests pass the Triton route
-        on the CPU), with the decode key map and the workspace that route reads."""
+    def use_route(self, route: Route) -> None:
+        """Serve through ``route`` (chosen by ``routes.choose_route`` at construction; tests pass the GPU route on
+        the CPU), with the decode key map and the workspace that route reads."""
         self.route = route
         for pool in leaf_pools(self.token_to_kv_pool):  # eager MXFP8 writes through the route's fused store
             if isinstance(pool, InklingMHATokenToKVPool) and pool.core is not None:
@@ -277,10 +278,9 @@ class InklingAttnBackend(AttentionBackend):
             gather_slots=self.route.gather_rail_slots)
         md.graph = True
         md.max_seq_len = self.max_context_len
-        plan_graph_step = getattr(self.route, "plan_graph_step", None)
-        if plan_graph_step is not None:  # what the route cannot plan inside the graph (FlashInfer's decode)
-            plan_graph_step(md, self.attention_specs, host, kv_format=self.kv_format,
-                            max_bs=self._graph_buffers.max_bs, max_seq_len=self.max_context_len)
+        # what the route cannot plan inside the graph (the GPU route: FlashInfer's decode)
+        self.route.plan_graph_step(md, self.attention_specs, host, kv_format=self.kv_format,
+                                   max_bs=self._graph_buffers.max_bs, max_seq_len=self.max_context_len)
         self.forward_metadata = md
 
     def _verify_graph_metadata(self, forward_batch, in_capture: bool) -> InklingForwardMetadata:

@@ -6,9 +6,9 @@ implements the FA4 contract, so for Inkling the name ``inkling`` is answered as 
 
 - the fused decode prologue runs (k/v short conv + conv-cache shift + q/k RMSNorm + tau, optionally MXFP8 q and the
   MXFP8/bf16 KV store into this backend's pool, whose buffers and 5-D page-128 scale layout pass the model's
-  eligibility checks), and ``inkling_attn_prologue_decode`` is routed to ours: the Triton kernel on CUDA/ROCm
-  (``sglang_inkling_backend.triton.prologue``), the torch reference elsewhere
-  (``sglang_inkling_backend.reference.prologue``), both with SGLang's signature;
+  eligibility checks), and ``inkling_attn_prologue_decode`` is routed to the serving route's ``decode_prologue``
+  (``route_protocol.Route``): the GPU route's Triton kernel (``triton/prologue.py``), the torch route's reference
+  (``reference/prologue.py``), both with SGLang's signature;
 - in MXFP8 mode q stays unrounded by default (``query_format``; ``INKLING_MXFP8_QUERY=mxfp8`` restores FA4's
   rounded q): our decode prologue stores MXFP8 K/V and returns a bf16 q, SGLang's extend prologue
   (``inkling_attn_prologue_extend``, hooked too) runs in bf16 mode and K/V are stored as MXFP8 here, and both return
@@ -33,7 +33,6 @@ import sys
 
 from sglang_inkling_backend import kv_views
 from sglang_inkling_backend.hosts.sglang import BACKEND_NAME
-from sglang_inkling_backend.routes import triton_unavailable
 
 logger = logging.getLogger(__name__)
 
@@ -65,15 +64,16 @@ def extend_backend_is_inkling() -> bool:
     return getattr(get_attn_backend(), "prefill_attention_backend_str", None) == BACKEND_NAME
 
 
-def inkling_backend(backend):
+def inkling_backend(backend, split_side: str = "prefill_backend"):
     """This package's backend inside what SGLang set as the forward's backend: the Inkling model's hybrid wrapper
-    holds it as ``full_attn_backend``, SGLang's prefill/decode split as ``prefill_backend``."""
+    holds it as ``full_attn_backend``, SGLang's prefill/decode split as ``split_side`` (``prefill_backend`` or
+    ``decode_backend``: the side serving the call)."""
     seen = backend
     for _ in range(4):
         # InklingAttnBackend, known by what it has (backend.py imports this module)
         if hasattr(seen, "use_route") and getattr(seen, "route", None) is not None:
             return seen
-        seen = getattr(seen, "full_attn_backend", None) or getattr(seen, "prefill_backend", None)
+        seen = getattr(seen, "full_attn_backend", None) or getattr(seen, split_side, None)
     raise RuntimeError(f"inkling: no InklingAttnBackend inside the forward's backend {type(backend).__name__}")
 
 
@@ -89,21 +89,12 @@ def decode_backend_is_inkling() -> bool:
     return getattr(backend, "decode_attention_backend_str", None) == BACKEND_NAME
 
 
-def our_prologue_decode(qkvr):
-    """The decode prologue this backend runs for a ``qkvr`` tensor on its device."""
-    if qkvr.is_cuda:
-        try:
-            from sglang_inkling_backend.triton.prologue import inkling_attn_prologue_decode
+def our_prologue_decode():
+    """The decode prologue of the route serving the forward's decode (``Route.decode_prologue``); called where
+    ``decode_backend_is_inkling()``."""
+    from sglang.srt.model_executor.forward_context import get_attn_backend
 
-            return inkling_attn_prologue_decode
-        except Exception as err:
-            if not triton_unavailable(err):  # a bug in the kernel module: never a quiet slow path
-                raise
-            logger.warning("inkling: Triton decode prologue unavailable (%s: %s); using the torch reference",
-                           type(err).__name__, err)
-    from sglang_inkling_backend.reference.prologue import inkling_attn_prologue_decode
-
-    return inkling_attn_prologue_decode
+    return inkling_backend(get_attn_backend(), "decode_backend").route.decode_prologue
 
 
 def query_format() -> str:
@@ -132,11 +123,11 @@ def prologue_decode_around(original, *args, **kwargs):
     in MXFP8 mode unless ``query_format()`` is ``mxfp8``."""
     if not decode_backend_is_inkling():
         return original(*args, **kwargs)
-    qkvr = args[0] if args else kwargs["qkvr"]
+    prologue = our_prologue_decode()
     if query_format() == "bf16" and _argument(original, args, kwargs, "mxfp8_quant"):
-        q, k, v, _ = our_prologue_decode(qkvr)(*args, **kwargs, quantize_q=False)
+        q, k, v, _ = prologue(*args, **kwargs, quantize_q=False)
         return q, k, v, kv_views.UNROUNDED_QUERY
-    return our_prologue_decode(qkvr)(*args, **kwargs)
+    return prologue(*args, **kwargs)
 
 
 def prologue_extend_around(original, *args, **kwargs):

@@ -32,7 +32,7 @@ class VllmBatch:
     block_size: int
     max_seq_len: int  # host int: the decode plans' bound (the model's max length under CUDA-graph capture)
     workspace: object = None  # the route's decode workspace (the builder's, allocated once)
-    route: object = None  # routes.TorchRoute | triton.route.TritonRoute, chosen by the builder
+    route: object = None  # a route_protocol.Route (routes.TorchRoute, gpu.route.GpuRoute), chosen by the builder
     plans: DecodePlanCache = field(default_factory=DecodePlanCache)
     _rails: dict = field(default_factory=dict)
 

@@ -556,7 +556,7 @@ def test_verify_graph_metadata_gives_the_eager_verify_steps_bytes(fmt, caplog):
         h = WholePagesHarness(layers, mxfp8_pool, size=16 * page, page_size=page, context=600,
                               kv_cache_dtype=torch.float8_e4m3fn)
         round_trip = lambda x: mxfp8.dequantize(*mxfp8.quantize(x), torch.float32)  # noqa: E731
-    caplog.set_level(logging.INFO, logger="sglang_inkling_backend.triton.route")
+    caplog.set_level(logging.INFO, logger="sglang_inkling_backend.gpu.route")
     ours = triton_backend(speculative_runner(h, d))
     assert ours.verify_draft_len == d
     run_script(h, [ours], steps=3)  # requests 0-3 prefilled
@@ -657,7 +657,7 @@ def test_an_eager_verify_step_checks_its_queries_once_and_lays_out_every_layer_f
     (no device read per layer), with the bytes of the eager launch, which reads and lays out the batch per layer."""
     from sglang_inkling_backend import triton as kernels
     from sglang_inkling_backend.attention_inputs import SpecVerify
-    from sglang_inkling_backend.triton.route import TritonRoute
+    from sglang_inkling_backend.gpu.route import GpuRoute
 
     d, rows = 5, [0, 1, 3]
     layers = make_layers(windows=MIXED)
@@ -666,7 +666,7 @@ def test_an_eager_verify_step_checks_its_queries_once_and_lays_out_every_layer_f
     run_script(h, [ours], steps=3)
     fb = target_verify_batch(h, rows, d, [random_tree(d, h.gen) for _ in rows], full_layout=True)
     inputs = [h.qkv(fb, layer) for layer in layers]
-    monkeypatch.setattr(TritonRoute, "_uniform_draft_len", staticmethod(lambda *args: 0))
+    monkeypatch.setattr(GpuRoute, "_uniform_draft_len", staticmethod(lambda *args: 0))
     ours.init_forward_metadata(fb)
     want = [ours.forward(q, k, v, layer, fb) for layer, (q, k, v) in zip(layers, inputs)]
     monkeypatch.undo()
@@ -844,17 +844,17 @@ def triton_backend(h, per_layer_plans=False):
     """An InklingAttnBackend on h's runner serving through the Triton route (the CPU picks torch otherwise); with
     ``per_layer_plans`` the route ignores the step's plan cache, i.e. plans every layer (the path before caching)."""
     from sglang_inkling_backend import triton as kernels
-    from sglang_inkling_backend.triton.route import TritonRoute
+    from sglang_inkling_backend.gpu.route import GpuRoute
 
     from sglang_inkling_backend.step_plans import DecodePlanCache
 
-    class PerLayerPlans(TritonRoute):
+    class PerLayerPlans(GpuRoute):
         def decode(self, q, kv, keys, params, *, max_seq_len, plans, workspace):
             return super().decode(q, kv, keys, params, max_seq_len=max_seq_len, plans=DecodePlanCache(),
                                   workspace=workspace)
 
     backend = InklingAttnBackend(h.runner)
-    backend.use_route((PerLayerPlans if per_layer_plans else TritonRoute)(kernels))
+    backend.use_route((PerLayerPlans if per_layer_plans else GpuRoute)(kernels))
     return backend
 
 

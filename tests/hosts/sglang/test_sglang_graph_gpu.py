@@ -2,7 +2,7 @@
 batches.
 
 Host-free parts only (``metadata.DecodeGraphBuffers``, ``kv_views.store_kv_unchecked``,
-``triton.route.TritonRoute``), so it runs without SGLang on any CUDA machine: the buffers are refilled in place
+``gpu.route.GpuRoute``), so it runs without SGLang on any CUDA machine: the buffers are refilled in place
 between replays, the captured write and Triton decode read them, and every replay must equal an eager
 torch-reference decode of the same batch.
 Skipped without CUDA (the CPU CI covers the refill logic in test_sglang_metadata.py), except the verify check's
@@ -41,7 +41,7 @@ def empty_paged_kv(kv_format, slots, page, dev):
 def whole_pages_req_to_token(rows, ctx, page, slots, g, dev):
     """req_to_token rows of ``ctx`` positions over random whole pages (never page 0, the padding sink's): SGLang's
     paged allocator gives requests whole pages, and the Triton route decodes MXFP8 pools by pages on that promise
-    (triton.route.TritonRoute), so per-token random slots would break that contract."""
+    (gpu.route.GpuRoute), so per-token random slots would break that contract."""
     per_row = -(-ctx // page)
     pages = (torch.randperm(slots // page - 1, device=dev, generator=g)[: rows * per_row] + 1).view(rows, per_row)
     pos = torch.arange(ctx, device=dev)
@@ -227,8 +227,8 @@ def check_verify_graph_capture_and_replay(kv_format, window, max_bs=4, drafts=6,
         route = choose_route(dev, {D})
     else:
         from sglang_inkling_backend import triton as kernels
-        from sglang_inkling_backend.triton.route import TritonRoute
-        route = TritonRoute(kernels)
+        from sglang_inkling_backend.gpu.route import GpuRoute
+        route = GpuRoute(kernels)
     windows = [window] if window else []
     buffers = VerifyGraphBuffers(max_bs, d, ctx, windows, dev, swa=False)
     params = AttentionParams(softmax_scale=1 / math.sqrt(D), window=window)

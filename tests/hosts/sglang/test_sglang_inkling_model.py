@@ -103,6 +103,29 @@ def test_prologue_hook_defers_to_sglang_unless_inkling_serves_decode():
     assert not inkling_model.decode_backend_is_inkling()  # outside a forward
 
 
+def test_prologue_hook_runs_the_decode_routes_prologue():
+    """With inkling serving decode, the hooked prologue is the serving route's ``decode_prologue`` (the torch route's
+    reference on a CPU), found on the decode side of SGLang's prefill/decode split too."""
+    from sglang_inkling_backend.reference import prologue as reference_prologue
+
+    backend = _inkling_step_setup()[2]
+    split = SimpleNamespace(prefill_backend=SimpleNamespace(), decode_backend=backend,
+                            decode_attention_backend_str="inkling")
+    with forward_context(ForwardContext(attn_backend=split)):
+        assert inkling_model.our_prologue_decode() is reference_prologue.inkling_attn_prologue_decode
+    calls = []
+
+    class Marked(type(backend.route)):
+        @property
+        def decode_prologue(self):
+            return lambda *args, **kwargs: calls.append((args, kwargs)) or "ours"
+
+    backend.use_route(Marked())
+    with forward_context(ForwardContext(attn_backend=split)):
+        assert inkling_model.prologue_decode_around(lambda *a, **k: "sglang", "qkvr", mxfp8_quant=False) == "ours"
+    assert calls == [(("qkvr",), {"mxfp8_quant": False})]
+
+
 # --- one decode step of an Inkling attention layer, FA4 path, MXFP8 pool ------------------------------------------
 
 

@@ -11,9 +11,9 @@ from sglang_inkling_backend.hosts.vllm.attention import LayerAttention
 from sglang_inkling_backend.hosts.vllm.batch import VllmBatch
 from sglang_inkling_backend.hosts.vllm.block_cache import BlockCacheLayout, vllm_layer_view
 from sglang_inkling_backend.layer_plan import LayerSpec
-from sglang_inkling_backend.routes import TorchRoute, triton_family
+from sglang_inkling_backend.routes import TorchRoute, load_route_module
 
-family, why = triton_family()
+family, why = load_route_module("sglang_inkling_backend.gpu.route")
 pytestmark = pytest.mark.skipif(family is None, reason=f"Triton is not available: {why}")
 
 HQ, HKV, D = 4, 1, 32
@@ -22,7 +22,7 @@ HQ, HKV, D = 4, 1, 32
 @pytest.mark.parametrize("kv_format,block_size", [("bf16", 16), ("mxfp8", 128)])
 @pytest.mark.parametrize("window", [None, 24])
 def test_triton_route_matches_torch_route_on_vllms_layout(kv_format, block_size, window):
-    from sglang_inkling_backend.triton.route import TritonRoute
+    from sglang_inkling_backend.gpu.route import GpuRoute
 
     g = torch.Generator().manual_seed(2)
     spec = LayerSpec(window=window, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D, softmax_scale=1 / math.sqrt(D))
@@ -39,7 +39,7 @@ def test_triton_route_matches_torch_route_on_vllms_layout(kv_format, block_size,
                     torch.randn(slots.numel(), HKV, D, generator=g).bfloat16(), cache, slots)
     qsl = torch.tensor([0, 1, 2, 7], dtype=torch.int32)
     q = torch.randn(7, HQ * D, generator=g).bfloat16()
-    triton_route = TritonRoute()
+    triton_route = GpuRoute()
     outs = {}
     for route in (triton_route, TorchRoute()):
         workspace = route.make_workspace(max_batch=3, geometries={(HQ, HKV, D)}, max_seq_len=160,

@@ -1,14 +1,19 @@
-"""The Triton family's route: the object a host calls per layer on CUDA/ROCm (``TritonRoute``), and when it
-can serve (``unavailable_because``, ``route_for``). ``routes.choose_route`` asks this module; a new kernel family
-is a folder with a module like this one.
+"""The CUDA/ROCm route: ``GpuRoute``, the object a host calls per layer on a CUDA/ROCm GPU, and when it can serve
+(``unavailable_because``, ``route_for``). ``routes.choose_route`` asks this module (``routes.ACCELERATED_ROUTES``).
 
-``TritonRoute`` decodes with this package's kernels (``plan_decode`` once per step and key, in the step's
-``DecodePlanCache``, over views of the one workspace the host allocated at start-up with ``make_workspace``;
-``run_decode`` per layer; page tables or per-token rails), and a 16-bit pool's decode through FlashInfer's paged
-decode where it serves the layer (the decode family; ``INKLING_DECODE_KERNEL``); it extends with FlashInfer's
-ragged prefill where the layer's semantics are FlashInfer's (the extend family; ``INKLING_EXTEND_KERNEL``), else
-with this package's extend kernel. Both families are ``sglang_inkling_backend.flashinfer``, used where FlashInfer is
-installed; settings auto (default), triton or flashinfer.
+This folder composes two kernel families, neither of which imports it or the other: this package's Triton kernels
+(``sglang_inkling_backend.triton``) and FlashInfer's (``sglang_inkling_backend.flashinfer``). ``GpuRoute`` decodes
+with the Triton kernels (``plan_decode`` once per step and key, in the step's ``DecodePlanCache``, over views of
+the one workspace the host allocated at start-up with ``make_workspace``; ``run_decode`` per layer; page tables or
+per-token rails), and a 16-bit pool's decode through FlashInfer's paged decode where it serves the layer (the
+decode family; ``INKLING_DECODE_KERNEL``); it extends with FlashInfer's ragged prefill where the layer's semantics
+are FlashInfer's (the extend family, which reads the rails through the Triton gather this route hands it;
+``INKLING_EXTEND_KERNEL``), else with the Triton extend kernel. The FlashInfer families serve where FlashInfer is
+installed; settings auto (default), triton or flashinfer. Its stores, rail gathers and the Inkling decode
+prologue are Triton kernels.
+
+Importing this module imports Triton (``sglang_inkling_backend.triton``), not FlashInfer: without Triton the import
+fails with an ImportError of ``triton`` and ``choose_route`` takes the torch route.
 """
 from __future__ import annotations
 
@@ -17,19 +22,28 @@ from typing import Optional, Union
 
 import torch
 
+from sglang_inkling_backend import flashinfer as flashinfer_families
 from sglang_inkling_backend import mxfp8
+from sglang_inkling_backend import triton as triton_kernels
 from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV
 from sglang_inkling_backend.checks import stream_capturing, triton_head_dim_ok
 from sglang_inkling_backend.layer_plan import LayerSpec, attention_params
 from sglang_inkling_backend.rails import KVPages, KVRails, check_host_lengths
+from sglang_inkling_backend.route_protocol import Route
 from sglang_inkling_backend.step_plans import DecodePlanCache, check_extend_keys
+from sglang_inkling_backend.triton.gather_kv import gather_dtype, gather_kv
+from sglang_inkling_backend.triton.plan import route_note
 
 logger = logging.getLogger(__name__)
 MIN_CAPABILITY = (8, 0)  # NVIDIA: the kernels' bf16 dots; 8-bit pools before sm_89 are read as bytes (plan.py)
 
 
-class TritonRoute:
-    name = "triton"
+class GpuRoute(Route):
+    """The Triton kernels, with FlashInfer's decode and extend families for the layers they serve (each family None:
+    the Triton kernels only). ``kernels``: the Triton kernels' API, ``sglang_inkling_backend.triton`` (a test may
+    pass a wrapped copy to count calls)."""
+
+    name = "triton"  # the start-up log line's word for this route
     graph_capturable = True
     reads_page_tables = True
     query_in_model_dtype = True
@@ -38,8 +52,8 @@ class TritonRoute:
 
     def __init__(self, kernels=None, extend_family=None, decode_family=None):
         if kernels is None:
-            from sglang_inkling_backend import triton as kernels
-        self.kernels = kernels  # this package's API (a test may pass a wrapped copy to count calls)
+            kernels = triton_kernels
+        self.kernels = kernels
         self.fused_store = kernels.store_kv  # MXFP8 and 16-bit pools: one kernel for K and V
         self.gather_rail_slots = kernels.gather_rail_slots  # a graph step's rail slots in one kernel
         self.extend_family = extend_family  # flashinfer.FlashInferExtend, or None: the Triton extend kernel only
@@ -49,6 +63,14 @@ class TritonRoute:
         # plan_graph_step's keys, worked out once per (family, layers object, (kv_format, max_seq_len)): its
         # [(window, key, max_keys)]. It runs before every replay, where host time delays the graph.
         self._graph_step_keys: Optional[tuple] = None
+
+    @property
+    def decode_prologue(self):
+        """The Triton kernel of the Inkling model's fused decode prologue (``triton/prologue.py``, SGLang's
+        signature), imported at its first use: only the Inkling model calls it."""
+        from sglang_inkling_backend.triton.prologue import inkling_attn_prologue_decode
+
+        return inkling_attn_prologue_decode
 
     def make_workspace(self, *, max_batch: int, geometries, max_seq_len: int, device,
                        verify_draft_len: Optional[int] = None):
@@ -177,7 +199,6 @@ class TritonRoute:
     def gather_keys(self, kv: PagedKV, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K/V rows at ``slots`` (checked by the caller), dequantized (MXFP8: exact in bf16) and, for a per-tensor
         fp8 pool, times its scales, in ``gather_dtype(kv)``."""
-        from .gather_kv import gather_kv
         k, v = gather_kv(kv, slots, validate=False)
         if kv.kv_format == "fp8_e4m3":  # gather_kv returns the raw e4m3 values
             k, v = (k.float() * kv.k_scale).to(k.dtype), (v.float() * kv.v_scale).to(v.dtype)
@@ -214,7 +235,8 @@ class TritonRoute:
             why = family.why_not(q, kv, params) or ("" if plans is not None else "no step plan cache")
             if not why:
                 try:
-                    return family.extend(q, kv, rails, qo_indptr, params, plans)
+                    return family.extend(q, kv, rails, qo_indptr, params, plans, gather_kv=gather_kv,
+                                         gather_dtype=gather_dtype)
                 except Exception as err:
                     if family.served:
                         raise  # it has served before: a real failure, not an install that cannot build its kernel
@@ -284,17 +306,15 @@ def unavailable_because(device: Optional[torch.device], head_dims=()) -> str:
     return ""
 
 
-def route_for(device: torch.device) -> tuple[TritonRoute, str]:
+def route_for(device: torch.device) -> tuple[GpuRoute, str]:
     """The route for ``device`` with the FlashInfer families it found (``flashinfer.extend_family``,
     ``flashinfer.decode_family``; one float workspace between them), and a note for the start-up log line."""
-    from sglang_inkling_backend.flashinfer import decode_family, extend_family
-    from sglang_inkling_backend.triton.plan import route_note
-
-    family, note = extend_family(device)  # allocates the route's float workspace; the decode family shares it
-    decoder, decode_note = decode_family(device, family.workspace if family is not None else None)
+    # the extend family allocates the route's float workspace; the decode family shares it
+    family, note = flashinfer_families.extend_family(device)
+    decoder, decode_note = flashinfer_families.decode_family(device, family.workspace if family is not None else None)
     extend = (f"{note} where a layer's semantics are FlashInfer's, else the Triton kernel" if family is not None
               else f"the Triton kernel ({note})")
     decode = (f"{decode_note} for 16-bit pools where it serves the layer" if decoder is not None
               else f"the Triton kernels ({decode_note})")
-    return (TritonRoute(extend_family=family, decode_family=decoder),
+    return (GpuRoute(extend_family=family, decode_family=decoder),
             f"Triton kernels on {device}; {route_note(device)}; 16-bit decode: {decode}; extend: {extend}")
