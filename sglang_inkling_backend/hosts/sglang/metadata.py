@@ -24,7 +24,8 @@ from typing import Callable, Iterable, Optional
 import torch
 
 from sglang_inkling_backend.attention_inputs import SpecVerify
-from sglang_inkling_backend.checks import PADDING_SLOT, require_device, require_int_value, require_tensor
+from sglang_inkling_backend.checks import (PADDING_SLOT, require_device, require_int_value, require_slots,
+                                          require_tensor)
 from sglang_inkling_backend.hosts.sglang.spec_verify import full_layout_tree_index
 from sglang_inkling_backend.rails import (INDEX_DTYPE, KVPages, KVRails, check_host_lengths, check_token_table,
                                           gather_rails_host_lengths, page_table, translate_rails, window_start)
@@ -158,7 +159,10 @@ def build_forward_metadata(req_to_token: torch.Tensor, req_pool_indices: torch.T
     }
     swa_loc = None
     if full_to_swa is not None and out_cache_loc is not None:
-        swa_loc = full_to_swa[out_cache_loc.to(INDEX_DTYPE)]
+        # an index past the map would be an IndexError here on a CPU and a device assert on a GPU
+        loc = require_slots(out_cache_loc, "out_cache_loc (the step's write slots)", full_to_swa.numel(),
+                            where=" (the hybrid pool's full-to-SWA map)")
+        swa_loc = full_to_swa[loc]
     return InklingForwardMetadata(is_decode=extend_seq_lens is None, batch_size=bs, qo_indptr=qo_indptr, full=full,
                                   windows=window_rails, pages=pages, swa_out_cache_loc=swa_loc,
                                   max_seq_len=max_seq_len)

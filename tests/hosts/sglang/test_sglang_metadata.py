@@ -68,6 +68,12 @@ def test_window_rails_translate_to_swa_slots_and_write_loc():
         assert _rail(md.full, b) == _expected_rail(r2t, row, 0, n)  # full rails stay in the full id space
         assert _rail(md.rails(3), b) == [int(full_to_swa[s]) for s in _expected_rail(r2t, row, n - 3, n)]
     assert md.swa_out_cache_loc.tolist() == full_to_swa[out_cache_loc].tolist()
+    # a write slot past the map is refused by name (it was an IndexError from the indexing)
+    past = out_cache_loc.clone()
+    past[1] = full_to_swa.numel()
+    with pytest.raises(ValueError, match=r"out_cache_loc \(the step's write slots\) must be slots in "
+                                         r"\[0, 122\) \(the hybrid"):
+        build_forward_metadata(r2t, rows, seq_lens, windows=[3], full_to_swa=full_to_swa, out_cache_loc=past)
 
 
 def test_window_start():
