@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_inkling_backend import InklingKVPool, LayerPlan, mxfp8
+from sglang_inkling_backend import InklingKVPool, LayerPlan, kv_formats, mxfp8
 from sglang_inkling_backend.decode_context import BatchedDecodeContext
 from sglang_inkling_backend.layer_plan import LayerSpec
 from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV
@@ -148,10 +148,10 @@ def test_quantize_per_tensor_scale(scale, exc):
 
 def test_bytes_per_token_per_layer_counts():
     with pytest.raises(ValueError, match="num_kv_heads must be an int >= 1, got -1"):
-        mxfp8.bytes_per_token_per_layer(num_kv_heads=-1, head_dim=128, kv_format="mxfp8")
+        kv_formats.bytes_per_token_per_layer(num_kv_heads=-1, head_dim=128, kv_format="mxfp8")
     with pytest.raises(TypeError, match="num_kv_heads must be an int, got True"):
-        mxfp8.bytes_per_token_per_layer(num_kv_heads=True, head_dim=128, kv_format="mxfp8")
-    assert mxfp8.bytes_per_token_per_layer(1, 128, "mxfp8") == 264
+        kv_formats.bytes_per_token_per_layer(num_kv_heads=True, head_dim=128, kv_format="mxfp8")
+    assert kv_formats.bytes_per_token_per_layer(1, 128, "mxfp8") == 264
 
 
 def test_move_kv_cache_needs_tensors():

@@ -1021,7 +1021,7 @@ def define_checks_cases():
 
 def define_mxfp8_cases():
     torch = _torch()
-    from sglang_inkling_backend import mxfp8
+    from sglang_inkling_backend import kv_formats, mxfp8
     S = "core.mxfp8"
 
     def round_trip(x):
@@ -1080,8 +1080,8 @@ def define_mxfp8_cases():
     for tag, args, names in ((("format_fp4"), (2, 32, "fp4"), "kv_format"),
                              ("heads_bool", (True, 32, "bf16"), "num_kv_heads"), ("head_dim_48", (2, 48, "mxfp8"),
                                                                                   "head_dim")):
-        call_case(f"core.mxfp8.bytes_per_token.{tag}", S, "mxfp8.py:bytes_per_token_per_layer", repr(args),
-                  lambda args=args: mxfp8.bytes_per_token_per_layer(*args), names)
+        call_case(f"core.mxfp8.bytes_per_token.{tag}", S, "kv_formats.py:bytes_per_token_per_layer",
+                  repr(args), lambda args=args: kv_formats.bytes_per_token_per_layer(*args), names)
 
 
 def define_attention_inputs_cases():

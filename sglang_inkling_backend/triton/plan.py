@@ -19,7 +19,7 @@ from typing import Optional, Union
 import torch
 import triton
 
-from .. import mxfp8
+from .. import kv_formats
 from ..checks import require_device
 from ..scale_layout import INTERLEAVED_PAGE_SIZE
 
@@ -507,8 +507,8 @@ def plan_decode(batch: Union[int, torch.Tensor], *, num_q_heads: int, num_kv_hea
     elif not isinstance(config, DecodeConfig):
         raise TypeError(f"config must be a DecodeConfig, got {type(config).__name__}")
     max_keys = max(1, min(max_seq_len, window) if window is not None else max_seq_len)
-    if kv_format is not None and kv_format not in mxfp8.KV_FORMATS:
-        raise ValueError(f"kv_format must be None or one of {mxfp8.KV_FORMATS}, got {kv_format!r}")
+    if kv_format is not None and kv_format not in kv_formats.KV_FORMATS:
+        raise ValueError(f"kv_format must be None or one of {kv_formats.KV_FORMATS}, got {kv_format!r}")
     chosen = choose_config(batch, num_kv_heads, head_dim, max_keys, page_size, kv_dtype)
     if config.kernel == "hopper" or (
             config.kernel is None and kv_format == "mxfp8" and page_size == HOPPER["block_n"]
