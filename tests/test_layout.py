@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "sglang_inkling_backend"
-ENTRY_POINTS = Path(__file__).resolve().parents[1] / "entry_points"
 NAME = "sglang_inkling_backend"
 ACCELERATORS = ("triton", "mlx", "flashinfer")  # kernel families, each a folder
 # The core's one sanctioned reach outward: the route dispatch imports the Triton family's route module lazily when
@@ -22,19 +21,14 @@ ALLOWED = {(f"{NAME}.routes", f"{NAME}.triton")}
 
 
 def module_name(path: Path) -> str:
-    if path.is_relative_to(ENTRY_POINTS):
-        rel = path.relative_to(ENTRY_POINTS).with_suffix("")
-        parts = [NAME, "entry_points", *rel.parts]
-    else:
-        parts = [NAME, *path.relative_to(PACKAGE).with_suffix("").parts]
+    parts = [NAME, *path.relative_to(PACKAGE).with_suffix("").parts]
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
 
 
 def package_modules() -> dict[str, Path]:
-    files = [p for p in PACKAGE.rglob("*.py") if "entry_points" not in p.parts] + list(ENTRY_POINTS.rglob("*.py"))
-    return {module_name(p): p for p in files}
+    return {module_name(p): p for p in PACKAGE.rglob("*.py")}
 
 
 def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
