@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from sglang_inkling_backend import InklingKVPool, LayerPlan, kv_formats, mxfp8
-from sglang_inkling_backend.decode_context import BatchedDecodeContext
+from sglang_inkling_backend.mlx.decode_context import BatchedDecodeContext
 from sglang_inkling_backend.layer_plan import LayerSpec
 from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV
 from sglang_inkling_backend.reference.attention import paged_decode_attention
