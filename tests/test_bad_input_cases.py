@@ -350,7 +350,7 @@ def test_prologue_outside_a_forward_says_so(caplog):
 # --- 7. downloads and files -------------------------------------------------------------------------------------
 
 def test_every_shipped_model_has_a_pinned_hash_and_size():
-    from sglang_inkling_backend.demo.models import MODELS
+    from demo.models import MODELS
 
     for model in MODELS.values():
         assert isinstance(model.sha256, str) and len(model.sha256) == 64, model.name
@@ -362,7 +362,7 @@ def _no_network(*args, **kwargs):
 
 
 def test_a_corrupt_cached_gguf_is_downloaded_again(tmp_path, monkeypatch):
-    from sglang_inkling_backend.demo import models
+    from demo import models
 
     gguf = tmp_path / "gguf" / models.SMOLLM2_135M.gguf_name
     gguf.parent.mkdir()
@@ -377,7 +377,7 @@ def test_a_corrupt_cached_gguf_is_downloaded_again(tmp_path, monkeypatch):
 
 
 def test_a_prepared_model_is_verified_against_its_marker(tmp_path, monkeypatch):
-    from sglang_inkling_backend.demo import models
+    from demo import models
 
     out = tmp_path / models.SMOLLM2_135M.name
     out.mkdir()
@@ -396,7 +396,7 @@ def test_a_prepared_model_is_verified_against_its_marker(tmp_path, monkeypatch):
 
 
 def test_a_model_from_an_older_converter_is_converted_again(tmp_path, monkeypatch):
-    from sglang_inkling_backend.demo import models
+    from demo import models
 
     out = tmp_path / models.SMOLLM2_135M.name
     out.mkdir()
@@ -414,7 +414,7 @@ def test_preparing_the_same_model_twice_at_once_takes_turns(tmp_path, monkeypatc
     """Two test workers may prepare one model at the same moment: the second waits for the first, then finds the
     model prepared (no second conversion, no half-written files read)."""
     import threading
-    from sglang_inkling_backend.demo import models
+    from demo import models
 
     events, first_inside = [], threading.Event()
     release = threading.Event()
@@ -443,7 +443,7 @@ def test_preparing_the_same_model_twice_at_once_takes_turns(tmp_path, monkeypatc
 
 
 def test_server_removes_its_own_log_and_keeps_a_failed_start_ups():
-    from sglang_inkling_backend.demo.server import ServerStartError, SGLangServer
+    from demo.server import ServerStartError, SGLangServer
 
     server = SGLangServer("/nonexistent", "inkling")
     log = server.log_path

@@ -62,7 +62,7 @@ def layer_of(name: str) -> str:
         return parts[1]
     if len(parts) > 2 and parts[1] == "hosts":
         return f"hosts.{parts[2]}"
-    if len(parts) > 1 and parts[1] in ("hosts", "entry_points", "demo"):
+    if len(parts) > 1 and parts[1] in ("hosts", "entry_points"):
         return parts[1]
     return "core"
 
@@ -74,6 +74,23 @@ def test_the_scan_sees_the_packages_layers():
     layers = {layer_of(n) for n in GRAPH}
     assert {"core", "triton", "mlx", "flashinfer", "hosts.sglang", "entry_points"} <= layers, layers
     assert f"{NAME}.hosts.sglang.backend" in GRAPH[f"{NAME}.entry_points.sglang"]  # a lazy import is seen
+
+
+def test_the_package_never_imports_the_launcher_beside_it():
+    """``demo/`` (the checkout's server launcher, beside the package and not shipped in the wheel) imports the
+    package; no package module imports it."""
+    assert (PACKAGE.parent / "demo" / "__main__.py").is_file()
+    bad = set()
+    for name, path in package_modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                targets = [node.module or ""]
+            else:
+                continue
+            bad |= {(name, t) for t in targets if t.split(".")[0] == "demo"}
+    assert not bad, bad
 
 
 @pytest.mark.parametrize("name", sorted(n for n in GRAPH if layer_of(n) == "core"))
