@@ -292,7 +292,7 @@ def _validate_draft_model(cfg: Any, algorithm: Any) -> None:
         raise ValueError(
             f"--speculative-algorithm {algorithm} with --attention-backend inkling does not support "
             "SGLANG_ENABLE_OVERLAP_PLAN_STREAM=1 (a verify plan on a side stream); unset it")
-    target_format = KV_FORMAT_OF_FLAG.get(cfg.kv_cache_dtype)  # read before the flag's own check
+    target_format = KV_FORMAT_OF_FLAG.get(cfg.kv_cache_dtype)  # None for a flag not served (refused after this)
     draft_dtype = getattr(cfg, "speculative_draft_kv_cache_dtype", None)
     if target_format in QUANTIZED_KV_FORMATS and KV_FORMAT_OF_FLAG.get(draft_dtype) != "bf16":
         raise ValueError(
