@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from sglang_inkling_backend import mxfp8
+from sglang_inkling_backend import kv_formats, mxfp8
 
 
 def per_tensor_fp8_round_trip(x: torch.Tensor, scale=None) -> torch.Tensor:
@@ -64,7 +64,8 @@ def main():
                      "fp8_per_tensor_rel_err": relative_error(fp8, x),
                      "mxfp8_rel_err_ordinary_channels": relative_error(mx[..., ordinary], x[..., ordinary]),
                      "fp8_per_tensor_rel_err_ordinary_channels": relative_error(fp8[..., ordinary], x[..., ordinary])})
-    sizes = [{"Hkv": h, "D": d, **{k: mxfp8.bytes_per_token_per_layer(h, d, k) for k in ("bf16", "fp8_e4m3", "mxfp8")}}
+    sizes = [{"Hkv": h, "D": d,
+              **{k: kv_formats.bytes_per_token_per_layer(h, d, k) for k in ("bf16", "fp8_e4m3", "mxfp8")}}
              for h, d in ((2, 128), (8, 128), (1, 256), (3, 64))]
     print("mean per-(token, head) relative L2 round-trip error (all channels | ordinary channels only); fp8/tensor uses amax/448")
     print(f"{'data':15s} {'MXFP8':>8s} {'fp8/tensor':>11s} {'fp8 scale 1':>12s} | {'MXFP8':>8s} {'fp8/tensor':>11s}")

@@ -1,6 +1,6 @@
 """Integration tests against the real SGLang 0.5.23 server on a CPU (marked ``integration``).
 
-Models are prepared once (``sglang_inkling_backend.demo.models``, cache dir ``$INKLING_CACHE_DIR`` or
+Models are prepared once (``demo.models``, cache dir ``$INKLING_CACHE_DIR`` or
 ``~/.cache/sglang-inkling-backend/models``). Each server configuration is started at most once per session on a
 loopback port, runs the whole workload (``workloads.py``) and is stopped before the next one starts (bounded
 start-up, always stopped, even when a test fails). The measured numbers are printed at the end and written to
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from sglang_inkling_backend.demo.cpu_host import cpu_env
-from sglang_inkling_backend.demo.models import prepare_model
-from sglang_inkling_backend.demo.server import SGLangServer, stop_running_servers
+from demo.cpu_host import cpu_env
+from demo.models import prepare_model
+from demo.server import SGLangServer, stop_running_servers
 from workloads import TEACHER_FORCED_CHUNK, TeacherForcedRun, WorkloadRun, run_workload, score_teacher_forced
 
 from harness import (FAULT_PLUGIN_DIR, HERE, MAX_TOTAL_TOKENS, REPORT, RESULTS_PATH, SPECULATION, STARTUP_TIMEOUT_S,

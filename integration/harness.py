@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_inkling_backend.demo.server import ServerStartError
+from demo.server import ServerStartError
 
 HERE = Path(__file__).resolve().parent
 RESULTS_PATH = Path(os.environ.get("INKLING_INTEGRATION_RESULTS") or HERE / "results" / "last_run.json")

@@ -27,10 +27,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the checkout (demo/): a script run lacks it
 from workloads import SEQUENTIAL_PROMPTS  # noqa: E402
 
 from sglang_inkling_backend import mxfp8  # noqa: E402
-from sglang_inkling_backend.demo.cpu_host import cpu_env  # noqa: E402
+from demo.cpu_host import cpu_env  # noqa: E402
 
 OUTLIER_FACTOR = 2.0 ** 8
 V_FACTOR = 2.0 ** -8
@@ -116,7 +117,7 @@ def main() -> None:
     parser.add_argument("model", nargs="?", default="gemma-3-270m")
     parser.add_argument("--json", type=Path, help="write the numbers here")
     args = parser.parse_args()
-    from sglang_inkling_backend.demo.models import prepare_model
+    from demo.models import prepare_model
 
     layers, d = capture_kv(prepare_model(args.model))
     result = {"model": args.model, "head_dim": d, "layers": len(layers)} | measure(layers, d)

@@ -19,10 +19,11 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(1, str(HERE.parent))  # the checkout (demo/): a script run lacks it
 from rescale_checkpoint import outlier_channels  # noqa: E402
 
-from sglang_inkling_backend.demo.cpu_host import cpu_env  # noqa: E402
-from sglang_inkling_backend.demo.models import cache_dir  # noqa: E402
+from demo.cpu_host import cpu_env  # noqa: E402
+from demo.models import cache_dir  # noqa: E402
 
 E4M3_MAX, E4M3_MIN_NORMAL = 448.0, 2.0 ** -6
 

@@ -38,9 +38,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(1, str(HERE.parent))  # the checkout (demo/): a script run lacks it
 
-from sglang_inkling_backend.demo.models import prepare_model  # noqa: E402
-from sglang_inkling_backend.demo.server import SGLangServer, ServerStartError  # noqa: E402
+from demo.models import prepare_model  # noqa: E402
+from demo.server import SGLangServer, ServerStartError  # noqa: E402
 
 TEXT = HERE / "data" / "long_text.txt"
 KV_FORMATS = ("auto", "mxfp8", "fp8_e4m3")  # auto: the model's bf16, the reference

@@ -13,8 +13,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sglang_inkling_backend.demo.models import prepare_model  # noqa: E402
-from sglang_inkling_backend.demo.server import SGLangServer  # noqa: E402
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the checkout (demo/): a script run lacks it
+from demo.models import prepare_model  # noqa: E402
+from demo.server import SGLangServer  # noqa: E402
 from workloads import TIMING_PROMPT  # noqa: E402
 
 CONFIGS = [("torch_native", "auto", 1), ("inkling", "auto", 1), ("inkling", "mxfp8", 1),

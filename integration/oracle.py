@@ -2,7 +2,7 @@
 teacher-forced on the exact token ids a server saw.
 
 ``oracle_logprobs(model_dir, queries)`` runs this file as a subprocess (the torchvision work-around in the CPU
-shims must load at interpreter start, see ``sglang_inkling_backend.demo.cpu_host``). Each query is
+shims must load at interpreter start, see ``demo.cpu_host``). Each query is
 ``{"ids": [...], "positions": [p, ...], "tokens": [[t, ...], ...]}``: one forward pass over ``ids``, and for each
 position ``p`` (the index in ``ids`` of the token being predicted, so its logits come from ``ids[:p]``) the float32
 log-probability of each listed token. The answer is one ``{token: logprob}`` dict per position.
@@ -13,10 +13,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from sglang_inkling_backend.demo.cpu_host import cpu_env
-
 
 def oracle_logprobs(model_dir: Path | str, queries: list[dict], timeout_s: float = 900.0) -> list[list[dict[int, float]]]:
+    from demo.cpu_host import cpu_env  # the caller's (this file's subprocess runs without the checkout on its path)
+
     with tempfile.TemporaryDirectory(prefix="inkling-oracle-") as tmp:
         request, answer = Path(tmp) / "queries.json", Path(tmp) / "answer.json"
         request.write_text(json.dumps(queries))

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from sglang_inkling_backend.demo.kv_memory import KVGeometry
+from demo.kv_memory import KVGeometry
 from margins import _Queries, error_level, first_divergence, judge, margin_errors
 from workloads import Answer, WorkloadRun, common_prefix, logprob_deltas
 

@@ -37,7 +37,7 @@ import sys
 import pytest
 
 from harness import HERE, REPORT
-from sglang_inkling_backend.demo.cpu_host import cpu_env
+from demo.cpu_host import cpu_env
 from workloads import common_prefix, logprob_deltas, token_agreement
 
 # CI serves the drift runs on Gemma-3 (the hybrid model); SmolLM2's extra servers (about 3 minutes on the 2-core

@@ -30,7 +30,7 @@ import pytest
 
 from harness import REPORT
 from margins import compare_on_margins
-from sglang_inkling_backend.demo.server import SGLangServer
+from demo.server import SGLangServer
 from workloads import Answer, WorkloadRun
 
 MODEL = "gemma-3-270m"

@@ -6,7 +6,7 @@
 #   VENV=/path/to/venv PYTHON=python3.11 scripts/setup.sh
 #   TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu scripts/setup.sh   # where the configured index has no CPU torch
 #
-# Then: .venv/bin/python -m sglang_inkling_backend.demo      (the main job)
+# Then: .venv/bin/python -m demo      (the main job)
 #       .venv/bin/python -m pytest -m integration integration/   (the real server on CPU)
 set -euo pipefail
 

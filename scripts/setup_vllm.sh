@@ -15,7 +15,7 @@
 # backend classes, vLLM's start path up to its engine config): the full CUDA install is 9.5 GB with torch 2.14 and
 # cannot run its engine on a CPU anyway (its wheel ships no CPU kernels). VLLM_RELEASES="" skips them.
 #
-# Then: .venv-vllm/bin/python -m sglang_inkling_backend.demo --host vllm      (the main job on vLLM)
+# Then: .venv-vllm/bin/python -m demo --host vllm      (the main job on vLLM)
 #       .venv-vllm/bin/python -m pytest tests/hosts/vllm                      (the tests that import vLLM)
 #       PYTHONPATH=.venv-vllm/vllm-releases/0.33 .venv-vllm/bin/python -m pytest tests/hosts/vllm   (on vLLM 0.33)
 set -euo pipefail

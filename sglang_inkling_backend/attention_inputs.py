@@ -11,13 +11,13 @@ from typing import Optional
 
 import torch
 
-from . import mxfp8
+from . import kv_formats, mxfp8
 from .checks import (INDEX_DTYPES, _describe, require_device, require_extents, require_finite_once,
                      require_non_negative_real, require_positive_int, require_positive_real, require_same_shape,
                      require_slots, require_tensor)
 from .scale_layout import ScaleLayout
 
-FLOAT_KV_DTYPES = tuple(mxfp8.UNQUANTIZED_FORMAT_OF_DTYPE)  # bf16, fp16, fp32
+FLOAT_KV_DTYPES = tuple(kv_formats.UNQUANTIZED_FORMAT_OF_DTYPE)  # bf16, fp16, fp32
 
 
 @dataclass
@@ -71,11 +71,11 @@ class PagedKV:
 
     @property
     def kv_format(self) -> str:
-        """The pool's KV format (``mxfp8.KV_FORMATS``): "mxfp8", "fp8_e4m3" (per-tensor scale), "bf16", "fp16" or
+        """The pool's KV format (``kv_formats.KV_FORMATS``): "mxfp8", "fp8_e4m3" (per-tensor scale), "bf16", "fp16" or
         "fp32"."""
         if self.is_mxfp8:
             return "mxfp8"
-        return mxfp8.UNQUANTIZED_FORMAT_OF_DTYPE.get(self.k_buffer.dtype, "fp8_e4m3")
+        return kv_formats.UNQUANTIZED_FORMAT_OF_DTYPE.get(self.k_buffer.dtype, "fp8_e4m3")
 
     @property
     def num_slots(self) -> int:

@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 
-from . import kv_views, mxfp8
+from . import kv_formats, kv_views, mxfp8
 from .checks import (is_int, require_device, require_int_value, require_pin_memory, require_positive_int,
                      require_positive_real, require_slots, require_slots_once, require_tensor)
 from .layer_plan import LayerPlan
@@ -51,8 +51,7 @@ class InklingKVPool:
                  k_scale: float = 1.0, v_scale: float = 1.0):
         if not isinstance(plan, LayerPlan):
             raise TypeError(f"plan must be a LayerPlan, got {type(plan).__name__}")
-        if kv_format not in mxfp8.KV_FORMATS:
-            raise ValueError(f"kv_format must be one of {mxfp8.KV_FORMATS}, got {kv_format!r}")
+        kv_formats.require_kv_format(kv_format)
         require_positive_int(size, "size")
         require_positive_int(page_size, "page_size")
         if swa_size is not None:
@@ -68,7 +67,7 @@ class InklingKVPool:
         self.swa_size = swa_size if swa_size is not None else size
         self.device = require_device(device, "device")  # before the first allocation
         self.k_scale, self.v_scale = float(k_scale), float(v_scale)
-        self.store_dtype = mxfp8.STORAGE_DTYPE[kv_format]
+        self.store_dtype = kv_formats.STORAGE_DTYPE[kv_format]
         # A route's fused store (``fused_store(kv, loc, k, v, validate=False)``, e.g. the Triton ``store_kv``), given
         # by the host that serves this pool: MXFP8 and unquantized writes on its device go through it, one kernel for
         # K and V (MXFP8: the same bytes as the torch quantizer). None, and per-tensor fp8: torch.
@@ -233,7 +232,7 @@ class InklingKVPool:
 
 def bytes_per_token(plan: LayerPlan, kv_format: str) -> int:
     """KV bytes one token costs across all attention layers of ``plan`` (data plus MXFP8 scale bytes)."""
-    return sum(mxfp8.bytes_per_token_per_layer(plan.spec(i).num_kv_heads, plan.spec(i).head_dim, kv_format)
+    return sum(kv_formats.bytes_per_token_per_layer(plan.spec(i).num_kv_heads, plan.spec(i).head_dim, kv_format)
                for i in plan.attention_layer_ids)
 
 

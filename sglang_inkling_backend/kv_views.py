@@ -14,7 +14,7 @@ from typing import Callable, Optional
 
 import torch
 
-from sglang_inkling_backend import mxfp8
+from sglang_inkling_backend import kv_formats, mxfp8
 from sglang_inkling_backend.attention_inputs import PagedKV
 from sglang_inkling_backend.checks import require_tensor
 from sglang_inkling_backend.scale_layout import ScaleLayout
@@ -69,8 +69,7 @@ def paged_kv(kv_format: str, k_buffer: torch.Tensor, v_buffer: torch.Tensor, *, 
              k_scales: Optional[torch.Tensor] = None, v_scales: Optional[torch.Tensor] = None,
              k_scale: float = 1.0, v_scale: float = 1.0) -> PagedKV:
     """One layer's pool buffers as a ``PagedKV`` for the routes."""
-    if kv_format not in mxfp8.KV_FORMATS:
-        raise ValueError(f"kv_format must be one of {mxfp8.KV_FORMATS}, got {kv_format!r}")
+    kv_formats.require_kv_format(kv_format)
     for name, t in (("k_buffer", k_buffer), ("v_buffer", v_buffer)):
         require_tensor(t, name, "a 3-D tensor [slots, Hkv, D]")
     if kv_format == "mxfp8":

@@ -1,4 +1,4 @@
-"""MXFP8: the one home of the KV-cache format.
+"""MXFP8, the encoding: e4m3 data with one UE8M0 scale per block (the KV formats and their storage: ``kv_formats.py``).
 
 Blocks of 32 consecutive channels along head_dim share one UE8M0 scale byte (a biased power-of-two exponent,
 bias 127). Elements are e4m3fn (max 448), round-to-nearest-even. The exponent rule is SGLang's
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from .checks import require_positive_int, require_positive_real, require_tensor
+from .checks import require_positive_real, require_tensor
 
 BLOCK = 32
 E4M3_MAX = 448.0
@@ -38,14 +38,6 @@ DATA_DTYPE = torch.float8_e4m3fn
 SCALE_DTYPE = torch.uint8  # a uint8 view of float8_e8m0fnu: every library can index and copy it
 # the dtypes a scale tensor may come in (its bytes are the same)
 SCALE_DTYPES = (torch.uint8,) + ((torch.float8_e8m0fnu,) if hasattr(torch, "float8_e8m0fnu") else ())
-
-KV_FORMATS = ("bf16", "fp16", "fp32", "fp8_e4m3", "mxfp8")  # every KV format the backend stores
-QUANTIZED_KV_FORMATS = ("fp8_e4m3", "mxfp8")
-# The one map between a KV format and the torch dtype of its pool buffers (the quantized ones store e4m3 bytes), and
-# its inverse for the unquantized formats (a model's dtype names its unquantized KV format).
-STORAGE_DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp8_e4m3": DATA_DTYPE,
-                 "mxfp8": DATA_DTYPE}
-UNQUANTIZED_FORMAT_OF_DTYPE = {STORAGE_DTYPE[f]: f for f in KV_FORMATS if f not in QUANTIZED_KV_FORMATS}
 
 
 def head_dim_ok(head_dim: int) -> bool:
@@ -142,15 +134,3 @@ def quantize_per_tensor(x: torch.Tensor, scale: float) -> torch.Tensor:
     scale = require_positive_real(scale, "scale")
     return (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(DATA_DTYPE)
 
-
-def bytes_per_token_per_layer(num_kv_heads: int, head_dim: int, kv_format: str) -> int:
-    """KV bytes one token costs in one attention layer: K and V, data plus (MXFP8) one scale byte per block."""
-    if kv_format not in KV_FORMATS:
-        raise ValueError(f"kv_format must be one of {KV_FORMATS}, got {kv_format!r}")
-    require_positive_int(num_kv_heads, "num_kv_heads")
-    require_positive_int(head_dim, "head_dim")
-    if kv_format == "mxfp8":
-        require_head_dim(head_dim)
-    per_value = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8_e4m3": 1, "mxfp8": 1}[kv_format]
-    scale_bytes = head_dim // BLOCK if kv_format == "mxfp8" else 0
-    return 2 * num_kv_heads * (head_dim * per_value + scale_bytes)

@@ -13,8 +13,8 @@ import sys
 import pytest
 import torch
 
-from sglang_inkling_backend import InklingKVPool, LayerPlan, mxfp8
-from sglang_inkling_backend.decode_context import BatchedDecodeContext
+from sglang_inkling_backend import InklingKVPool, LayerPlan, kv_formats, mxfp8
+from sglang_inkling_backend.mlx.decode_context import BatchedDecodeContext
 from sglang_inkling_backend.layer_plan import LayerSpec
 from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV
 from sglang_inkling_backend.reference.attention import paged_decode_attention
@@ -147,10 +147,10 @@ def test_quantize_per_tensor_scale(scale, exc):
 
 def test_bytes_per_token_per_layer_counts():
     with pytest.raises(ValueError, match="num_kv_heads must be an int >= 1, got -1"):
-        mxfp8.bytes_per_token_per_layer(num_kv_heads=-1, head_dim=128, kv_format="mxfp8")
+        kv_formats.bytes_per_token_per_layer(num_kv_heads=-1, head_dim=128, kv_format="mxfp8")
     with pytest.raises(TypeError, match="num_kv_heads must be an int, got True"):
-        mxfp8.bytes_per_token_per_layer(num_kv_heads=True, head_dim=128, kv_format="mxfp8")
-    assert mxfp8.bytes_per_token_per_layer(1, 128, "mxfp8") == 264
+        kv_formats.bytes_per_token_per_layer(num_kv_heads=True, head_dim=128, kv_format="mxfp8")
+    assert kv_formats.bytes_per_token_per_layer(1, 128, "mxfp8") == 264
 
 
 def test_move_kv_cache_needs_tensors():
@@ -358,7 +358,7 @@ def test_prologue_outside_a_forward_says_so(caplog):
 # --- 7. downloads and files -------------------------------------------------------------------------------------
 
 def test_every_shipped_model_has_a_pinned_hash_and_size():
-    from sglang_inkling_backend.demo.models import MODELS
+    from demo.models import MODELS
 
     for model in MODELS.values():
         assert isinstance(model.sha256, str) and len(model.sha256) == 64, model.name
@@ -370,7 +370,7 @@ def _no_network(*args, **kwargs):
 
 
 def test_a_corrupt_cached_gguf_is_downloaded_again(tmp_path, monkeypatch):
-    from sglang_inkling_backend.demo import models
+    from demo import models
 
     gguf = tmp_path / "gguf" / models.SMOLLM2_135M.gguf_name
     gguf.parent.mkdir()
@@ -385,7 +385,7 @@ def test_a_corrupt_cached_gguf_is_downloaded_again(tmp_path, monkeypatch):
 
 
 def test_a_prepared_model_is_verified_against_its_marker(tmp_path, monkeypatch):
-    from sglang_inkling_backend.demo import models
+    from demo import models
 
     out = tmp_path / models.SMOLLM2_135M.name
     out.mkdir()
@@ -404,7 +404,7 @@ def test_a_prepared_model_is_verified_against_its_marker(tmp_path, monkeypatch):
 
 
 def test_a_model_from_an_older_converter_is_converted_again(tmp_path, monkeypatch):
-    from sglang_inkling_backend.demo import models
+    from demo import models
 
     out = tmp_path / models.SMOLLM2_135M.name
     out.mkdir()
@@ -422,7 +422,7 @@ def test_preparing_the_same_model_twice_at_once_takes_turns(tmp_path, monkeypatc
     """Two test workers may prepare one model at the same moment: the second waits for the first, then finds the
     model prepared (no second conversion, no half-written files read)."""
     import threading
-    from sglang_inkling_backend.demo import models
+    from demo import models
 
     events, first_inside = [], threading.Event()
     release = threading.Event()
@@ -451,7 +451,7 @@ def test_preparing_the_same_model_twice_at_once_takes_turns(tmp_path, monkeypatc
 
 
 def test_server_removes_its_own_log_and_keeps_a_failed_start_ups():
-    from sglang_inkling_backend.demo.server import ServerStartError, SGLangServer
+    from demo.server import ServerStartError, SGLangServer
 
     server = SGLangServer("/nonexistent", "inkling")
     log = server.log_path

@@ -22,7 +22,7 @@ import torch
 
 from sglang_inkling_backend import checks, kv_views, layer_step, mxfp8, rails
 from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV, SpecVerify
-from sglang_inkling_backend.decode_context import BatchedDecodeContext
+from sglang_inkling_backend.mlx.decode_context import BatchedDecodeContext
 from sglang_inkling_backend.kv_pool import HostKVTier, InklingKVPool
 from sglang_inkling_backend.layer_plan import LayerPlan, LayerSpec
 from sglang_inkling_backend.reference.attention import paged_decode_attention, paged_extend_attention

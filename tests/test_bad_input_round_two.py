@@ -90,7 +90,7 @@ def test_a_scale_past_float32s_range_is_refused(value):
     ({True: 0}, r"every layer id must be an int >= 0, got True"),
 ])
 def test_decode_context_refuses_a_bad_full_pool_map(full_map, match):
-    from sglang_inkling_backend.decode_context import BatchedDecodeContext
+    from sglang_inkling_backend.mlx.decode_context import BatchedDecodeContext
 
     caches = [[None], [None], [None]]
     BatchedDecodeContext([4], caches, full_kv_pool_index_by_layer={0: 0, 2: 1})  # a valid map
@@ -127,7 +127,7 @@ def test_attend_refuses_an_integer_output():
 
 
 def test_decode_context_names_an_unknown_layer_or_request():
-    from sglang_inkling_backend.decode_context import BatchedDecodeContext
+    from sglang_inkling_backend.mlx.decode_context import BatchedDecodeContext
 
     ctx = BatchedDecodeContext([4, 7], [["c00", "c01"], ["c10", "c11"]])
     assert ctx.cache_for(1, 1) == "c11"
@@ -274,7 +274,7 @@ def test_layer_plan_from_config_still_reads_valid_configs():
 
 
 def test_decode_context_refuses_a_bool_window_no_caches_and_no_mask_factory():
-    from sglang_inkling_backend.decode_context import BatchedDecodeContext
+    from sglang_inkling_backend.mlx.decode_context import BatchedDecodeContext
 
     ctx = BatchedDecodeContext([1, 5], [[None, None]])
     with pytest.raises(ValueError, match=r"window must be None or a positive int, got True"):

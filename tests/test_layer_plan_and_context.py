@@ -6,8 +6,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_inkling_backend import LayerPlan, LayerSpec, make_decode_context
-from sglang_inkling_backend.decode_context import MISSING_FULL_MAP_ERROR, BatchedDecodeContext
+from sglang_inkling_backend import LayerPlan, LayerSpec
+from sglang_inkling_backend.mlx.decode_context import MISSING_FULL_MAP_ERROR, BatchedDecodeContext, make_decode_context
 
 WINDOWS = {0: 4, 1: 4, 3: None, 4: 4, 5: None}  # layer 2 has no attention
 

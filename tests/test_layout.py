@@ -19,7 +19,6 @@ import torch
 from sglang_inkling_backend.routes import ACCELERATED_ROUTES
 
 PACKAGE = Path(__file__).resolve().parents[1] / "sglang_inkling_backend"
-ENTRY_POINTS = Path(__file__).resolve().parents[1] / "entry_points"
 NAME = "sglang_inkling_backend"
 # Every folder of the package is an accelerator (a kernel family or a route composing some) but these: the core's
 # own folder, the hosts, the entry points and the demo. A new accelerator is a new folder, seen here as one.
@@ -39,19 +38,14 @@ ALLOWED = route_reaches(ACCELERATED_ROUTES)
 
 
 def module_name(path: Path) -> str:
-    if path.is_relative_to(ENTRY_POINTS):
-        rel = path.relative_to(ENTRY_POINTS).with_suffix("")
-        parts = [NAME, "entry_points", *rel.parts]
-    else:
-        parts = [NAME, *path.relative_to(PACKAGE).with_suffix("").parts]
+    parts = [NAME, *path.relative_to(PACKAGE).with_suffix("").parts]
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
 
 
 def package_modules() -> dict[str, Path]:
-    files = [p for p in PACKAGE.rglob("*.py") if "entry_points" not in p.parts] + list(ENTRY_POINTS.rglob("*.py"))
-    return {module_name(p): p for p in files}
+    return {module_name(p): p for p in PACKAGE.rglob("*.py")}
 
 
 def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
@@ -90,7 +84,7 @@ def layer_of(name: str, accelerators=ACCELERATORS) -> str:
         return parts[1]
     if len(parts) > 2 and parts[1] == "hosts":
         return f"hosts.{parts[2]}"
-    if len(parts) > 1 and parts[1] in ("hosts", "entry_points", "demo"):
+    if len(parts) > 1 and parts[1] in ("hosts", "entry_points"):
         return parts[1]
     return "core"
 
@@ -148,6 +142,23 @@ def test_the_scan_sees_the_packages_layers():
     assert {"core", "triton", "mlx", "flashinfer", "gpu", "hosts.sglang", "entry_points"} <= layers, layers
     assert f"{NAME}.hosts.sglang.backend" in GRAPH[f"{NAME}.entry_points.sglang"]  # a lazy import is seen
     assert ALLOWED and all(t in GRAPH for _, t in ALLOWED)  # every listed route module exists
+
+
+def test_the_package_never_imports_the_launcher_beside_it():
+    """``demo/`` (the checkout's server launcher, beside the package and not shipped in the wheel) imports the
+    package; no package module imports it."""
+    assert (PACKAGE.parent / "demo" / "__main__.py").is_file()
+    bad = set()
+    for name, path in package_modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                targets = [node.module or ""]
+            else:
+                continue
+            bad |= {(name, t) for t in targets if t.split(".")[0] == "demo"}
+    assert not bad, bad
 
 
 @pytest.mark.parametrize("name", sorted(n for n in GRAPH if layer_of(n) == "core"))

@@ -167,13 +167,3 @@ def test_shapes_and_errors():
         mxfp8.dequantize(data, scales[..., :4])
     with pytest.raises(TypeError, match="data must be float8_e4m3fn"):
         mxfp8.dequantize(torch.zeros(2, 32), torch.zeros(2, 1, dtype=torch.uint8))
-
-
-def test_bytes_per_token_per_layer():
-    # 2 * Hkv * (D + D/32) against 2 * Hkv * 2D: Inkling per rank (2 KV heads, D 128) and Gemma-3-270M (1, 256)
-    assert mxfp8.bytes_per_token_per_layer(2, 128, "mxfp8") == 2 * 2 * (128 + 4) == 528
-    assert mxfp8.bytes_per_token_per_layer(2, 128, "bf16") == 1024
-    assert mxfp8.bytes_per_token_per_layer(1, 256, "mxfp8") == 528
-    assert mxfp8.bytes_per_token_per_layer(1, 256, "fp8_e4m3") == 512
-    with pytest.raises(ValueError, match="kv_format must be one of"):
-        mxfp8.bytes_per_token_per_layer(1, 128, "int4")

@@ -49,7 +49,7 @@ def test_core_imports_with_torch_only():
 def test_the_cpu_servers_environment_finds_this_pythons_scripts_first():
     """SGLang's JIT C++ builds in the server (NGRAM's n-gram corpus) run ``ninja``, which the test extras install
     next to this Python: the server's PATH starts there, as an activated venv's does."""
-    from sglang_inkling_backend.demo.cpu_host import cpu_env
+    from demo.cpu_host import cpu_env
 
     env = cpu_env(base={"PATH": "/usr/bin:/bin"})
     assert env["PATH"].split(os.pathsep) == [os.path.dirname(sys.executable), "/usr/bin", "/bin"]

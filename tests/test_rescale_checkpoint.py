@@ -27,7 +27,7 @@ if importlib.util.find_spec("transformers") is None:
 
 from safetensors import safe_open  # noqa: E402
 
-from sglang_inkling_backend.demo.models import cache_dir  # noqa: E402
+from demo.models import cache_dir  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "integration"))
@@ -47,7 +47,7 @@ except FileNotFoundError:
 
 def _need(model_dir: Path) -> None:
     if not (model_dir / "model.safetensors").is_file():
-        pytest.skip(f"{model_dir} is not prepared (sglang_inkling_backend.demo.models prepares it)")
+        pytest.skip(f"{model_dir} is not prepared (demo.models prepares it)")
 
 
 @functools.lru_cache(maxsize=None)

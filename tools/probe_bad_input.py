@@ -1021,7 +1021,7 @@ def define_checks_cases():
 
 def define_mxfp8_cases():
     torch = _torch()
-    from sglang_inkling_backend import mxfp8
+    from sglang_inkling_backend import kv_formats, mxfp8
     S = "core.mxfp8"
 
     def round_trip(x):
@@ -1080,8 +1080,8 @@ def define_mxfp8_cases():
     for tag, args, names in ((("format_fp4"), (2, 32, "fp4"), "kv_format"),
                              ("heads_bool", (True, 32, "bf16"), "num_kv_heads"), ("head_dim_48", (2, 48, "mxfp8"),
                                                                                   "head_dim")):
-        call_case(f"core.mxfp8.bytes_per_token.{tag}", S, "mxfp8.py:bytes_per_token_per_layer", repr(args),
-                  lambda args=args: mxfp8.bytes_per_token_per_layer(*args), names)
+        call_case(f"core.mxfp8.bytes_per_token.{tag}", S, "kv_formats.py:bytes_per_token_per_layer",
+                  repr(args), lambda args=args: kv_formats.bytes_per_token_per_layer(*args), names)
 
 
 def define_attention_inputs_cases():
@@ -1349,7 +1349,7 @@ def define_layer_plan_cases():
 
 def define_decode_context_cases():
     torch = _torch()
-    from sglang_inkling_backend.decode_context import BatchedDecodeContext, make_decode_context
+    from sglang_inkling_backend.mlx.decode_context import BatchedDecodeContext, make_decode_context
     from sglang_inkling_backend.layer_plan import LayerPlan
     S = "core.decode_context"
     caches = lambda n=1: [[None] * n for _ in range(3)]  # noqa: E731  [attention layer][request]
@@ -1407,9 +1407,9 @@ def define_decode_context_cases():
                                     "bad"), ("cache_for_unknown_layer", lambda: ctx().cache_for(9, 0), "layer_id",
                                              "bad"), ("cache_for_request_past", lambda: ctx().cache_for(0, 3),
                                                       "request", "bad")):
-        call_case(f"core.BatchedDecodeContext.{tag}", S, "decode_context.py:BatchedDecodeContext", tag, fn, names, kind,
-                  expect=(lambda r: None) if kind == "control" else None)
-    construct_case("core.BatchedDecodeContext.mask_factory_none", S, "decode_context.py:BatchedDecodeContext",
+        call_case(f"core.BatchedDecodeContext.{tag}", S, "mlx/decode_context.py:BatchedDecodeContext", tag, fn, names,
+                  kind, expect=(lambda r: None) if kind == "control" else None)
+    construct_case("core.BatchedDecodeContext.mask_factory_none", S, "mlx/decode_context.py:BatchedDecodeContext",
                    "mask_factory None, then decode_padding of a ragged batch",
                    lambda: ctx(seq_lens=[1, 5], mask_factory=None), lambda c: c.decode_padding(None), "mask_factory")
 
@@ -2214,7 +2214,7 @@ def define_round_four_cases():
     torch = _torch()
     from sglang_inkling_backend import checks, kv_views, layer_step, mxfp8, rails
     from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV, SpecVerify
-    from sglang_inkling_backend.decode_context import BatchedDecodeContext
+    from sglang_inkling_backend.mlx.decode_context import BatchedDecodeContext
     from sglang_inkling_backend.kv_pool import HostKVTier, InklingKVPool
     from sglang_inkling_backend.layer_plan import LayerPlan
     from sglang_inkling_backend.reference.attention import paged_decode_attention, paged_extend_attention
@@ -2494,11 +2494,12 @@ def define_round_four_cases():
               "sf on the meta device", lambda: lay().gather(meta(sf()), T([1])), "sf")
 
     # --- per-request arrays against their counts ------------------------------------------------------------------
-    call_case("core.BatchedDecodeContext.caches_short", "core.decode_context", "decode_context.py:BatchedDecodeContext",
+    call_case("core.BatchedDecodeContext.caches_short", "core.decode_context",
+              "mlx/decode_context.py:BatchedDecodeContext",
               "2 requests, a layer's caches for 1 (cache_for(layer, 1) was an IndexError-free refusal only later)",
               lambda: BatchedDecodeContext([3, 4], [[None, None], [None]]).cache_for(1, 1), "attention_layer_caches")
     call_case("core.BatchedDecodeContext.caches_not_a_list", "core.decode_context",
-              "decode_context.py:BatchedDecodeContext", "a layer's caches None",
+              "mlx/decode_context.py:BatchedDecodeContext", "a layer's caches None",
               lambda: BatchedDecodeContext([3], [None]).cache_for(0, 0), "attention_layer_caches")
 
     # --- vLLM: the store, the forward, the batch ----------------------------------------------------------------

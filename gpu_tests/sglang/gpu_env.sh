@@ -7,11 +7,11 @@ if [ ! -d /tmp/site/sglang ]; then
 fi
 export PYTHONPATH=$H16/gpu_tests/sglang/patches:$H16/gpu_tests/sglang/pythonpath:/tmp/site
 # INKLING_FROM_SOURCE=1: this project's code from the carried source tree instead of the bundle's wheel (the
-# bundle's dist-info still names the entry point; the package, entry_points/ inside it as the wheel has it, goes
-# first on the path), so a run measures the code it was carried with.
+# bundle's dist-info still names the entry point; the package, entry_points/ inside it, goes first on the path),
+# so a run measures the code it was carried with.
 if [ "${INKLING_FROM_SOURCE:-0}" = 1 ]; then
   rm -rf /tmp/inkling_src && mkdir -p /tmp/inkling_src
-  cp -r "$H16/sglang_inkling_backend" /tmp/inkling_src/ && cp -r "$H16/entry_points" /tmp/inkling_src/sglang_inkling_backend/entry_points
+  cp -r "$H16/sglang_inkling_backend" /tmp/inkling_src/
   export PYTHONPATH=$H16/gpu_tests/sglang/patches:$H16/gpu_tests/sglang/pythonpath:/tmp/inkling_src:/tmp/site
 fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1

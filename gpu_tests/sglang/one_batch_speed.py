@@ -137,7 +137,7 @@ def server_argv(args: argparse.Namespace, extra: list[str]) -> list[str]:
 def reexec_for_cpu(argv: list[str]) -> None:
     """On a CPU, SGLang needs the project's CPU shims on PYTHONPATH before start-up (their sitecustomize)."""
     sys.path.insert(0, str(REPO))
-    from sglang_inkling_backend.demo.cpu_host import cpu_env
+    from demo.cpu_host import cpu_env
 
     env = cpu_env()
     env["PYTHONPATH"] = str(HERE / "patches") + os.pathsep + env["PYTHONPATH"]

@@ -245,7 +245,8 @@ def main(argv=None) -> int:
                    args.kv_cache_dtype, "--dtype", "bfloat16", "--chunked-prefill-size", "512", "--skip-server-warmup"]
     env = dict(os.environ)
     if args.cpu:
-        from sglang_inkling_backend.demo.cpu_host import cpu_env
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: demo/
+        from demo.cpu_host import cpu_env
 
         server_args += ["--device", "cpu", "--max-total-tokens", str(4 * (sum(lens) + len(lens) * args.new_tokens))]
         env = cpu_env()

@@ -23,8 +23,7 @@ echo "$WORK/vsite" > "$SITE/zz-inkling-vllm-bundle.pth"
 trap 'rm -rf "$WORK" "$SITE/zz-inkling-vllm-bundle.pth"' EXIT
 printf 'int cuGetProcAddress_v2(void){return 100;}\nint cuPointerGetAttribute(void){return 100;}\nint cuTensorMapEncodeTiled(void){return 100;}\n' > "$WORK/stub.c"
 gcc -shared -fPIC -o "$WORK/libcuda.so.1" "$WORK/stub.c" -Wl,-soname,libcuda.so.1
-mkdir -p "$WORK/src" && cp -r "$ROOT/sglang_inkling_backend" "$WORK/src/" && \
-  cp -r "$ROOT/entry_points" "$WORK/src/sglang_inkling_backend/entry_points"
+mkdir -p "$WORK/src" && cp -r "$ROOT/sglang_inkling_backend" "$WORK/src/"
 mkdir -p "$WORK/fi" && tar -xJf "$ROOT"/.fi072/*.tar.xz -C "$WORK/fi"
 # Every torch symbol vLLM's ops import (the stable ABI's C shims) is one torch 2.11's libraries export
 TORCH_LIB=$("$VENV/bin/python" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))' 2>/dev/null)

@@ -20,10 +20,9 @@ SITE_PACKAGES=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purel
 echo /tmp/vsite > "$SITE_PACKAGES/zz-inkling-vllm-bundle.pth"
 rm -rf /tmp/inkling_src && mkdir -p /tmp/inkling_src
 # INKLING_SRC: where this project's source comes from (default: the carried checkout; a snapshot such as
-# `git archive HEAD sglang_inkling_backend entry_points | tar -x -C .vsrc` runs a commit while the tree changes)
+# `git archive HEAD sglang_inkling_backend | tar -x -C .vsrc` runs a commit while the tree changes)
 SRC=${INKLING_SRC:-$ROOT}
 cp -r "$SRC/sglang_inkling_backend" /tmp/inkling_src/
-cp -r "$SRC/entry_points" /tmp/inkling_src/sglang_inkling_backend/entry_points
 if [ "${INKLING_FROM_SOURCE:-1}" = 1 ]; then
   export PYTHONPATH=$ROOT/gpu_tests/vllm/patches:/tmp/inkling_src:/tmp/fi_site
 else

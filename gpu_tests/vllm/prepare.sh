@@ -19,7 +19,7 @@ download() {
 mkdir -p "$WHEELS" .whl072 .vgpu
 download "$WHEELS" vllm==0.33.0 $("$PY" gpu_tests/vllm/make_bundle.py --print-requirements)
 "$PY" gpu_tests/vllm/make_bundle.py --wheels "$WHEELS" --out .vgpu/vllm_site.tar.xz
-TOKENIZER=$("$PY" -c "from sglang_inkling_backend.demo.models import prepare_model; print(prepare_model('smollm2-135m-instruct'))" | tail -1)
+TOKENIZER=$("$PY" -c "from demo.models import prepare_model; print(prepare_model('smollm2-135m-instruct'))" | tail -1)
 xz -9 -c "$TOKENIZER/tokenizer.json" > .vgpu/tokenizer.json.xz
 cp "$TOKENIZER/tokenizer_config.json" .vgpu/
 if ! ls .fi072/*.tar.xz > /dev/null 2>&1; then

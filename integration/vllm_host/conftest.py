@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_inkling_backend.demo.vllm_server import VllmServer, vllm_available
+from demo.vllm_server import VllmServer, vllm_available
 from workloads import run_workload
 
 from harness import STARTUP_TIMEOUT_S, record_run, refused_startup_log, serve

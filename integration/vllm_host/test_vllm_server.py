@@ -17,8 +17,8 @@ import pytest
 
 from harness import REPORT
 from margins import compare_on_margins
-from sglang_inkling_backend.demo.server import ServerStartError
-from sglang_inkling_backend.demo.vllm_server import MAX_NUM_BATCHED_TOKENS, VllmServer
+from demo.server import ServerStartError
+from demo.vllm_server import MAX_NUM_BATCHED_TOKENS, VllmServer
 from workloads import REFERENCE_TOKENS, common_prefix, logprob_deltas, token_agreement
 
 MODEL = "gemma-3-270m"  # 5 sliding-window (512) : 1 full layers, head_dim 256: vLLM makes 6 KV-cache groups

@@ -23,7 +23,7 @@ from typing import Optional, Union
 import torch
 
 from sglang_inkling_backend import flashinfer as flashinfer_families
-from sglang_inkling_backend import mxfp8
+from sglang_inkling_backend import kv_formats
 from sglang_inkling_backend import triton as triton_kernels
 from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV
 from sglang_inkling_backend.checks import stream_capturing, triton_head_dim_ok
@@ -182,7 +182,7 @@ class GpuRoute(Route):
             if family.layer_why_not(kv_format, spec.head_dim, params):
                 continue
             key = family.plan_key(spec.window, spec.num_q_heads, spec.num_kv_heads, spec.head_dim,
-                                  mxfp8.STORAGE_DTYPE[kv_format], params)
+                                  kv_formats.STORAGE_DTYPE[kv_format], params)
             if key not in seen:
                 seen.add(key)
                 out.append((spec.window, key, max_seq_len if spec.window is None else min(spec.window, max_seq_len)))

@@ -1,7 +1,7 @@
-"""The MLX decode context: the core ``BatchedDecodeContext`` (built by the core factory from the layer plan),
+"""The MLX decode context: the MLX-free ``BatchedDecodeContext`` (built by its factory from the layer plan),
 with MLX keep-masks and the fused RoPE + MXFP8 pool-scatter state.
 
-What the core gives (``sglang_inkling_backend.decode_context``): both layer maps filled from the plan
+What ``decode_context`` gives (torch only, no MLX): both layer maps filled from the plan
 (``attention_pool_index_by_layer`` over all attention layers picks the per-request cache,
 ``full_kv_pool_index_by_layer`` over full layers only picks the pool buffer), ``decode_padding(window)``
 memoised per window, and the ValueError when the fused kernel is on and the full-attention map is missing.
@@ -17,7 +17,7 @@ from typing import Any, Optional, Sequence
 
 import mlx.core as mx
 
-from sglang_inkling_backend.decode_context import BatchedDecodeContext, make_decode_context
+from sglang_inkling_backend.mlx.decode_context import BatchedDecodeContext, make_decode_context
 from sglang_inkling_backend.layer_plan import LayerPlan
 from sglang_inkling_backend.mlx.kv_pool import MlxMXFP8KVPool
 from sglang_inkling_backend.mlx.rope_scatter import RopeParams, rope_scatter_mxfp8

@@ -19,7 +19,7 @@ from typing import Optional, Union
 import torch
 import triton
 
-from .. import mxfp8
+from .. import kv_formats
 from ..checks import is_power_of_two, require_device, require_int_value
 from ..scale_layout import INTERLEAVED_PAGE_SIZE
 
@@ -549,8 +549,8 @@ def check_decode_args(max_seq_len, num_q_heads, num_kv_heads, head_dim, window, 
         require_int_value(window, "window", "None or a positive int")
     if config is not None and not isinstance(config, DecodeConfig):
         raise TypeError(f"config must be a DecodeConfig, got {type(config).__name__}")
-    if kv_format is not None and kv_format not in mxfp8.KV_FORMATS:
-        raise ValueError(f"kv_format must be None or one of {mxfp8.KV_FORMATS}, got {kv_format!r}")
+    if kv_format is not None and kv_format not in kv_formats.KV_FORMATS:
+        raise ValueError(f"kv_format must be None or one of {kv_formats.KV_FORMATS}, got {kv_format!r}")
 
 
 def check_decode_kernel(kernel, block_n, num_warps, num_stages, waves, min_split, page_size) -> None:

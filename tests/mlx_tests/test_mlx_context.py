@@ -8,7 +8,7 @@ mx = pytest.importorskip("mlx.core")
 torch = pytest.importorskip("torch")
 
 from sglang_inkling_backend import mxfp8  # noqa: E402
-from sglang_inkling_backend.decode_context import BatchedDecodeContext  # noqa: E402
+from sglang_inkling_backend.mlx.decode_context import BatchedDecodeContext  # noqa: E402
 from sglang_inkling_backend.layer_plan import LayerPlan, LayerSpec  # noqa: E402
 from sglang_inkling_backend.mlx import context as mctx  # noqa: E402
 from sglang_inkling_backend.mlx.interop import from_torch, to_torch  # noqa: E402

@@ -29,9 +29,10 @@ from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 
-from sglang_inkling_backend import checks, kv_views, layer_step, mxfp8
+from sglang_inkling_backend import checks, kv_formats, kv_views, layer_step, mxfp8
 from sglang_inkling_backend.checks import UnsupportedFeature
 from sglang_inkling_backend.hosts.sglang import call_args
+from sglang_inkling_backend.hosts.sglang.cache_dtypes import dtype_format
 from sglang_inkling_backend.hosts.sglang.layers import layer_plan_of, radix_layers
 from sglang_inkling_backend.hosts.sglang.metadata import (DecodeGraphBuffers, InklingForwardMetadata,
                                                           VerifyGraphBuffers, build_forward_metadata)
@@ -58,11 +59,11 @@ def kv_format_of(pool, kv_cache_dtype: torch.dtype) -> str:
     if formats:
         raise ValueError(f"inkling: the KV pool mixes formats {sorted(formats)}")
     # Not our pool (its hook did not run): only an unquantized SGLang pool can be read as it is.
-    plain = mxfp8.UNQUANTIZED_FORMAT_OF_DTYPE
-    if kv_cache_dtype not in plain:
+    kv_format = dtype_format(kv_cache_dtype)
+    if kv_format is None or kv_format in kv_formats.QUANTIZED_KV_FORMATS:
         raise ValueError(f"inkling: the KV pool {type(pool).__name__} is not the inkling pool and holds "
                          f"{kv_cache_dtype}; quantized KV needs the inkling pool (was the plugin's pool hook applied?)")
-    return plain[kv_cache_dtype]
+    return kv_format
 
 
 def check_swa_placement(plan, layers_mapping) -> None:

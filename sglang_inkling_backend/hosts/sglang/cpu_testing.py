@@ -2,8 +2,8 @@
 
 SGLang 0.5.23 on CPU needs ``SGLANG_USE_CPU_ENGINE=1`` before its first import, the project's stand-in
 ``sgl_kernel`` on ``sys.path``, and the torchvision op-schema work-around installed before torchvision is imported
-(all three live in ``third_party/sglang_cpu/``, see ``sglang_inkling_backend.demo.cpu_host``). A server started as a
-subprocess gets them through its environment instead.
+(all three live in the checkout's ``third_party/sglang_cpu/``, or where ``INKLING_SGLANG_CPU_SHIMS`` points). A
+server started as a subprocess gets them through its environment instead (``demo/cpu_host.py``, beside the package).
 """
 from __future__ import annotations
 
@@ -12,16 +12,18 @@ import runpy
 import sys
 from pathlib import Path
 
-_REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]  # the checkout holding sglang_inkling_backend/
 
 
-def _shims_pythonpath() -> Path:
-    try:
-        from sglang_inkling_backend.demo.cpu_host import shims_dir
-
-        return shims_dir() / "pythonpath"
-    except ImportError:
-        return _REPO_ROOT / "third_party" / "sglang_cpu" / "pythonpath"
+def shims_dir() -> Path:
+    """The SGLang CPU shims: ``$INKLING_SGLANG_CPU_SHIMS``, else the checkout's ``third_party/sglang_cpu``."""
+    configured = os.environ.get("INKLING_SGLANG_CPU_SHIMS")
+    path = Path(configured) if configured else REPO_ROOT / "third_party" / "sglang_cpu"
+    if not (path / "pythonpath" / "sgl_kernel" / "__init__.py").is_file():
+        raise FileNotFoundError(
+            f"SGLang CPU shims not found at {path} (expected pythonpath/sgl_kernel/); run from a checkout of "
+            "sglang-inkling-backend or set INKLING_SGLANG_CPU_SHIMS to its third_party/sglang_cpu directory")
+    return path
 
 
 def prepare_sglang_cpu_import() -> None:
@@ -32,9 +34,7 @@ def prepare_sglang_cpu_import() -> None:
         return
     os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
     os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
-    pythonpath = _shims_pythonpath()
-    if not (pythonpath / "sgl_kernel" / "__init__.py").is_file():
-        raise FileNotFoundError(f"SGLang CPU shims not found under {pythonpath} (expected sgl_kernel/)")
+    pythonpath = shims_dir() / "pythonpath"  # FileNotFoundError where the shims are not
     if str(pythonpath) not in sys.path:
         sys.path.insert(0, str(pythonpath))
     if "torchvision" not in sys.modules:

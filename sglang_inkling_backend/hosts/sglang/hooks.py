@@ -31,8 +31,9 @@ import logging
 from typing import Any, Callable
 
 from sglang_inkling_backend.hosts.sglang import BACKEND_NAME
-from sglang_inkling_backend.hosts.sglang.kv_formats import KV_CACHE_DTYPE_TO_FORMAT, pool_format_for
-from sglang_inkling_backend.mxfp8 import QUANTIZED_KV_FORMATS, head_dim_ok
+from sglang_inkling_backend.hosts.sglang.cache_dtypes import KV_FORMAT_OF_FLAG, flag_format, pool_format
+from sglang_inkling_backend.kv_formats import QUANTIZED_KV_FORMATS
+from sglang_inkling_backend.mxfp8 import head_dim_ok
 from sglang_inkling_backend.scale_layout import INTERLEAVED_PAGE_SIZE as MXFP8_PAGE_SIZE
 
 logger = logging.getLogger(__name__)
@@ -202,11 +203,8 @@ def validate_server_args(cfg: Any, model_config: Any, *, prefill: bool, decode: 
     """Start-up validation: each error names the flag and the allowed values."""
     kv_cache_dtype = cfg.kv_cache_dtype
     _validate_speculative(cfg, model_config)
-    if kv_cache_dtype not in KV_CACHE_DTYPE_TO_FORMAT:
-        raise ValueError(
-            f"--attention-backend inkling does not support --kv-cache-dtype {kv_cache_dtype}; allowed values: "
-            f"{', '.join(KV_CACHE_DTYPE_TO_FORMAT)}")
-    quantized = KV_CACHE_DTYPE_TO_FORMAT[kv_cache_dtype] in QUANTIZED_KV_FORMATS
+    kv_format = flag_format(kv_cache_dtype)
+    quantized = kv_format in QUANTIZED_KV_FORMATS
     if quantized and not (prefill and decode):
         raise ValueError(
             f"--kv-cache-dtype {kv_cache_dtype} with the inkling backend needs inkling for both prefill and decode "
@@ -229,7 +227,7 @@ def validate_server_args(cfg: Any, model_config: Any, *, prefill: bool, decode: 
             f"--tp-size {tp_size} does not divide this model's {num_heads} query heads, so the ranks cannot split "
             f"them for --attention-backend inkling; allowed --tp-size values: {', '.join(map(str, divisors))}")
     head_dim = getattr(model_config, "head_dim", None)
-    if kv_cache_dtype == "mxfp8" and head_dim is not None and not head_dim_ok(head_dim):
+    if kv_format == "mxfp8" and head_dim is not None and not head_dim_ok(head_dim):
         raise ValueError(
             f"--kv-cache-dtype mxfp8 needs head_dim to be a multiple of 32 (one UE8M0 scale per 32 channels); this "
             f"model has head_dim {head_dim}. Allowed --kv-cache-dtype values for it: auto, bf16, fp8_e4m3")
@@ -291,9 +289,9 @@ def _validate_draft_model(cfg: Any, algorithm: Any) -> None:
         raise ValueError(
             f"--speculative-algorithm {algorithm} with --attention-backend inkling does not support "
             "SGLANG_ENABLE_OVERLAP_PLAN_STREAM=1 (a verify plan on a side stream); unset it")
-    target_format = KV_CACHE_DTYPE_TO_FORMAT.get(cfg.kv_cache_dtype)
+    target_format = KV_FORMAT_OF_FLAG.get(cfg.kv_cache_dtype)  # None for a flag not served (refused after this)
     draft_dtype = getattr(cfg, "speculative_draft_kv_cache_dtype", None)
-    if target_format in QUANTIZED_KV_FORMATS and draft_dtype not in ("bf16", "bfloat16"):
+    if target_format in QUANTIZED_KV_FORMATS and KV_FORMAT_OF_FLAG.get(draft_dtype) != "bf16":
         raise ValueError(
             f"--speculative-algorithm {algorithm} with --kv-cache-dtype {cfg.kv_cache_dtype} on --attention-backend "
             f"inkling needs --speculative-draft-kv-cache-dtype bf16 (got {draft_dtype!r}): the draft runs on "
@@ -321,7 +319,7 @@ def _validate_quantized_hicache(cfg: Any, kv_cache_dtype: str) -> None:
         raise ValueError(f"{flag} keeps pages in host memory only; got --hicache-storage-backend "
                          f"{cfg.hicache_storage_backend} (MXFP8 host pages have no storage form, and storage keys do "
                          "not name the KV dtype); leave it unset")
-    if KV_CACHE_DTYPE_TO_FORMAT[kv_cache_dtype] == "mxfp8":
+    if flag_format(kv_cache_dtype) == "mxfp8":
         layout = getattr(cfg, "hicache_mem_layout", "page_first")
         io_backend = getattr(cfg, "hicache_io_backend", "kernel")
         if layout != "page_first" or io_backend != "kernel":
@@ -381,7 +379,7 @@ def around_hybrid_full_attention_pool_class(original, self, *, mha_pool_class, m
     if (prefill or decode) and not self.use_mla_backend and not _draft_on_its_own_backend(self):
         from sglang_inkling_backend.hosts.sglang.pool import inkling_pool_class
 
-        return inkling_pool_class(pool_format_for(self.kv_cache_dtype_str, self.kv_cache_dtype))
+        return inkling_pool_class(pool_format(self.kv_cache_dtype_str, self.kv_cache_dtype))
     return original(self, mha_pool_class=mha_pool_class, mla_pool_class=mla_pool_class,
                     dsa_pool_class=dsa_pool_class)
 

@@ -25,16 +25,15 @@ from typing import Optional
 import torch
 from sglang.srt.mem_cache.memory_pool import GPU_MEMORY_TYPE_KV_CACHE, MHATokenToKVPool, unwrap_write_loc
 
+from sglang_inkling_backend import checks, kv_formats
 from sglang_inkling_backend.checks import UnsupportedFeature
-from sglang_inkling_backend import checks, mxfp8
-from sglang_inkling_backend.hosts.sglang.kv_formats import pool_format_for
+from sglang_inkling_backend.hosts.sglang.cache_dtypes import pool_format
 from sglang_inkling_backend.kv_pool import InklingKVPool
 from sglang_inkling_backend.layer_plan import LayerPlan, LayerSpec
 from sglang_inkling_backend.scale_layout import INTERLEAVED_PAGE_SIZE
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_FORMATS = mxfp8.KV_FORMATS
 E8M0 = getattr(torch, "float8_e8m0fnu", None)
 
 
@@ -245,8 +244,7 @@ def _scalar(scale, name: str) -> Optional[float]:
 @functools.lru_cache(maxsize=None)
 def inkling_pool_class(kv_format: str) -> type:
     """The pool class for one KV format (cached: one class per format, so isinstance checks stay stable)."""
-    if kv_format not in SUPPORTED_FORMATS:
-        raise ValueError(f"inkling KV pool format must be one of {SUPPORTED_FORMATS}, got {kv_format!r}")
+    kv_formats.require_kv_format(kv_format, "inkling KV pool format")
     name = f"InklingMHATokenToKVPool_{kv_format}"
     return type(name, (InklingMHATokenToKVPool,), {"KV_FORMAT": kv_format, "__module__": __name__})
 
@@ -268,7 +266,7 @@ def build_token_to_kv_pool(configurator, original, *, sizes, is_dsa_model, is_ds
         raise ValueError("--prefill-only-disable-kv-cache is not supported with --attention-backend inkling")
     if is_minimax_sparse(configurator.model_config.hf_config):
         raise ValueError("MiniMax sparse attention is not supported with --attention-backend inkling")
-    kv_format = pool_format_for(configurator.kv_cache_dtype_str, configurator.kv_cache_dtype)
+    kv_format = pool_format(configurator.kv_cache_dtype_str, configurator.kv_cache_dtype)
     pool_cls = inkling_pool_class(kv_format)
     model_config = configurator.model_config
     parallel = kc.get_parallel()

@@ -10,7 +10,7 @@ from typing import Optional
 
 import torch
 
-from sglang_inkling_backend import checks, kv_views, layer_step, mxfp8
+from sglang_inkling_backend import checks, kv_formats, kv_views, layer_step
 from sglang_inkling_backend.hosts.vllm.batch import VllmBatch, padded_slots
 from sglang_inkling_backend.hosts.vllm.block_cache import BlockCacheLayout
 from sglang_inkling_backend.layer_plan import LayerSpec, attention_params
@@ -46,8 +46,7 @@ class LayerAttention:
                  sinks: Optional[torch.Tensor] = None):
         if not isinstance(spec, LayerSpec):
             raise TypeError(f"spec must be a LayerSpec, got {type(spec).__name__}")
-        if kv_format not in mxfp8.KV_FORMATS:
-            raise ValueError(f"kv_format must be one of {mxfp8.KV_FORMATS}, got {kv_format!r}")
+        kv_formats.require_kv_format(kv_format)
         if not isinstance(model_dtype, torch.dtype) or not model_dtype.is_floating_point:
             raise TypeError(f"model_dtype must be a floating-point torch.dtype, got {model_dtype!r}")
         if sinks is not None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sglang_inkling_backend import checks, mxfp8
+from sglang_inkling_backend import checks, kv_formats, mxfp8
 from sglang_inkling_backend.attention_inputs import PagedKV
 from sglang_inkling_backend.scale_layout import INTERLEAVED_PAGE_SIZE, ScaleLayout
 
@@ -31,19 +31,18 @@ MXFP8_BLOCK_SIZE = INTERLEAVED_PAGE_SIZE  # the interleaved scale atom covers on
 
 def cell_bytes(kv_format: str, head_dim: int) -> int:
     """Bytes per (KV head, token) cell of a vLLM page: K and V data, and for MXFP8 their block scales."""
-    return mxfp8.bytes_per_token_per_layer(1, head_dim, kv_format)
+    return kv_formats.bytes_per_token_per_layer(1, head_dim, kv_format)
 
 
 @dataclass(frozen=True)
 class BlockCacheLayout:
-    kv_format: str  # one of mxfp8.KV_FORMATS
+    kv_format: str  # one of kv_formats.KV_FORMATS
     num_kv_heads: int
     head_dim: int
     block_size: int
 
     def __post_init__(self):
-        if self.kv_format not in mxfp8.KV_FORMATS:
-            raise ValueError(f"kv_format must be one of {mxfp8.KV_FORMATS}, got {self.kv_format!r}")
+        kv_formats.require_kv_format(self.kv_format)
         for name in ("num_kv_heads", "head_dim", "block_size"):
             checks.require_int_value(getattr(self, name), name)
         if self.kv_format == "mxfp8":
@@ -61,8 +60,8 @@ class BlockCacheLayout:
         that dtype's elements). Views, no copy."""
         region, num_blocks = self._region(kv_cache)
         slots, hkv, d = num_blocks * self.block_size, self.num_kv_heads, self.head_dim
-        if self.kv_format not in mxfp8.QUANTIZED_KV_FORMATS:
-            dtype = mxfp8.STORAGE_DTYPE[self.kv_format]
+        if self.kv_format not in kv_formats.QUANTIZED_KV_FORMATS:
+            dtype = kv_formats.STORAGE_DTYPE[self.kv_format]
             data = region[: 2 * slots * hkv * d * dtype.itemsize].view(dtype).view(2, slots, hkv, d)
             return PagedKV(data[0], data[1])
         data = region[: 2 * slots * hkv * d].view(mxfp8.DATA_DTYPE).view(2, slots, hkv, d)

@@ -25,7 +25,7 @@ import logging
 import torch
 from vllm.v1.kv_cache_interface import KVQuantMode
 
-from sglang_inkling_backend import mxfp8
+from sglang_inkling_backend import kv_formats
 from sglang_inkling_backend.hosts.vllm import BACKEND_NAME
 
 logger = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ REGISTERS_KV_DTYPES = register_kv_cache_dtype is not None
 MXFP8_CACHE_DTYPE = "mxfp8" if REGISTERS_KV_DTYPES else "fp8_per_token_head"
 MXFP8_QUANT_MODE = KVQuantMode.FP8_PER_TOKEN_HEAD
 
-# --kv-cache-dtype -> the core's KV format ("auto" follows the model dtype: mxfp8.UNQUANTIZED_FORMAT_OF_DTYPE).
+# --kv-cache-dtype -> the core's KV format ("auto" follows the model dtype: kv_formats.UNQUANTIZED_FORMAT_OF_DTYPE).
 KV_FORMAT_OF_CACHE_DTYPE = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "fp8": "fp8_e4m3",
                             "fp8_e4m3": "fp8_e4m3", MXFP8_CACHE_DTYPE: "mxfp8"}
 SERVED_CACHE_DTYPES = ["auto", *KV_FORMAT_OF_CACHE_DTYPE]
@@ -47,10 +47,10 @@ SERVED_CACHE_DTYPES = ["auto", *KV_FORMAT_OF_CACHE_DTYPE]
 
 def kv_format_of(kv_cache_dtype: str, model_dtype: torch.dtype) -> str:
     if kv_cache_dtype == "auto":
-        if model_dtype not in mxfp8.UNQUANTIZED_FORMAT_OF_DTYPE:
+        if model_dtype not in kv_formats.UNQUANTIZED_FORMAT_OF_DTYPE:
             raise ValueError(f"--dtype {model_dtype} is not served; expected one of "
-                             f"{sorted(str(d) for d in mxfp8.UNQUANTIZED_FORMAT_OF_DTYPE)}")
-        return mxfp8.UNQUANTIZED_FORMAT_OF_DTYPE[model_dtype]
+                             f"{sorted(str(d) for d in kv_formats.UNQUANTIZED_FORMAT_OF_DTYPE)}")
+        return kv_formats.UNQUANTIZED_FORMAT_OF_DTYPE[model_dtype]
     if kv_cache_dtype not in KV_FORMAT_OF_CACHE_DTYPE:
         raise ValueError(f"--kv-cache-dtype {kv_cache_dtype!r} is not served by --attention-backend {BACKEND_NAME} "
                          f"(sglang-inkling-backend); expected one of {sorted(SERVED_CACHE_DTYPES)}"

@@ -26,7 +26,7 @@ from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: E4
 from vllm.v1.attention.selector import AttentionSelectorConfig  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVQuantMode, SlidingWindowSpec  # noqa: E402
 
-from sglang_inkling_backend import mxfp8  # noqa: E402
+from sglang_inkling_backend import kv_formats  # noqa: E402
 from sglang_inkling_backend.entry_points import vllm as vllm_entry  # noqa: E402
 from sglang_inkling_backend.hosts.vllm import cache_dtypes, version  # noqa: E402
 from sglang_inkling_backend.hosts.vllm.backend import InklingVllmBackend  # noqa: E402
@@ -202,7 +202,7 @@ def cache_dtypes_quant_mode(cache_dtype: str) -> KVQuantMode:
 @pytest.mark.parametrize("head_size", [64, 128, 256])
 def test_mxfp8_pages_are_sized_by_this_backend_only(head_size):
     # the core's MXFP8 bytes: e4m3 K and V (2 x D) and one scale byte per 32 channels of each (2 x D / 32)
-    core_bytes = mxfp8.bytes_per_token_per_layer(1, head_size, "mxfp8")
+    core_bytes = kv_formats.bytes_per_token_per_layer(1, head_size, "mxfp8")
     assert core_bytes == 2 * head_size + 2 * head_size // 32
     ours = InklingVllmBackend.customize_spec(spec(head_size=head_size))
     assert ours.page_size_bytes == 128 * core_bytes  # 67,584 at D 256: what the server logs as the MXFP8 page

@@ -2,23 +2,15 @@
 
 The shims live in the source tree, ``third_party/sglang_cpu/`` (see its README): a stand-in ``sgl_kernel``, a
 torchvision work-around (``sitecustomize.py``) and the GGUF -> safetensors converter. ``INKLING_SGLANG_CPU_SHIMS``
-points elsewhere when the package is not used from a checkout.
+points elsewhere when the package is not used from a checkout (``shims_dir``, the SGLang host's ``cpu_testing``).
 """
 import os
 import sys
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from sglang_inkling_backend.hosts.sglang.cpu_testing import shims_dir
 
-
-def shims_dir() -> Path:
-    configured = os.environ.get("INKLING_SGLANG_CPU_SHIMS")
-    path = Path(configured) if configured else REPO_ROOT / "third_party" / "sglang_cpu"
-    if not (path / "pythonpath" / "sgl_kernel" / "__init__.py").is_file():
-        raise FileNotFoundError(
-            f"SGLang CPU shims not found at {path} (expected pythonpath/sgl_kernel/); run from a checkout of "
-            "sglang-inkling-backend or set INKLING_SGLANG_CPU_SHIMS to its third_party/sglang_cpu directory")
-    return path
+REPO_ROOT = Path(__file__).resolve().parents[1]  # the checkout: demo/ sits beside sglang_inkling_backend/
 
 
 def cpu_env(omp_threads_bind: str | None = None, base: dict | None = None) -> dict:

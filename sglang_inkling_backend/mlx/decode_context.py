@@ -7,7 +7,7 @@ request needs padding), memoised per window: with no window the width is ``max(s
 request keeps ``min(n + 1, W)`` keys (the window counts the new token).
 
 The mask's array type is the caller's: ``mask_factory(rows: list[list[bool]])`` builds it (torch by default; the
-MLX path passes an ``mx.array`` factory), so the core stays free of MLX.
+MLX path passes an ``mx.array`` factory), so this module imports torch and the core only, never MLX.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from .checks import is_int, is_integral, require_entries, require_int_value
-from .layer_plan import LayerPlan
+from sglang_inkling_backend.checks import is_int, is_integral, require_entries, require_int_value
+from sglang_inkling_backend.layer_plan import LayerPlan
 
 MISSING_FULL_MAP_ERROR = ("BatchedDecodeContext requires full_kv_pool_index_by_layer when the fused AOT RoPE + "
                           "pool-scatter kernel is active")

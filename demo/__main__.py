@@ -1,7 +1,7 @@
 """The main job: a real model from PyPI, served by the real SGLang (or vLLM) on this CPU with the inkling attention
 backend and an MXFP8 KV cache, answers a prompt.
 
-    python -m sglang_inkling_backend.demo [--host sglang|vllm] [--prompt TEXT] [--model gemma-3-270m|smollm2-135m-instruct]
+    python -m demo [--host sglang|vllm] [--prompt TEXT] [--model gemma-3-270m|smollm2-135m-instruct]   # checkout root
 
 Steps (each prints a progress line): fetch the model's wheels from PyPI and convert the GGUF once into the cache dir
 (default ~/.cache/sglang-inkling-backend/models, or $INKLING_CACHE_DIR); start ``sglang.launch_server`` with
@@ -40,7 +40,7 @@ def _waiting_printer(what: str, every_s: float = 10.0):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sglang_inkling_backend.demo", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", default="sglang", choices=["sglang", "vllm"],
                         help="the serving engine (vllm: from .venv-vllm, made by scripts/setup_vllm.sh)")
     parser.add_argument("--prompt", default=DEFAULT_PROMPT, help=f"text to complete (default: {DEFAULT_PROMPT!r})")

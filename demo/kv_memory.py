@@ -3,7 +3,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from sglang_inkling_backend.mxfp8 import bytes_per_token_per_layer
+from sglang_inkling_backend.kv_formats import bytes_per_token_per_layer
 
 
 @dataclass(frozen=True)
