@@ -364,3 +364,65 @@ def test_compare_reports_decode_rates_when_both_runs_measured_them():
     assert got == {"ref_tok_s": 100.0, "other_tok_s": 155.0, "other_over_ref": 1.55,
                    "ref_accept_lengths": [None] * 3, "other_accept_lengths": [1.5, 1.6, 1.55]}
     assert compare.compare_decode_rates({}, run([1.0, 1.0, 1.0], [None] * 3)) is None
+
+
+# --- load_faults.py (issue #58): the judging, not the server -------------------------------------------------------
+
+def _completed(rid, new, got=None, finish="length", retractions=0):
+    got = new if got is None else got
+    return {"rid": rid, "kind": "complete", "http": 200, "finish": finish, "max_new_tokens": new,
+            "completion_tokens": got, "output_ids": list(range(got)), "num_retractions": retractions}
+
+
+def test_load_faults_judge_counts_lost_truncated_and_unasked_aborts():
+    lf = _harness_module("load_faults")
+    requests = [
+        _completed("a", 8), _completed("b", 8, retractions=2),
+        {"rid": "d", "kind": "disconnect", "http": 200, "chunks": 3, "closed_by_client": True},
+        {"rid": "r", "kind": "abort_running", "http": 200, "chunks": 1, "finish": "abort"},
+        {"rid": "q", "kind": "abort_queued", "http": 200, "chunks": 0, "finish": "abort"},
+    ]
+    judged = lf.judge(requests, {"r": 200, "q": 200})
+    assert judged["bad"] == []
+    assert judged["counts"] | {} == {"complete": 2, "retracted": 1, "disconnect": 1, "abort_running": 1,
+                                     "abort_queued": 1, "abort_prefill": 0, "aborted_without_output": 1}
+    # each of these is lost or truncated without the client asking: counted, named
+    broken = [_completed("short", 8, got=5), _completed("unasked", 8, got=3, finish="abort"),
+              {"rid": "err", "kind": "complete", "http": 503, "max_new_tokens": 8, "error": "overloaded"},
+              {"rid": "q2", "kind": "abort_queued", "http": 200, "chunks": 0, "finish": None}]
+    judged = lf.judge(requests + broken, {"r": 200, "q": 200, "q2": 200})
+    assert sorted(b["rid"] for b in judged["bad"]) == ["err", "q2", "short", "unasked"]
+
+
+def test_load_faults_sends_26_distinct_bad_requests_of_valid_json_or_raw_bytes():
+    lf = _harness_module("load_faults")
+    cases = lf.bad_requests(max_input=1000)
+    assert len(cases) == 26 and len({name for name, _, _ in cases}) == 26
+    long_prompt = dict((name, body) for name, _, body in cases)["prompt longer than the context"]
+    assert len(long_prompt["input_ids"]) > 1000
+    for name, path, body in cases:
+        assert path.startswith("/") and (isinstance(body, bytes) or json.dumps(body)), name
+
+
+def test_load_faults_alone_comparison_excuses_only_near_ties():
+    lf = _harness_module("load_faults")
+    burst = [_completed(f"r{i}", 4) | {"_ids": [1, 2, 3], "logprobs": [-0.1] * 4} for i in range(2)]
+    burst[0]["output_ids"] = [0, 1, 9, 9]  # diverges at position 2
+    for r in burst:
+        r["top2"] = [[[t, -0.1], [t + 1, -3.0]] for t in r["output_ids"]]
+
+    class Alone:  # the alone run: tokens 0..3 with top-2 gaps of 2.9 nats except where set
+        def __init__(self, gap_at_2):
+            self.gap = gap_at_2
+
+        def __call__(self, url, ids, new_tokens, rid=None):
+            top2 = [[[t, -0.1], [t + 1, -3.0]] for t in range(new_tokens)]
+            top2[2][1][1] = -0.1 - self.gap
+            return {"output_ids": list(range(new_tokens)), "logprobs": [-0.1] * new_tokens, "top2": top2}
+
+    lf.generate = Alone(gap_at_2=0.0625)  # a near-tie where they part: excused
+    result = lf.alone("http://unused", [dict(r) for r in burst], limit=2)["compare"]
+    assert (result["requests_identical"], result["divergences_not_near_tie"]) == (1, 0)
+    lf.generate = Alone(gap_at_2=1.0)  # a decisive position: not excused
+    result = lf.alone("http://unused", [dict(r) for r in burst], limit=2)["compare"]
+    assert (result["requests_identical"], result["divergences_not_near_tie"]) == (1, 1)
