@@ -33,7 +33,7 @@ ENV_NAME = re.compile(r"(?<![A-Za-z0-9_])INKLING_[A-Z0-9_]*[A-Z0-9]")
 TABLE_ROW = re.compile(r"^\| `(INKLING_[A-Z0-9_]+)` \|")
 # Where the code that reads the variables lives (the package, its entry points while they sit outside it, the
 # scripts, the test harnesses and the benchmarks; committed results are records, not readers).
-CODE_FOLDERS = ("sglang_inkling_backend", "entry_points", "scripts", "gpu_tests", "bench", "tools", "integration")
+CODE_FOLDERS = ("sglang_inkling_backend", "demo", "scripts", "gpu_tests", "bench", "tools", "integration")
 SKIP_FOLDERS = {"__pycache__", "results"}
 
 
