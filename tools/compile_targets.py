@@ -33,12 +33,14 @@ import argparse
 import collections
 import contextlib
 import functools
+import hashlib
 import io
 import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -432,6 +434,7 @@ def compile_case(case_id: int, target_name: str) -> dict:
                   shared_bytes=kernel.metadata.shared, dot_instructions=dot_instructions(kernel, target.backend))
     if target.backend == "cuda":
         record["nvidia"] = ptxas_report(log.getvalue())
+        record["sass_sha256"] = sass_digest(kernel.asm["cubin"])
         record["registers"] = record["nvidia"]["registers"]
         record["spilled"] = bool(record["nvidia"]["spill_store_bytes"])
     else:
@@ -442,6 +445,20 @@ def compile_case(case_id: int, target_name: str) -> dict:
     if record["pool_arg"] and record["pool_arg"] != "*bf16":
         record["e4m3"] = e4m3_decoding(kernel, target.backend, record["pool_arg"])
     return record
+
+
+def sass_digest(cubin: bytes) -> str:
+    """sha256 of the cubin's SASS instructions (``cuobjdump -sass``, instruction lines only): equal digests mean
+    the same machine code, whatever line-number debug information the cubin also carries."""
+    import triton.backends.nvidia as nvidia_backend
+
+    tool = os.path.join(os.path.dirname(nvidia_backend.__file__), "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    lines = [line.strip() for line in sass.splitlines() if re.match(r"\s*/\*[0-9a-f]{4}\*/", line)]
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
 def error_summary(err: BaseException) -> str:

@@ -239,7 +239,8 @@ def burst(url: str, port: int, work: Workload, log_path: Path) -> dict:
     started = time.monotonic()
     before = retractions_logged()
     peak = {"num_used_tokens": 0, "num_waiting_reqs": 0, "num_running_reqs": 0}
-    with ThreadPoolExecutor(max_workers=len(plan) + len(second) + len(queued)) as pool:
+    pool = ThreadPoolExecutor(max_workers=len(plan) + len(second) + len(queued))
+    try:
         futures = [pool.submit(one, *p) for p in plan]
         wave2_at = None
         deadline = started + args.burst_timeout
@@ -253,8 +254,14 @@ def burst(url: str, port: int, work: Workload, log_path: Path) -> dict:
             if wave2_at is not None and queued and load["num_waiting_reqs"] > 0:
                 futures.append(pool.submit(one, *queued.pop()))
             time.sleep(0.2)
+        unfinished = sum(not f.done() for f in futures)
+        if unfinished:
+            raise RuntimeError(f"{unfinished} burst requests unanswered after --burst-timeout {args.burst_timeout} s "
+                               f"(last load: {load})")
         for f in futures:
-            f.result(timeout=max(1.0, deadline - time.monotonic()))  # raises a worker's exception
+            f.result()  # raises a worker's exception
+    finally:  # a timed-out burst leaves requests blocked on their sockets: do not wait for them here
+        pool.shutdown(wait=False, cancel_futures=True)
     if queued:
         raise RuntimeError(f"{len(queued)} queued aborts never saw a waiting request: no queue formed")
     return {"seconds": round(time.monotonic() - started, 2), "wave2_at_s": wave2_at, "peak": peak,
