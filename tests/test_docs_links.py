@@ -6,8 +6,8 @@
 - Every backticked repository path in README.md and docs/*.md (one starting with a top-level folder, such as
   ``docs/DESIGN.md`` or ``bench/bench_decode.py``) exists from the repository root. The dated studies under
   docs/studies/ are records of a code reading, and name files they proposed: only their links are checked.
-- The ``INKLING_*`` names in the package, its scripts, tests harnesses and benchmarks (``*.py`` and ``*.sh``) are
-  exactly the rows of README.md's settings table.
+- The ``INKLING_*`` names in the package, the main job's launcher (``demo/``), its scripts, tests harnesses and benchmarks
+  (``*.py`` and ``*.sh``) are exactly the rows of README.md's settings table.
 """
 from __future__ import annotations
 
@@ -26,13 +26,13 @@ MARKDOWN_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 BACKTICKED = re.compile(r"`([^`\s]+)`")
 # Top-level folders whose paths the pages name from the repository root.
 REPO_FOLDERS = ("docs", "scripts", "tests", "bench", "gpu_tests", "integration", "tools", "third_party",
-                "sglang_inkling_backend", ".ci")
+                "sglang_inkling_backend", "demo", ".ci")
 # Files a run writes (git-ignored), named as defaults.
 WRITTEN_BY_RUNS = {"integration/results/last_run.json"}
 ENV_NAME = re.compile(r"(?<![A-Za-z0-9_])INKLING_[A-Z0-9_]*[A-Z0-9]")
 TABLE_ROW = re.compile(r"^\| `(INKLING_[A-Z0-9_]+)` \|")
-# Where the code that reads the variables lives (the package, its entry points while they sit outside it, the
-# scripts, the test harnesses and the benchmarks; committed results are records, not readers).
+# Where the code that reads the variables lives (the package, the main job's launcher beside it, the scripts, the
+# test harnesses and the benchmarks; committed results are records, not readers).
 CODE_FOLDERS = ("sglang_inkling_backend", "demo", "scripts", "gpu_tests", "bench", "tools", "integration")
 SKIP_FOLDERS = {"__pycache__", "results"}
 

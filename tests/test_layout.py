@@ -1,6 +1,6 @@
 """The package's layering, checked from its source: the core imports no host and no accelerator, accelerators import
-no host, hosts never import each other, the rooms (core, each accelerator folder, each host, entry points, demo)
-import each other in one direction only, and no two modules import each other (directly or around a longer cycle).
+no host, hosts never import each other, the rooms (core, each accelerator folder, each host, entry points) import
+each other in one direction only, and no two modules import each other (directly or around a longer cycle).
 
 Module-level imports and imports inside functions both count: a lazy import is still a dependency, and so is a route
 module the core imports by its path (``routes.ACCELERATED_ROUTES``)."""
@@ -78,7 +78,8 @@ def imports_in(name: str, source: str, is_pkg: bool, modules, filename: str = "<
 
 
 def layer_of(name: str, accelerators=ACCELERATORS) -> str:
-    """The room of module ``name``: ``core``, an accelerator folder, ``hosts.<engine>``, ``entry_points``, ``demo``."""
+    """The room of module ``name``: ``core``, an accelerator folder, ``hosts.<engine>``, ``hosts`` (its
+    ``__init__``), ``entry_points``."""
     parts = name.split(".")
     if len(parts) > 1 and parts[1] in accelerators:
         return parts[1]
