@@ -1997,6 +1997,15 @@ def define_sglang_forward_cases():
 
         return mutate
 
+    # features the backend does not implement: refused by name as checks.UnsupportedFeature (a ValueError, and a
+    # NotImplementedError as SGLang's own backends raise there)
+    def softcap_score_mod(score, *args):
+        return score
+
+    F("unsupported_return_lse", "return_lse=True (not implemented)", lambda S: S.kwargs.update(return_lse=True),
+      "return_lse")
+    F("unsupported_score_mod", "a score_mod other than the relative bias", lambda S: S.kwargs.update(
+        score_mod=softcap_score_mod, aux_tensors=[torch.zeros(2, HQ, 6)]), "score_mod")
     F("req_index_past", "req_pool_indices [0, 9] (req_to_token has 9 rows)", fbset("req_pool_indices", T([0, 9])),
       "req_pool_indices", init_in_call=True)
     F("seq_past_context", "seq_lens past the context (65 > 64)", fbset("seq_lens", T([65, 6])), "seq_lens",
