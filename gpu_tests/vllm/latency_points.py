@@ -48,7 +48,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     # vLLM inspects models in `python -m` subprocesses, which put their cwd first on sys.path: in the checkout, its
-    # sglang_inkling_backend/ (entry_points/ outside it) would shadow the package on PYTHONPATH.
+    # sglang_inkling_backend/ would shadow the package the run loads (the carried snapshot, or the bundle's wheel).
     for name in ("model", "out", "log"):  # given relative to the checkout
         if getattr(args, name, None):
             setattr(args, name, Path(getattr(args, name)).resolve())
