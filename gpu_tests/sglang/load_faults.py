@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
 import random
 import re
 import sys
@@ -47,7 +46,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare import compare  # noqa: E402
-from serve_check import VOCAB_HIGH, VOCAB_LOW, Server  # noqa: E402
+from serve_check import (VOCAB_HIGH, VOCAB_LOW, Server, base_server_args, server_env,  # noqa: E402
+                         split_server_argv)
 
 SEED = 58
 HTTP_TIMEOUT_S = 600.0
@@ -480,10 +480,7 @@ def main(argv=None) -> int:
         parser.add_argument("--json", type=Path)
         args = parser.parse_args(argv)
         return summarize(args.summarize, args.json)
-    extra = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, extra = argv[:cut], argv[cut + 1:]
+    argv, extra = split_server_argv(argv)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
     parser.add_argument("--backend", required=True)
@@ -510,21 +507,15 @@ def main(argv=None) -> int:
     parser.add_argument("--rerun", type=int, default=16, help="completed requests sent again alone")
     args = parser.parse_args(argv)
     log = args.log or args.out.with_suffix(".log")
-    server_args = ["--model-path", args.model, "--attention-backend", args.backend, "--kv-cache-dtype",
-                   args.kv_cache_dtype, "--dtype", "bfloat16", "--chunked-prefill-size", "512", "--skip-server-warmup",
-                   "--max-total-tokens", str(args.pool_tokens)]
+    server_args = base_server_args(args.model, args.backend, args.kv_cache_dtype) + [
+        "--max-total-tokens", str(args.pool_tokens)]
     if args.mode == "ngram":
         server_args += ["--speculative-algorithm", "NGRAM", "--speculative-ngram-max-bfs-breadth", "1"]
     elif args.mode == "hicache":
         server_args += ["--enable-hierarchical-cache", "--hicache-ratio", "4"]
-    env = dict(os.environ)
+    env = server_env(args.cpu)
     if args.cpu:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: demo/
-        from demo.cpu_host import cpu_env
-
         server_args += ["--device", "cpu"]
-        env = cpu_env()
-        env["PYTHONPATH"] = str(Path(__file__).resolve().parent / "patches") + os.pathsep + env["PYTHONPATH"]
     else:
         server_args += ["--mem-fraction-static", "0.15", "--cuda-graph-max-bs", "64"]
     env["SGLANG_INIT_NEW_TOKEN_RATIO"] = str(args.token_ratio)

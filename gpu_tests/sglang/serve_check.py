@@ -207,12 +207,36 @@ def run_workload(url: str, lens=PROMPT_LENS, new_tokens=NEW_TOKENS, with_prompt_
     return record
 
 
+def split_server_argv(argv: list[str]) -> tuple[list[str], list[str]]:
+    """This script's arguments, and the extra server arguments after ``--``."""
+    if "--" not in argv:
+        return argv, []
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1:]
+
+
+def base_server_args(model, backend: str, kv_cache_dtype: str) -> list[str]:
+    """The server flags every harness run shares (bf16 weights, 512-token prefill chunks, no warm-up requests)."""
+    return ["--model-path", str(model), "--attention-backend", backend, "--kv-cache-dtype", kv_cache_dtype,
+            "--dtype", "bfloat16", "--chunked-prefill-size", "512", "--skip-server-warmup"]
+
+
+def server_env(cpu: bool) -> dict:
+    """The server's environment: this one on the GPU machine; on a CPU, the project's CPU shims (demo/cpu_host.py)
+    with this folder's patches first on PYTHONPATH."""
+    if not cpu:
+        return dict(os.environ)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: demo/
+    from demo.cpu_host import cpu_env
+
+    env = cpu_env()
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parent / "patches") + os.pathsep + env["PYTHONPATH"]
+    return env
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    extra = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, extra = argv[:cut], argv[cut + 1:]
+    argv, extra = split_server_argv(argv)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
     parser.add_argument("--backend", required=True)
@@ -241,16 +265,10 @@ def main(argv=None) -> int:
     if not lens or min(lens) < 1 or args.new_tokens < 1:
         parser.error(f"--lens and --new-tokens must be positive, got {args.lens!r} and {args.new_tokens}")
     log = args.log or args.out.with_suffix(".log")
-    server_args = ["--model-path", args.model, "--attention-backend", args.backend, "--kv-cache-dtype",
-                   args.kv_cache_dtype, "--dtype", "bfloat16", "--chunked-prefill-size", "512", "--skip-server-warmup"]
-    env = dict(os.environ)
+    server_args = base_server_args(args.model, args.backend, args.kv_cache_dtype)
+    env = server_env(args.cpu)
     if args.cpu:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: demo/
-        from demo.cpu_host import cpu_env
-
         server_args += ["--device", "cpu", "--max-total-tokens", str(4 * (sum(lens) + len(lens) * args.new_tokens))]
-        env = cpu_env()
-        env["PYTHONPATH"] = str(Path(__file__).resolve().parent / "patches") + os.pathsep + env["PYTHONPATH"]
     else:
         server_args += ["--mem-fraction-static", "0.15", "--cuda-graph-max-bs-decode", "16"]
     server_args += extra

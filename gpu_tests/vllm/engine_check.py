@@ -168,6 +168,17 @@ def run_served(args) -> dict:
         log.close()
 
 
+def leave_checkout(args) -> None:
+    """Resolve the path arguments (``model``, ``out``, ``log``: given relative to the checkout), then run from the
+    temporary directory. vLLM inspects models in ``python -m`` subprocesses, which put their cwd first on sys.path:
+    in the checkout, its sglang_inkling_backend/ would shadow the package the run loads (the carried snapshot, or the
+    bundle's wheel)."""
+    for name in ("model", "out", "log"):
+        if getattr(args, name, None):
+            setattr(args, name, Path(getattr(args, name)).resolve())
+    os.chdir(tempfile.gettempdir())
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, required=True)
@@ -185,12 +196,7 @@ def main(argv=None) -> int:
     parser.add_argument("--log")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    # vLLM inspects models in `python -m` subprocesses, which put their cwd first on sys.path: in the checkout, its
-    # sglang_inkling_backend/ would shadow the package the run loads (the carried snapshot, or the bundle's wheel).
-    for name in ("model", "out", "log"):  # given relative to the checkout
-        if getattr(args, name, None):
-            setattr(args, name, Path(getattr(args, name)).resolve())
-    os.chdir(tempfile.gettempdir())
+    leave_checkout(args)
     record = run_served(args) if args.serve else run_offline(args)
     record["label"] = args.label or args.out.stem
     record["args"] = {k: str(v) for k, v in vars(args).items()}

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from engine_check import leave_checkout  # beside this script (its folder is first on sys.path)
 
 STEPS = 64
 ITERS = 3
@@ -47,12 +47,7 @@ def main(argv=None) -> int:
     parser.add_argument("--kv-cache-gib", type=float, default=24.0)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    # vLLM inspects models in `python -m` subprocesses, which put their cwd first on sys.path: in the checkout, its
-    # sglang_inkling_backend/ would shadow the package the run loads (the carried snapshot, or the bundle's wheel).
-    for name in ("model", "out", "log"):  # given relative to the checkout
-        if getattr(args, name, None):
-            setattr(args, name, Path(getattr(args, name)).resolve())
-    os.chdir(tempfile.gettempdir())
+    leave_checkout(args)
     points = parse_points(args.points)
 
     import numpy as np
