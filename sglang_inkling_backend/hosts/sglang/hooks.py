@@ -11,7 +11,8 @@ Server-argument resolution hooks (``sglang.srt.arg_groups.resolution_hooks``; th
   (speculative algorithms other than NGRAM/EAGLE/EAGLE3, speculation on a CPU beyond NGRAM over a page-1 pool,
   MLA, cross attention, unsupported ``--kv-cache-dtype``, head_dim not a
   multiple of 32 with MXFP8, quantized KV shared with another backend, HiCache with quantized KV outside SGLang's
-  host-pool rules), prefill CUDA graphs off, and decode CUDA graphs off when there is no graph-capturable (Triton)
+  host-pool rules), the prefill CUDA graph (SGLang's breakable one kept where the Triton route serves prefill,
+  ``prefill_graph_backend``), and decode CUDA graphs off when there is no graph-capturable (Triton)
   route or, with speculation, when ``INKLING_VERIFY_GRAPHS=0`` (verify steps then run eagerly).
 - ``apply_inkling_prefill_cuda_graph_default``: the Inkling model's FULL prefill graph needs FA4-only metadata; skip
   it when inkling serves attention.
@@ -30,6 +31,7 @@ import contextlib
 import logging
 from typing import Any, Callable
 
+from sglang_inkling_backend.checks import UnsupportedFeature
 from sglang_inkling_backend.hosts.sglang import BACKEND_NAME
 from sglang_inkling_backend.hosts.sglang.cache_dtypes import KV_FORMAT_OF_FLAG, flag_format, pool_format
 from sglang_inkling_backend.kv_formats import QUANTIZED_KV_FORMATS
@@ -111,10 +113,16 @@ def handle_attention_backend_compatibility(server_args: Any, previous: Callable[
     from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, with_phase
 
     graph_config = cfg.cuda_graph_config
-    # Prefill graphs (FULL or breakable) need metadata this backend does not build.
-    graph_config = with_phase(graph_config, Phase.PREFILL, backend=Backend.DISABLED)
-    head_dim = getattr(model_config_of(server_args), "head_dim", None)
+    model_config = model_config_of(server_args)
+    head_dim = getattr(model_config, "head_dim", None)
     capturable = decode and decode_graph_capturable(cfg.device, head_dim)
+    if prefill:  # another backend's prefill keeps the graph SGLang chose for it
+        prefill_graph = prefill_graph_backend(
+            graph_config.prefill.backend, locked=(Phase.PREFILL, "backend") in getattr(
+                server_args, "_cuda_graph_config_locked", set()),
+            capturable=decode_graph_capturable(cfg.device, head_dim),
+            speculative=cfg.speculative_algorithm is not None, architectures=_architectures(model_config))
+        graph_config = with_phase(graph_config, Phase.PREFILL, backend=prefill_graph)
     if decode and cfg.speculative_algorithm is not None:
         verify_graphs = verify_graphs_setting()  # a bad value is refused wherever speculation is asked for
         if not capturable:
@@ -143,6 +151,49 @@ def handle_attention_backend_compatibility(server_args: Any, previous: Callable[
                            "(the Triton route can, where sglang_inkling_backend.triton provides it)", cfg.device)
         graph_config = with_phase(graph_config, Phase.DECODE, backend=Backend.DISABLED)
     declare_resolution(server_args, _HOOK_SOURCE, cuda_graph_config=graph_config)
+
+
+def _architectures(model_config: Any) -> set:
+    return set(getattr(getattr(model_config, "hf_config", None), "architectures", None) or ())
+
+
+def prefill_graph_backend(backend: str, *, locked: bool, capturable: bool, speculative: bool,
+                          architectures: set) -> str:
+    """The prefill CUDA graph backend for a server whose prefill is inkling's, from the one SGLang resolved.
+
+    SGLang's breakable graph (``breakable``, its CUDA default) captures the model between attention calls and runs
+    each attention call eagerly with the step's metadata from ``init_forward_metadata``: what this backend serves
+    eagerly, so it stays on where the Triton route serves prefill. It stays off for a model whose own code around
+    attention reads the backend's per-step tensors (the in-tree Inkling model's fused prologues: a captured segment
+    would keep the capture's addresses) and under speculative decoding (not run on a GPU with it). A FULL prefill
+    graph captures attention itself, which needs metadata this backend does not build: refused where the flag asked
+    for it, turned off where a default did."""
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+
+    if backend == Backend.FULL:
+        if locked:
+            raise UnsupportedFeature(
+                "--attention-backend inkling does not serve a FULL prefill CUDA graph (--cuda-graph-backend-prefill "
+                "full): attention is captured there, with metadata this backend does not build; allowed: breakable, "
+                "disabled")
+        logger.info("inkling: prefill CUDA graph: a FULL graph default is replaced by none (attention captured with "
+                    "metadata this backend does not build)")
+        return Backend.DISABLED
+    if backend != Backend.BREAKABLE:
+        return backend
+    why = ("the torch route, which runs on the host" if not capturable else
+           "speculative decoding (not yet run with it on a GPU)" if speculative else
+           f"{', '.join(sorted(architectures & set(_OWN_PROLOGUE_ARCHITECTURES)))}, whose fused attention prologues "
+           "outside the attention call read the backend's per-step tensors"
+           if architectures & set(_OWN_PROLOGUE_ARCHITECTURES) else "")
+    if why:
+        (logger.warning if locked else logger.info)(
+            "inkling: prefill CUDA graph (breakable) %s: %s; prefill runs eagerly",
+            "refused" if locked else "off", why)
+        return Backend.DISABLED
+    logger.info("inkling: prefill runs under SGLang's breakable CUDA graph (the model captured between attention "
+                "calls; attention eager, planned once per step); --disable-prefill-cuda-graph turns it off")
+    return backend
 
 
 def apply_inkling_prefill_cuda_graph_default(server_args: Any, previous: Callable[[Any], None]) -> None:
@@ -197,6 +248,9 @@ DRAFT_ATTENTION_BACKENDS = ("triton", "flashinfer", "fa3")
 # The in-tree Inkling model runs its own verify prologue (FA4's, chain-only short conv), which this backend does not
 # hook: speculative decoding stays refused for it.
 _OWN_VERIFY_PROLOGUE_ARCHITECTURES = ("InklingForConditionalGeneration",)
+# Models whose own code outside the attention call reads the backend's per-step metadata (the Inkling model's fused
+# prologues store K/V through ``forward_metadata``): kept out of SGLang's breakable prefill graph.
+_OWN_PROLOGUE_ARCHITECTURES = ("InklingForConditionalGeneration",)
 
 
 def validate_server_args(cfg: Any, model_config: Any, *, prefill: bool, decode: bool) -> None:

@@ -379,3 +379,31 @@ def test_graphs_resolved_off_on_cpu(tmp_path):
     assert view.page_size == 1
     assert view.cuda_graph_config.decode.backend == "disabled"
     assert view.cuda_graph_config.prefill.backend == "disabled"
+
+
+def test_prefill_keeps_sglangs_breakable_graph_where_the_triton_route_serves_it(tmp_path, monkeypatch):
+    """SGLang's breakable prefill graph (its CUDA default) runs attention eagerly with init_forward_metadata's
+    metadata: kept on for inkling; a FULL one asked for by the flag is refused, naming it."""
+    from sglang.srt.model_executor import cuda_graph_config
+
+    monkeypatch.setattr(cuda_graph_config, "default_prefill_backend", lambda: "breakable")  # as on a CUDA host
+    for kv in ("auto", "mxfp8"):
+        view = _resolve(tmp_path, device="cuda", attention_backend="inkling", kv_cache_dtype=kv)
+        assert view.cuda_graph_config.prefill.backend == "breakable"
+    view = _resolve(tmp_path, device="cuda", attention_backend="inkling", speculative_algorithm="NGRAM")
+    assert view.cuda_graph_config.prefill.backend == "disabled"  # not run under speculation yet
+    explicit = _resolve(tmp_path, device="cuda", attention_backend="inkling", cuda_graph_backend_prefill="breakable")
+    assert explicit.cuda_graph_config.prefill.backend == "breakable"
+    with pytest.raises(ValueError, match=r"does not serve a FULL prefill CUDA graph \(--cuda-graph-backend-prefill "
+                                         r"full\).*allowed: breakable, disabled"):
+        _resolve(tmp_path, device="cuda", attention_backend="inkling", cuda_graph_backend_prefill="full")
+
+
+def test_prefill_graph_rule_turns_the_breakable_graph_off_where_it_cannot_serve():
+    rule = hooks.prefill_graph_backend
+    llama, inkling = {"LlamaForCausalLM"}, {"InklingForConditionalGeneration"}
+    assert rule("breakable", locked=False, capturable=True, speculative=False, architectures=llama) == "breakable"
+    assert rule("breakable", locked=False, capturable=False, speculative=False, architectures=llama) == "disabled"
+    assert rule("breakable", locked=True, capturable=True, speculative=False, architectures=inkling) == "disabled"
+    assert rule("full", locked=False, capturable=True, speculative=False, architectures=inkling) == "disabled"
+    assert rule("disabled", locked=False, capturable=True, speculative=False, architectures=llama) == "disabled"
