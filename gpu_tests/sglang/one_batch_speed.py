@@ -145,6 +145,10 @@ def reexec_for_cpu(argv: list[str]) -> None:
     os.execve(sys.executable, [sys.executable, str(Path(__file__).resolve()), *argv], env)
 
 
+# The attention backend's methods whose host time ForwardProbe records (every SGLang backend has them)
+HOST_TIMED = ("init_forward_metadata", "forward_decode", "forward_extend")
+
+
 def median(values):
     return statistics.median(values) if values else None
 
@@ -172,8 +176,32 @@ class ForwardProbe:
                     self.metadata_s.append(time.perf_counter() - tic)
             backend.init_forward_metadata_out_graph = timed_metadata
 
+        # Host time of each attention call (the layer's whole call: checks, store, plan lookups, kernel launches;
+        # no synchronization, so on a GPU the kernels' own time is not in it) and of the eager metadata, per step
+        self.host_s = {name: [] for name in HOST_TIMED}
+        for name in HOST_TIMED:
+            original = getattr(backend, name, None)
+            if original is not None:
+                setattr(backend, name, self._host_timed(name, original))
+
+    def _host_timed(self, name, original):
+        def timed(*args, **kwargs):
+            tic = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.host_s[name].append(time.perf_counter() - tic)
+        return timed
+
+    def host_us(self) -> dict:
+        """Per timed method: calls and the median host microseconds per call since the last ``reset``."""
+        return {name: {"calls": len(s), "median_us": round(1e6 * median(s), 2) if s else None,
+                       "max_us": round(1e6 * max(s), 2) if s else None, "total_ms": round(1e3 * sum(s), 3)}
+                for name, s in self.host_s.items()}
+
     def reset(self):
         self.graph, self.events, self.metadata_s = [], [], []
+        self.host_s = {name: [] for name in HOST_TIMED}
 
     def __call__(self, forward_batch, *args, **kwargs):
         decode = forward_batch.forward_mode.is_decode()
@@ -284,9 +312,11 @@ def time_point(bench, probe, batch: int, context: int, warmup_steps: int, steps:
                            f"holds at most {fits} such requests; raise --mem-fraction-static or shrink the point")
     per_chunk = max(1, prefill_chunk_tokens // context)
     prefill_all = []
+    probe.reset()
     for _ in range(prefill_repeats):  # the last one's batch decodes
         seconds, next_ids, sched_batch = prefill(bench, batch, context, per_chunk)
         prefill_all.append(seconds)
+    prefill_host = probe.host_us()
     prefill_s = median(prefill_all)
     if len(sched_batch.reqs) != batch or sched_batch.seq_lens.numel() != batch:
         raise RuntimeError(f"B={batch} ctx={context}: the prefilled batch holds {len(sched_batch.reqs)} requests")
@@ -319,6 +349,7 @@ def time_point(bench, probe, batch: int, context: int, warmup_steps: int, steps:
             "step_ms": med, "step_ms_min": min(step_ms), "step_ms_max": max(step_ms),
             "forward_ms": median(forward_ms), "decode_tok_s": batch * 1000 / med, "graph_steps": graph_steps,
             "graph_metadata_us": median(metadata_us) if metadata_us else None,
+            "decode_host_us": probe.host_us(), "prefill_host_us": prefill_host,
             "kv_tokens_end": batch * (context + decode_steps + 1), "last_step_ids": next_ids.tolist(),
             "step_ms_all": [round(x, 4) for x in step_ms], "kernels": None, "prefill_kernels": None}
 
@@ -445,6 +476,8 @@ def main(argv=None) -> int:
             print(f"{label} B={batch} ctx={context}: step {point['step_ms']:.3f} ms (min {point['step_ms_min']:.3f}, "
                   f"max {point['step_ms_max']:.3f}){fwd}, {point['decode_tok_s']:.0f} decode tok/s, graph "
                   f"{point['graph_steps']}/{args.steps}, prefill {point['prefill_s']:.2f} s", flush=True)
+            print(f"{label} B={batch} ctx={context}: host us per call (median): decode "
+                  f"{json.dumps(point['decode_host_us'])}; prefill {json.dumps(point['prefill_host_us'])}", flush=True)
             # Each finished point is on disk at once: a per-entry timeout (SIGTERM, no finally) keeps the points
             # measured before it.
             args.out.parent.mkdir(parents=True, exist_ok=True)
