@@ -30,6 +30,7 @@ from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 
 from sglang_inkling_backend import checks, kv_formats, kv_views, layer_step, mxfp8
+from sglang_inkling_backend.attention_inputs import FLOAT_KV_DTYPES
 from sglang_inkling_backend.checks import UnsupportedFeature
 from sglang_inkling_backend.hosts.sglang import call_args
 from sglang_inkling_backend.hosts.sglang.cache_dtypes import dtype_format
@@ -132,6 +133,12 @@ class InklingAttnBackend(AttentionBackend):
         head_dims = {self.layer_plan.spec(i).head_dim for i in self.layer_plan.attention_layer_ids}
         self.use_route(choose_route(self.device, head_dims))
         self.forward_metadata: Optional[InklingForwardMetadata] = None
+        # Eager stores of float K/V go straight to the pool's buffers (kv_views.store_kv_unchecked, as a graph step
+        # stores), their slots checked once per step, on one pool whose writes need no translation (not hybrid, no
+        # physical-location plan); else through SGLang's pool interface, which checks them per layer
+        self._direct_store = (not self.is_swa_pool and self.req_to_token_slots is not None
+                              and not getattr(self.token_to_kv_pool, "requires_physical_write_loc", False))
+        self._layer_kv: dict = {}  # layer id -> its PagedKV over the pool's buffers (rebuilt if they change)
         self._graph_buffers: Optional[DecodeGraphBuffers] = None
         self._verify_buffers: Optional[VerifyGraphBuffers] = None
         self._verify_mask = None  # SGLang's VerifyMask over _verify_buffers.tree_mask
@@ -210,11 +217,18 @@ class InklingAttnBackend(AttentionBackend):
             seq_lens_cpu = host + d
             extend_seq_lens = torch.full_like(seq_lens, d)
         max_seq_len = int((seq_lens_cpu if seq_lens_cpu is not None else seq_lens).max())
-        self.forward_metadata = build_forward_metadata(
+        md = build_forward_metadata(
             r2t, forward_batch.req_pool_indices, seq_lens, extend_seq_lens=extend_seq_lens,
             windows=self.windows, full_to_swa=self._full_to_swa(), out_cache_loc=forward_batch.out_cache_loc,
             page_size=self.decode_page_size, max_seq_len=max_seq_len, num_slots=self.req_to_token_slots)
-        self.forward_metadata.verify = verify
+        md.verify = verify
+        if self._direct_store and forward_batch.out_cache_loc is not None:
+            # Every layer of the step writes these slots: checked here once (one device read), not per layer; under
+            # SGLang's breakable prefill graph each layer sees a new view of them, with the same values.
+            loc = checks.require_slots(forward_batch.out_cache_loc, "out_cache_loc (the step's write slots)",
+                                       self.req_to_token_slots, distinct=True)
+            md.checked_write_slots = loc.numel()
+        self.forward_metadata = md
 
     # --- CUDA graphs (decode) -----------------------------------------------------------------------------------
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
@@ -344,9 +358,19 @@ class InklingAttnBackend(AttentionBackend):
         return self.layer_plan.attention_spec(layer.layer_id)
 
     def _paged_kv(self, layer_id: int, spec: LayerSpec):
+        """The layer's pool buffers as a PagedKV, built (and checked) on the layer's first call and again only if
+        the pool hands out other buffers."""
         pool = self.token_to_kv_pool
         k_buffer = pool.get_key_buffer(layer_id)
         v_buffer = pool.get_value_buffer(layer_id)
+        kv = self._layer_kv.get(layer_id)
+        if kv is not None and kv.k_buffer is k_buffer and kv.v_buffer is v_buffer:
+            return kv
+        kv = self._layer_kv[layer_id] = self._build_paged_kv(layer_id, spec, k_buffer, v_buffer)
+        return kv
+
+    def _build_paged_kv(self, layer_id: int, spec: LayerSpec, k_buffer, v_buffer):
+        pool = self.token_to_kv_pool
         sfk = sfv = None
         if self.kv_format == "mxfp8":
             sfk, sfv = pool.get_kv_scale_buffer(layer_id)
@@ -366,7 +390,6 @@ class InklingAttnBackend(AttentionBackend):
             kv_views.store_kv_unchecked(self._paged_kv(layer.layer_id, spec), loc, k, v, k_block_scales=k_desc,
                                         v_block_scales=v_desc, fused_store=self.route.fused_store)
             return
-        loc = KVWriteLoc.for_layer(forward_batch, layer, swa_loc=md.swa_out_cache_loc)
         n, hkv, d = forward_batch.out_cache_loc.numel(), spec.num_kv_heads, spec.head_dim
         for name, t in (("k", k), ("v", v)):
             if isinstance(t, torch.Tensor):
@@ -376,6 +399,14 @@ class InklingAttnBackend(AttentionBackend):
                 raise ValueError(f"{name} must hold one [{hkv}, {d}] row per new token ({n}, out_cache_loc's "
                                  f"length), got {desc}")
         k, v = k.reshape(n, hkv, d), v.reshape(n, hkv, d)
+        if k_desc is None and md.checked_write_slots == n and k.dtype in FLOAT_KV_DTYPES \
+                and v.dtype in FLOAT_KV_DTYPES:
+            # the slots were checked for this step (init_forward_metadata); K/V are bf16/fp16/fp32 rows of the
+            # layer's shape (other dtypes go through the pool, which refuses them)
+            kv_views.store_kv_unchecked(self._paged_kv(layer.layer_id, spec), forward_batch.out_cache_loc, k, v,
+                                        fused_store=self.route.fused_store)
+            return
+        loc = KVWriteLoc.for_layer(forward_batch, layer, swa_loc=md.swa_out_cache_loc)
         if k_desc is not None:
             self.token_to_kv_pool.set_kv_buffer(layer, loc, k, v, k_desc, v_desc)
         elif self.kv_format == "fp8_e4m3":

@@ -51,6 +51,9 @@ class InklingForwardMetadata:
     decode_plans: DecodePlanCache = field(default_factory=DecodePlanCache, repr=False, compare=False)
     # A speculative target-verify step: the extend rows are draft tokens, one tree per request (SpecVerify)
     verify: Optional[SpecVerify] = None
+    # An eager step's write slots (out_cache_loc), checked once in init_forward_metadata against the pool (range,
+    # no slot twice): their count, or None where they were not (a hybrid pool's layers store through SGLang's pool)
+    checked_write_slots: Optional[int] = None
 
     # layer_step.StepKeys: an SGLang batch is all decode (one query row per request) or all extend.
     @property
