@@ -13,7 +13,9 @@
 # ../.whl (carry ".whl"), installed for that entry's process only. FlashInfer's JIT builds go to the carried
 # checkout's .cache/flashinfer (FLASHINFER_WORKSPACE_BASE), kept between calls on a warm machine.
 # FlashInfer's JIT cache can travel between machines: gpu_tests/sglang/flashinfer_jit.sh (carry ".fijit", FI_SAVE_JIT=1).
-# An entry BACKEND:KV:EXTEND sets INKLING_EXTEND_KERNEL=EXTEND for that entry (e.g. inkling:mxfp8:triton).
+# An entry BACKEND:KV:EXTEND sets INKLING_EXTEND_KERNEL=EXTEND for that entry (e.g. inkling:mxfp8:triton);
+# BACKEND:KV:EXTEND:SRC puts the sglang_inkling_backend in folder SRC (relative to this checkout, e.g. a
+# `git archive` of an older commit) first on that entry's PYTHONPATH, to time two versions in one call.
 . gpu_tests/sglang/gpu_env.sh || exit 1
 START=$SECONDS
 MODEL=${SPEED_MODEL:-llama-gqa4-l16}
@@ -32,14 +34,15 @@ if ls ../.fi072/*.tar.xz > /dev/null 2>&1; then
 fi
 . gpu_tests/sglang/flashinfer_jit.sh
 for entry in "$@"; do
-  IFS=: read -r b kv extend <<< "$entry"
-  name=${b}_${kv}${extend:+_extend_$extend}
+  IFS=: read -r b kv extend src <<< "$entry"
+  name=${b}_${kv}${extend:+_extend_$extend}${src:+_$(basename "$src")}
   left=$(( ${SPEED_BUDGET_S:-540} - (SECONDS - START) ))
   if [ $left -lt 60 ]; then echo "skip $name: ${left}s left" | tee -a /tmp/speed/skipped.txt; continue; fi
   limit=${SPEED_TIMEOUT_S:-240}; [ $left -lt $limit ] && limit=$left
   t0=$SECONDS
   path=$PYTHONPATH
   [ -n "$FI_ALL" ] && path=$FI_ALL:$PYTHONPATH
+  [ -n "$src" ] && path=$(cd "$src" && pwd):$path
   if [ "$b" = flashinfer ] && [ -z "$FI_ALL" ]; then
     if ! ls ../.whl/flashinfer_python-*.whl > /dev/null 2>&1; then
       echo "== $name: not run: no FlashInfer wheel in ../.whl (carry \".whl\")" | tee /tmp/speed/$name.log
@@ -64,8 +67,9 @@ from pathlib import Path
 out, entries = Path(sys.argv[1]), sys.argv[2:]
 records = []
 def entry_name(entry):
-    b, kv, *extend = entry.split(":")
-    return f"{b}_{kv}" + (f"_extend_{extend[0]}" if extend and extend[0] else "")
+    b, kv, *rest = entry.split(":") + ["", ""]
+    extend, src = rest[0], rest[1]
+    return f"{b}_{kv}" + (f"_extend_{extend}" if extend else "") + (f"_{Path(src).name}" if src else "")
 for entry in entries:
     name = entry_name(entry)
     base = Path("/tmp/speed") / name

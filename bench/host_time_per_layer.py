@@ -1,0 +1,134 @@
+"""Host time per attention-layer call of the SGLang host on the GPU route, on this CPU, kernels stubbed.
+
+What an eager step pays on the host that a CUDA graph does not: ``InklingAttnBackend.init_forward_metadata`` once
+per step and ``forward_decode`` / ``forward_extend`` once per layer, with everything the call runs in Python (checks,
+the store's and the decode's plans, launch arguments) but the Triton kernels themselves replaced by no-ops
+(``triton.runtime.jit.JITFunction.run``: nothing is compiled or launched; a GPU adds each launch's own cost). The
+shapes are llama-gqa4-l16's (16 layers, 8/2 heads, head_dim 128) with an MXFP8 pool of page 128 and a bf16 pool.
+
+    .venv/bin/python bench/host_time_per_layer.py [--repo PATH] [--json OUT]
+
+``--repo``: import the package from another checkout (a ``git worktree`` of an older commit) to compare.
+Prints a table (us per call, median of the timed steps) and writes JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+
+def stub_triton_launches() -> None:
+    import triton.runtime.jit as jit
+
+    jit.JITFunction.run = lambda self, *args, **kwargs: None
+
+
+def build(fmt: str, batch: int, context: int, layers_n: int = 16):
+    import torch
+    from sglang.srt.layers.radix_attention import RadixAttention
+    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+    from sglang_inkling_backend import triton as kernels
+    from sglang_inkling_backend.gpu.route import GpuRoute
+    from sglang_inkling_backend.hosts.sglang.backend import InklingAttnBackend
+    from sglang_inkling_backend.hosts.sglang.pool import inkling_pool_class
+
+    hq, hkv, d, page = 8, 2, 128, 128
+    pages_per_req = -(-(context + 64) // page)
+    slots = (batch * pages_per_req + 1) * page
+    layers = torch.nn.ModuleList([RadixAttention(hq, d, 1 / math.sqrt(d), hkv, layer_id=i)
+                                  for i in range(layers_n)])
+    dtype = torch.float8_e4m3fn if fmt == "mxfp8" else torch.bfloat16
+    pool = inkling_pool_class(fmt)(slots, page, dtype, hkv, d, layers_n, "cpu", False)
+    r2t = ReqToTokenPool(batch, pages_per_req * page, "cpu", False)
+    for r in range(batch):  # request r owns pages 1 + r * pages_per_req ...
+        first = (1 + r * pages_per_req) * page
+        r2t.req_to_token[r] = torch.arange(first, first + pages_per_req * page, dtype=torch.int32)
+    runner = SimpleNamespace(
+        device="cpu", req_to_token_pool=r2t, token_to_kv_pool=pool, dtype=torch.bfloat16, page_size=page,
+        kv_cache_dtype=dtype, model=layers,
+        model_config=SimpleNamespace(is_encoder_decoder=False, head_dim=d, context_len=pages_per_req * page))
+    backend = InklingAttnBackend(runner)
+    backend.use_route(GpuRoute(kernels))
+    return backend, layers, r2t, (hq, hkv, d)
+
+
+def forward_batch(r2t, batch: int, context: int, new: int, decode: bool):
+    import torch
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    rows = torch.arange(batch)
+    prefix = torch.full((batch,), context - new)
+    seq = prefix + new
+    loc = torch.cat([r2t.req_to_token[r, context - new:context].long() for r in range(batch)])
+    new_t = torch.full((batch,), new)
+    return SimpleNamespace(
+        forward_mode=ForwardMode.DECODE if decode else ForwardMode.EXTEND, batch_size=batch,
+        req_pool_indices=rows, seq_lens=seq, seq_lens_cpu=seq.clone(), seq_lens_sum=int(seq.sum()),
+        out_cache_loc=loc, out_cache_loc_is_physical=False,
+        extend_seq_lens=None if decode else new_t, extend_seq_lens_cpu=None if decode else new_t.tolist(),
+        extend_prefix_lens=None if decode else prefix, extend_prefix_lens_cpu=None if decode else prefix.tolist(),
+        encoder_lens=None, encoder_out_cache_loc=None, spec_info=None)
+
+
+def time_steps(backend, layers, fb, shape, steps: int) -> dict:
+    import torch
+
+    hq, hkv, d = shape
+    rows = fb.out_cache_loc.numel()
+    q = torch.randn(rows, hq * d, dtype=torch.bfloat16)
+    k = torch.randn(rows, hkv, d, dtype=torch.bfloat16)
+    v = torch.randn(rows, hkv, d, dtype=torch.bfloat16)
+    metadata, per_layer = [], []
+    for step in range(steps + 2):  # two untimed
+        tic = time.perf_counter()
+        backend.init_forward_metadata(fb)
+        mid = time.perf_counter()
+        for layer in layers:
+            backend.forward(q, k, v, layer, fb)
+        end = time.perf_counter()
+        if step >= 2:
+            metadata.append(1e6 * (mid - tic))
+            per_layer.append(1e6 * (end - mid) / len(layers))
+    # the fastest step: the least disturbed by whatever else this machine runs (medians are in the JSON)
+    return {"metadata_us": round(min(metadata), 1), "layer_us": round(min(per_layer), 1),
+            "metadata_us_median": round(statistics.median(metadata), 1),
+            "layer_us_median": round(statistics.median(per_layer), 1)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repo", type=Path, default=Path(__file__).resolve().parents[1])
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    sys.path.insert(0, str(args.repo))
+    from sglang_inkling_backend.hosts.sglang.cpu_testing import prepare_sglang_cpu_import
+
+    prepare_sglang_cpu_import()
+    stub_triton_launches()
+    import sglang_inkling_backend
+
+    rows = []
+    for fmt in ("mxfp8", "bf16"):
+        for what, batch, context, new in (("decode", 64, 768, 1), ("decode", 256, 768, 1),
+                                          ("extend", 8, 1024, 1024), ("extend (prefix)", 8, 1024, 256)):
+            backend, layers, r2t, shape = build(fmt, batch, context)
+            fb = forward_batch(r2t, batch, context, new, decode=what == "decode")
+            result = time_steps(backend, layers, fb, shape, args.steps)
+            rows.append({"format": fmt, "step": what, "batch": batch, "context": context, "new": new, **result})
+            print(f"{fmt:6s} {what:16s} B={batch:4d} ctx={context} new={new:5d}: metadata {result['metadata_us']:8.1f} "
+                  f"us/step, {result['layer_us']:7.1f} us/layer call", flush=True)
+    record = {"repo": str(args.repo), "package": sglang_inkling_backend.__file__, "rows": rows}
+    if args.json:
+        args.json.write_text(json.dumps(record, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
