@@ -102,6 +102,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--profile-prefill", action="store_true",
                     help="after every point is timed, per point one more prefill under torch.profiler: its CUDA "
                          "kernels' total time per name in the log and in the point's 'prefill_kernels'")
+    ap.add_argument("--cprofile-steps", type=int, default=0,
+                    help="after the timed points: this many decode steps and one prefill per point under cProfile "
+                         "(the host's Python, per function)")
     ap.add_argument("--label", default=None)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
@@ -354,6 +357,63 @@ def time_point(bench, probe, batch: int, context: int, warmup_steps: int, steps:
             "step_ms_all": [round(x, 4) for x in step_ms], "kernels": None, "prefill_kernels": None}
 
 
+ATTENTION_PATHS = ("sglang_inkling_backend", "flashinfer", "/triton/", "layers/attention", "radix_attention")
+
+
+def python_profile(run, top: int = 30) -> list:
+    """``run()`` under cProfile: the ``top`` functions by cumulative time, as [cumulative us, own us, calls, where]
+    (the host's Python per step: which of the attention backend's calls cost what)."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        run()
+    finally:
+        prof.disable()
+    stats = pstats.Stats(prof).stats
+    rows = [(round(1e6 * ct, 1), round(1e6 * tt, 1), nc, f"{Path(f).name}:{line}({name})", f)
+            for (f, line, name), (cc, nc, tt, ct, _) in stats.items()]
+    rows.sort(key=lambda r: -r[0])
+    # the whole step's top, then the attention backends' own functions (this package's, FlashInfer's, Triton's
+    # launcher, SGLang's attention backends), which the step's top would crowd out
+    attention = [r for r in rows if any(part in r[4] for part in ATTENTION_PATHS)]
+    chosen = rows[:top] + [r for r in attention[:2 * top] if r not in rows[:top]]
+    return [r[:4] for r in chosen]
+
+
+def cprofile_point(bench, point: dict, warmup_steps: int, prefill_chunk_tokens: int, steps: int) -> None:
+    """The point's Python under cProfile: one prefill (``prefill_python``) and ``steps`` decode steps
+    (``decode_python``), each a ``python_profile`` table, printed and kept in the point."""
+    batch, context = point["batch"], point["context"]
+    per_chunk = max(1, prefill_chunk_tokens // context)
+    held = {}
+
+    def one_prefill():
+        held["prefill"] = prefill(bench, batch, context, per_chunk)
+
+    point["prefill_python"] = python_profile(one_prefill)
+    _, next_ids, sched_batch = held["prefill"]
+    for _ in range(warmup_steps):
+        next_ids, _ = bench.decode(next_ids, sched_batch)
+    bench.synchronize()
+
+    def decode_steps():
+        ids = next_ids
+        for _ in range(steps):
+            ids, _ = bench.decode(ids, sched_batch)
+        bench.synchronize()
+
+    point["decode_python"] = python_profile(decode_steps)
+    bench.cleanup(sched_batch)
+    for title, rows, per in (("one prefill", point["prefill_python"], 1), (f"{steps} decode steps",
+                                                                          point["decode_python"], steps)):
+        print(f"B={batch} ctx={context}: Python of {title} (cumulative us / own us per step, calls per step):")
+        for cum, own, calls, where in rows:
+            print(f"  {cum / per:10.1f} {own / per:9.1f} {calls / per:8.1f}  {where}", flush=True)
+
+
 def profile_point(bench, point: dict, warmup_steps: int, prefill_chunk_tokens: int, profile: int,
                   profile_prefill_kernels: bool) -> None:
     """The point's kernels under torch.profiler, after every point was timed: a process that has run the profiler
@@ -486,6 +546,10 @@ def main(argv=None) -> int:
             for point in record["points"]:
                 profile_point(bench, point, args.warmup_steps, args.prefill_chunk_tokens, args.profile_steps,
                               args.profile_prefill)
+                args.out.write_text(json.dumps(record, indent=1))
+        if args.cprofile_steps:
+            for point in record["points"]:
+                cprofile_point(bench, point, args.warmup_steps, args.prefill_chunk_tokens, args.cprofile_steps)
                 args.out.write_text(json.dumps(record, indent=1))
         record["done"] = True
 

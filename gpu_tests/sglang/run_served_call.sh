@@ -3,11 +3,19 @@
 # PROFILE_ENTRIES, at PROFILE_POINTS with decode graphs off: every step eager, host time per attention call), then
 # the served throughput (run_serve_bench.sh, SERVE_CONFIGS x SERVE_WORKLOADS), each within its own budget
 # (PROFILE_BUDGET_S, SERVE_BUDGET_S). Everything comes back in at most 8 files: $OUT/serve/{runs.jsonl, table.md,
-# summary.json, served.png}, $OUT/speed.json, $OUT/logs.tar.xz (every log), $OUT/flashinfer-jit.tar.xz (FI_SAVE_JIT=1).
+# summary.json, served.png}, $OUT/speed.json, $OUT/logs.tar.xz (every log), $OUT/flashinfer-jit.tar.xz (FI_SAVE_JIT=1),
+# $OUT/triton-cache.tar.xz (SAVE_TRITON_CACHE=1).
 #   cd .h16 && PROFILE_ENTRIES="inkling:mxfp8 flashinfer:fp8_e4m3" SERVE_CONFIGS=inkling:mxfp8,flashinfer:fp8_e4m3 \
 #       SERVE_WORKLOADS=short INKLING_FROM_SOURCE=1 FI_SAVE_JIT=1 bash gpu_tests/sglang/run_served_call.sh
 FINAL=$OUT
 mkdir -p /tmp/call/speed /tmp/call/serve
+# Triton's cache (this package's kernels, compiled cold in 1-2 min) travels like FlashInfer's JIT cache: a carried
+# ../.tcache/triton-cache.tar.xz (carry ".tcache") is unpacked first; SAVE_TRITON_CACHE=1 packs it back at the end.
+export TRITON_CACHE_DIR=/tmp/triton_cache
+mkdir -p $TRITON_CACHE_DIR
+if ls ../.tcache/triton-cache.tar.xz > /dev/null 2>&1; then
+  tar -xJf ../.tcache/triton-cache.tar.xz -C /tmp && echo "triton cache: unpacked $(du -sh $TRITON_CACHE_DIR | cut -f1)"
+fi
 if [ -n "${PROFILE_ENTRIES:-}" ]; then
   # shellcheck disable=SC2086
   OUT=/tmp/call/speed FI_SAVE_JIT=0 SPEED_POINTS=${PROFILE_POINTS:-600x768} SPEED_STEPS=${PROFILE_STEPS:-16} \
@@ -24,4 +32,7 @@ if [ -n "${SERVE_CONFIGS:-}" ]; then
   cp /tmp/call/serve/flashinfer-jit.tar.xz "$FINAL/" 2>/dev/null
 fi
 tar -cJf "$FINAL/logs.tar.xz" -C /tmp/call --exclude=flashinfer-jit.tar.xz .
+if [ "${SAVE_TRITON_CACHE:-0}" = 1 ]; then
+  tar -cJf "$FINAL/triton-cache.tar.xz" -C /tmp triton_cache && echo "triton cache: $(du -h "$FINAL/triton-cache.tar.xz" | cut -f1)"
+fi
 ls -la "$FINAL" "$FINAL/serve" 2>/dev/null
