@@ -534,7 +534,19 @@ def decode_hopper_kernel(
 
 
 def hopper_tensor_maps(kv, head_dim: int, block_n: int):
-    """The pool-wide TMA descriptors of K and V: each buffer as ``[slots, Hkv * D]`` with a ``[block_n, D]`` box."""
+    """The pool-wide TMA descriptors of K and V: each buffer as ``[slots, Hkv * D]`` with a ``[block_n, D]`` box.
+    Kept on ``kv`` (a host that keeps one PagedKV per layer builds each layer's pair once, not once per launch; the
+    descriptors hold views of the buffers, so they live exactly as long as ``kv``)."""
+    key = (kv.k_buffer.data_ptr(), kv.v_buffer.data_ptr(), head_dim, block_n)
+    cached = getattr(kv, "_hopper_tensor_maps", None)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    maps = _build_tensor_maps(kv, head_dim, block_n)
+    kv._hopper_tensor_maps = (key, maps)
+    return maps
+
+
+def _build_tensor_maps(kv, head_dim: int, block_n: int):
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     layout = gl.NVMMASharedLayout.get_default_for([block_n, head_dim], gl.float8e4nv)

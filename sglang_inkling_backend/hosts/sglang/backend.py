@@ -139,6 +139,7 @@ class InklingAttnBackend(AttentionBackend):
         self._direct_store = (not self.is_swa_pool and self.req_to_token_slots is not None
                               and not getattr(self.token_to_kv_pool, "requires_physical_write_loc", False))
         self._layer_kv: dict = {}  # layer id -> its PagedKV over the pool's buffers (rebuilt if they change)
+        self._layer_params: dict = {}  # layer id -> its AttentionParams for calls without per-call tensors
         self._graph_buffers: Optional[DecodeGraphBuffers] = None
         self._verify_buffers: Optional[VerifyGraphBuffers] = None
         self._verify_mask = None  # SGLang's VerifyMask over _verify_buffers.tree_mask
@@ -422,7 +423,12 @@ class InklingAttnBackend(AttentionBackend):
                                "(init_forward_metadata was not called for this batch)")
         spec = self._layer_spec(layer)
         rows = q.shape[0]
-        params = call_args.attention_params(spec, kwargs, rows)
+        if call_args.layer_params_only(kwargs):  # the layer's parameters, made on its first call
+            params = self._layer_params.get(layer.layer_id)
+            if params is None:
+                params = self._layer_params[layer.layer_id] = call_args.attention_params(spec, kwargs, rows)
+        else:
+            params = call_args.attention_params(spec, kwargs, rows)
         # The query and K/V are checked before the store writes: a bad call leaves the pool as it was.
         q3 = layer_step.prepare_query(q, spec, self.route, self.model_dtype, kwargs.get("q_descale"))
         new_tokens = forward_batch.out_cache_loc.numel()

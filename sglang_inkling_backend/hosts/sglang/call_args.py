@@ -21,6 +21,16 @@ UNSUPPORTED_KWARGS = {
 RELATIVE_BIAS_SCORE_MODS = ("relative_bias_score_mod", "score_mod_rel_bias")  # SGLang's Triton / FA4 versions
 
 
+# kwargs that make a call's parameters its own (a bias, sinks, a score_mod); a call without them has its layer's
+PER_CALL_KWARGS = ("rel_bias", "score_mod", "aux_tensors", "sinks", "rel_bias_event")
+
+
+def layer_params_only(kwargs: Mapping[str, Any]) -> bool:
+    """Whether a call's AttentionParams are its layer's alone (no per-call tensors, nothing unsupported asked)."""
+    return not kwargs or all(kwargs.get(name) is None for name in PER_CALL_KWARGS) and all(
+        kwargs.get(name) is None or kwargs.get(name) is False for name in UNSUPPORTED_KWARGS)
+
+
 def score_mod_name(score_mod: Any) -> str:
     fn = getattr(score_mod, "fn", score_mod)  # a triton JITFunction keeps the Python function in .fn
     return getattr(fn, "__name__", type(score_mod).__name__)

@@ -150,7 +150,38 @@ def handle_attention_backend_compatibility(server_args: Any, previous: Callable[
             logger.warning("inkling: decode CUDA graphs disabled on device %r: the torch route cannot be captured "
                            "(the Triton route can, where sglang_inkling_backend.triton provides it)", cfg.device)
         graph_config = with_phase(graph_config, Phase.DECODE, backend=Backend.DISABLED)
+    elif decode and cfg.speculative_algorithm is None:
+        graph_config = widen_decode_graphs(server_args, graph_config)
     declare_resolution(server_args, _HOOK_SOURCE, cuda_graph_config=graph_config)
+
+
+# The most requests a decode CUDA graph of this backend covers when the flags leave it to SGLang (whose default on an
+# H100/H200 at tp < 4 is 256, arg_groups/memory_hook.py): an eager decode step of this backend pays its host work per
+# layer that a graph replay does not (bench/results/current/served-h200/README.md).
+DECODE_GRAPH_MAX_BS = 1024
+
+
+def widen_decode_graphs(server_args: Any, graph_config: Any) -> Any:
+    """``graph_config`` with decode graphs up to ``DECODE_GRAPH_MAX_BS`` requests (SGLang's own batch-size list for
+    that bound, at most ``--max-running-requests``), where SGLang chose a smaller bound itself: neither
+    ``--cuda-graph-max-bs-decode`` nor ``--cuda-graph-bs-decode`` (nor a JSON graph config) set it."""
+    from sglang.srt.arg_groups.cuda_graph_hook import generate_decode_cuda_graph_batch_sizes
+    from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, with_phase
+
+    decode = graph_config.decode
+    locked = getattr(server_args, "_cuda_graph_config_locked", set())
+    if decode.backend == Backend.DISABLED or (Phase.DECODE, "max_bs") in locked or (Phase.DECODE, "bs") in locked:
+        return graph_config
+    limit = DECODE_GRAPH_MAX_BS
+    running = getattr(server_args, "max_running_requests", None)
+    if isinstance(running, int) and running > 0:
+        limit = min(limit, running)
+    if not decode.max_bs or decode.max_bs >= limit:
+        return graph_config
+    logger.info("inkling: decode CUDA graphs up to %d requests (SGLang's default bound here: %d; "
+                "--cuda-graph-max-bs-decode sets it)", limit, decode.max_bs)
+    return with_phase(graph_config, Phase.DECODE, max_bs=limit,
+                      bs=generate_decode_cuda_graph_batch_sizes(server_args, limit))
 
 
 def _architectures(model_config: Any) -> set:

@@ -407,3 +407,18 @@ def test_prefill_graph_rule_turns_the_breakable_graph_off_where_it_cannot_serve(
     assert rule("breakable", locked=True, capturable=True, speculative=False, architectures=inkling) == "disabled"
     assert rule("full", locked=False, capturable=True, speculative=False, architectures=inkling) == "disabled"
     assert rule("disabled", locked=False, capturable=True, speculative=False, architectures=llama) == "disabled"
+
+
+def test_decode_graphs_cover_up_to_1024_requests_unless_the_flags_bound_them(tmp_path):
+    """SGLang bounds decode graphs by the card (256 on an H100/H200, 160 where it reads no memory, as here); inkling
+    widens its own default to DECODE_GRAPH_MAX_BS, never past a bound the flags set."""
+    view = _resolve(tmp_path, device="cuda", attention_backend="inkling", kv_cache_dtype="mxfp8")
+    decode = view.cuda_graph_config.decode
+    assert decode.max_bs == hooks.DECODE_GRAPH_MAX_BS == 1024
+    assert max(decode.bs) == 1024 and {1, 256, 512}.issubset(decode.bs)
+    assert _resolve(tmp_path, device="cuda", attention_backend="inkling",
+                    cuda_graph_max_bs_decode=128).cuda_graph_config.decode.max_bs == 128
+    assert _resolve(tmp_path, device="cuda", attention_backend="inkling",
+                    max_running_requests=300).cuda_graph_config.decode.max_bs == 300
+    sglang_default = _resolve(tmp_path, device="cuda", attention_backend="triton").cuda_graph_config.decode.max_bs
+    assert sglang_default < 1024  # another backend keeps SGLang's bound
