@@ -157,7 +157,7 @@ def handle_attention_backend_compatibility(server_args: Any, previous: Callable[
 
 # The most requests a decode CUDA graph of this backend covers when the flags leave it to SGLang (whose default on an
 # H100/H200 at tp < 4 is 256, arg_groups/memory_hook.py): an eager decode step of this backend pays its host work per
-# layer that a graph replay does not (bench/results/current/served-h200/README.md).
+# layer that a graph replay does not (bench/results/current/served/README.md).
 DECODE_GRAPH_MAX_BS = 1024
 
 
