@@ -1195,3 +1195,49 @@ def test_an_eager_step_reads_the_device_a_fixed_number_of_times_whatever_its_lay
         counts[n_layers] = list(calls)
         monkeypatch.undo()
     assert counts[4] and len(counts[4]) == len(counts[8]), (counts[4], counts[8])
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "mxfp8"])
+def test_breakable_prefill_graph_views_of_the_write_slots_store_the_same_bytes(fmt):
+    """Under SGLang's breakable prefill graph, init_forward_metadata sees the real batch and each attention call a new
+    view of the same write slots (graph_utils.attention_input_scope: out_cache_loc[:n]). Stores through those views
+    give the pool the bytes and outputs of the plain path; a step's slots are checked once, in the metadata, so a
+    slot named twice is refused there, before any layer stores."""
+    page = 128 if fmt == "mxfp8" else 1
+    dtype = torch.float8_e4m3fn if fmt == "mxfp8" else torch.bfloat16
+
+    def pool():
+        return inkling_pool_class(fmt)(512, page, dtype, HKV, D, 2, "cpu", False)
+
+    runs = []
+    for views in (False, True):
+        layers = make_layers(windows=(-1, -1))
+        h = WholePagesHarness(layers, pool, size=512, page_size=page, kv_cache_dtype=dtype, seed=3)
+        ours = InklingAttnBackend(h.runner)
+        assert ours._direct_store
+        fb = h.batch([0, 1], [9, 5], decode=False)
+        ours.init_forward_metadata(fb)
+        loc, outs = fb.out_cache_loc, []
+        for layer in layers:
+            q, k, v = h.qkv(fb, layer)
+            if views:
+                fb.out_cache_loc = loc[:loc.numel()]  # a new tensor object over the same slots
+                assert fb.out_cache_loc is not loc
+            outs.append(ours.forward(q, k, v, layer, fb))
+        fb.out_cache_loc = loc
+        pool_bytes = [ours.token_to_kv_pool.get_key_buffer(i).view(torch.uint8).clone() for i in range(2)]
+        runs.append((outs, pool_bytes))
+    for (a_outs, a_pool), (b_outs, b_pool) in zip(runs[:1], runs[1:]):
+        assert all(torch.equal(x, y) for x, y in zip(a_outs, b_outs))
+        assert all(torch.equal(x, y) for x, y in zip(a_pool, b_pool))
+        assert any(bool(p.any()) for p in a_pool)  # something was stored
+
+    layers = make_layers(windows=(-1, -1))
+    h = WholePagesHarness(layers, pool, size=512, page_size=page, kv_cache_dtype=dtype, seed=3)
+    ours = InklingAttnBackend(h.runner)
+    fb = h.batch([0, 1], [9, 5], decode=False)
+    fb.out_cache_loc[1] = fb.out_cache_loc[2]  # one slot named twice
+    before = ours.token_to_kv_pool.get_key_buffer(0).view(torch.uint8).clone()
+    with pytest.raises(ValueError, match=r"out_cache_loc \(the step's write slots\)"):
+        ours.init_forward_metadata(fb)
+    assert torch.equal(before, ours.token_to_kv_pool.get_key_buffer(0).view(torch.uint8))
