@@ -87,6 +87,7 @@ def paged_kv(kv_format: str, k_buffer: torch.Tensor, v_buffer: torch.Tensor, *, 
     return PagedKV(k_buffer, v_buffer)
 
 
+@torch.no_grad()  # a caller's K/V that require grad must not pull the pool into its autograd graph
 def store_kv_unchecked(kv: PagedKV, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                        k_block_scales: Optional[torch.Tensor] = None,
                        v_block_scales: Optional[torch.Tensor] = None,

@@ -67,6 +67,18 @@ def kv_format_of(pool, kv_cache_dtype: torch.dtype) -> str:
     return kv_format
 
 
+def check_pool_page_size(pool, page_size) -> None:
+    """The runner's page size (what its allocator hands out and ``decode_page_size`` plans pages with) must be each of
+    this backend's pools' own: an MXFP8 pool places its scale bytes by its page (SGLang's interleaved layout at 128).
+    Refused at construction, before any forward writes."""
+    for leaf in leaf_pools(pool):
+        own = getattr(leaf, "page_size", None) if isinstance(leaf, InklingMHATokenToKVPool) else None
+        if own is not None and own != page_size:
+            raise ValueError(f"model_runner.page_size is {page_size} but the {leaf.kv_format} KV pool "
+                             f"{type(leaf).__name__} was built with page size {own}; they must be equal (an MXFP8 "
+                             f"pool lays out its scales by its page)")
+
+
 def check_swa_placement(plan, layers_mapping) -> None:
     """SGLang's hybrid SWA pool places layers by the model config's SWA layer list; the record places them by each
     layer's own window. Refuse at start-up where they disagree (a windowed layer's window rail is translated to the
@@ -110,6 +122,7 @@ class InklingAttnBackend(AttentionBackend):
         self.page_size = model_runner.page_size
         self.kv_cache_dtype = model_runner.kv_cache_dtype
         self.kv_format = kv_format_of(self.token_to_kv_pool, self.kv_cache_dtype)
+        check_pool_page_size(self.token_to_kv_pool, self.page_size)
         self.is_swa_pool = isinstance(self.token_to_kv_pool, SWAKVPool)
         self.max_context_len = self.req_to_token_pool.req_to_token.shape[1]
         model_config = model_runner.model_config

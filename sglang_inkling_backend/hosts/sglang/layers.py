@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Iterable, Optional
 
-from sglang_inkling_backend.checks import UnsupportedFeature, require_int_value
+from sglang_inkling_backend.checks import UnsupportedFeature, require_int_value, require_positive_real
 from sglang_inkling_backend.layer_plan import LayerPlan, LayerSpec
 
 
@@ -41,12 +41,20 @@ def layer_spec(layer) -> LayerSpec:
     if cap > 0 and layer.logit_capping_method != "tanh":
         raise UnsupportedFeature(f"--attention-backend inkling implements the tanh logit cap only, layer "
                                  f"{layer.layer_id} asks for {layer.logit_capping_method!r}")
-    k_scale = getattr(layer, "k_scale_float", None)
-    v_scale = getattr(layer, "v_scale_float", None)
     return LayerSpec(window=record_window(layer.sliding_window_size), num_q_heads=layer.tp_q_head_num,
                      num_kv_heads=layer.tp_k_head_num, head_dim=layer.qk_head_dim,
                      softmax_scale=float(layer.scaling), logit_cap=cap,
-                     k_scale=float(k_scale) if k_scale else 1.0, v_scale=float(v_scale) if v_scale else 1.0)
+                     k_scale=kv_scale_of(layer, "k_scale_float"), v_scale=kv_scale_of(layer, "v_scale_float"))
+
+
+def kv_scale_of(layer, name: str) -> float:
+    """The layer's per-tensor KV scale ``name`` (SGLang's ``k_scale_float`` / ``v_scale_float``): 1.0 where the
+    checkpoint gives none (None), else a finite number > 0; a 0, a negative or a non-finite scale is refused, naming
+    the layer and the attribute, not replaced."""
+    value = getattr(layer, name, None)
+    if value is None:
+        return 1.0
+    return require_positive_real(value, f"layer {layer.layer_id}'s {name} (its per-tensor KV scale)")
 
 
 def radix_layers(model) -> list:

@@ -1241,3 +1241,40 @@ def test_breakable_prefill_graph_views_of_the_write_slots_store_the_same_bytes(f
     with pytest.raises(ValueError, match=r"out_cache_loc \(the step's write slots\)"):
         ours.init_forward_metadata(fb)
     assert torch.equal(before, ours.token_to_kv_pool.get_key_buffer(0).view(torch.uint8))
+
+
+def test_a_layers_kv_scale_of_zero_is_refused_naming_it_not_replaced():
+    layers = make_layers(windows=(-1, -1))
+    layers[1].k_scale_float = 0.0
+    with pytest.raises(ValueError, match=r"layer 1's k_scale_float \(its per-tensor KV scale\) must be a finite "
+                                         r"number > 0, got 0.0"):
+        InklingAttnBackend(Harness(layers, bf16_pool()).runner)
+    layers[1].k_scale_float, layers[0].v_scale_float = 0.5, float("nan")
+    with pytest.raises(ValueError, match=r"layer 0's v_scale_float"):
+        InklingAttnBackend(Harness(layers, bf16_pool()).runner)
+    layers[0].v_scale_float = None  # none given: 1.0
+    ours = InklingAttnBackend(Harness(layers, bf16_pool()).runner)
+    assert (ours.layer_plan.spec(0).v_scale, ours.layer_plan.spec(1).k_scale) == (1.0, 0.5)
+
+
+def test_kv_that_require_grad_leave_the_pool_out_of_the_autograd_graph():
+    layers = make_layers(windows=(-1, -1))
+    h = Harness(layers, bf16_pool())
+    ours = InklingAttnBackend(h.runner)
+    fb = h.batch([0, 1], [4, 3], decode=False)
+    ours.init_forward_metadata(fb)
+    for layer in layers:
+        q, k, v = h.qkv(fb, layer)
+        ours.forward(q, k.requires_grad_(), v.requires_grad_(), layer, fb)
+    for i in range(len(layers)):
+        for buf in (ours.token_to_kv_pool.get_key_buffer(i), ours.token_to_kv_pool.get_value_buffer(i)):
+            assert not buf.requires_grad and buf.grad_fn is None
+            assert bool(buf.abs().sum() > 0)  # stored
+
+
+def test_a_runner_page_size_other_than_the_mxfp8_pools_is_refused_at_construction():
+    layers = make_layers(windows=(-1, -1))
+    h = Harness(layers, lambda: inkling_pool_class("mxfp8")(512, 128, torch.float8_e4m3fn, HKV, D, 2, "cpu", False),
+                page_size=64, kv_cache_dtype=torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match=r"model_runner.page_size is 64 but the mxfp8 KV pool .* page size 128"):
+        InklingAttnBackend(h.runner)
