@@ -267,15 +267,20 @@ def require_slots_once(slots, name: str, num_slots: int, distinct: bool = False,
     if not isinstance(slots, torch.Tensor) or slots.dtype not in INDEX_DTYPES or slots.dim() != 1 \
             or slots.device.type == "meta":
         return require_slots(slots, name, num_slots, distinct, where, padding_slots)  # its TypeError/ValueError
-    key = (slots._version, slots.data_ptr(), tuple(slots.shape), num_slots, distinct, padding_slots)
-    seen = _checked_slots.get(id(slots))
-    if seen is not None and seen[0]() is slots and seen[1:] == key:
+    # A view is remembered by the tensor it views (SGLang's breakable prefill graph hands each layer a new view
+    # out_cache_loc[:n] of one buffer): the same range of the same base, at the same version (views share their
+    # base's version counter), is the same values.
+    anchor = slots._base if slots._base is not None else slots
+    key = (slots._version, slots.data_ptr(), tuple(slots.shape), tuple(slots.stride()), num_slots, distinct,
+           padding_slots)
+    seen = _checked_slots.get(id(anchor))
+    if seen is not None and seen[0]() is anchor and seen[1:] == key:
         return slots.long()
     checked = require_slots(slots, name, num_slots, distinct, where, padding_slots)
     if len(_checked_slots) > 4096:  # ids of collected tensors are reused: forget them now and then
         for k in [k for k, v in _checked_slots.items() if v[0]() is None]:
             del _checked_slots[k]
-    _checked_slots[id(slots)] = (weakref.ref(slots), *key)
+    _checked_slots[id(anchor)] = (weakref.ref(anchor), *key)
     return checked
 
 

@@ -245,6 +245,25 @@ def test_a_write_loc_is_read_once_per_tensor_and_version(monkeypatch):
     assert reads == ["loc"] * 4
 
 
+def test_views_of_one_write_slot_buffer_are_read_once_per_version(monkeypatch):
+    """SGLang's breakable prefill graph hands every layer a new view out_cache_loc[:n] of one buffer: the views are
+    read once per version of that buffer, and a view of another range, or the buffer written in place, again."""
+    from sglang_inkling_backend import checks
+
+    reads, real = [], checks.require_slots
+    monkeypatch.setattr(checks, "require_slots", lambda slots, name, *a, **kw: reads.append(tuple(slots.tolist()))
+                        or real(slots, name, *a, **kw))
+    buffer = torch.tensor([7, 9, 11, 13])
+    for _ in range(3):
+        checks.require_slots_once(buffer[:3], "loc", 256, distinct=True)
+    assert reads == [(7, 9, 11)]
+    checks.require_slots_once(buffer[:2], "loc", 256, distinct=True)  # another range
+    buffer[1] = 7  # the next step's slots, copied in place
+    with pytest.raises(ValueError, match="got slot 7 2 times"):
+        checks.require_slots_once(buffer[:3], "loc", 256, distinct=True)
+    assert reads == [(7, 9, 11), (7, 9), (7, 7, 11)]
+
+
 # --- zero-key decode request: one behaviour -------------------------------------------------------------------
 
 def test_reference_decode_refuses_a_request_without_keys():
