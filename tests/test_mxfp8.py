@@ -167,3 +167,13 @@ def test_shapes_and_errors():
         mxfp8.dequantize(data, scales[..., :4])
     with pytest.raises(TypeError, match="data must be float8_e4m3fn"):
         mxfp8.dequantize(torch.zeros(2, 32), torch.zeros(2, 1, dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_quantize_takes_float8_inputs_as_their_float32_values(dtype):
+    """The docstring's "any float dtype": an 8-bit float input quantizes as its (exact) float32 values do."""
+    x = (torch.randn(4, 64, generator=torch.Generator().manual_seed(5)) * 30).to(dtype)
+    data, scales = mxfp8.quantize(x)
+    ref_data, ref_scales = mxfp8.quantize(x.float())
+    assert torch.equal(data.view(torch.uint8), ref_data.view(torch.uint8)) and torch.equal(scales, ref_scales)
+    assert data.shape == x.shape and scales.shape == (4, 2)
