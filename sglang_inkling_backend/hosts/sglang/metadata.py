@@ -79,12 +79,15 @@ class InklingForwardMetadata:
         """The rails a layer with ``window`` visible keys (None: full attention) reads."""
         if window is None:
             if self.full is None:
-                raise KeyError("this metadata has no full rails: the page table (pages) serves full layers")
+                raise ValueError("window None: this step's metadata has no full rails (its page table serves the "
+                                 "full layers)")
             return self.full
-        try:
-            return self.windows[window]
-        except KeyError:
-            raise KeyError(f"no window rails for window {window}; built for {sorted(self.windows)}") from None
+        rails = self.windows.get(window)
+        if rails is None:
+            raise ValueError(f"window {window}: no window rails for window {window} in this step's metadata "
+                             f"(init_forward_metadata built them for windows {sorted(self.windows)}, the layer "
+                             f"record's)")
+        return rails
 
 
 def _check_host_batch(seq_host: torch.Tensor, query_host: torch.Tensor, rows_host: torch.Tensor,

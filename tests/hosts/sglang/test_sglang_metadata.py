@@ -36,7 +36,7 @@ def test_decode_rails_mixed_lengths():
         for w in (4, 16):  # decode: the query is position n-1 and sees positions n-w .. n-1
             assert _rail(md.rails(w), b) == _expected_rail(r2t, row, max(0, n - w), n)
     assert md.rails(None) is md.full
-    with pytest.raises(KeyError, match="no window rails for window 8"):
+    with pytest.raises(ValueError, match=r"window 8: no window rails for window 8 .* windows \[4, 16\]"):
         md.rails(8)
 
 
