@@ -212,11 +212,11 @@ def prefill_graph_backend(backend: str, *, locked: bool, capturable: bool, specu
         return Backend.DISABLED
     if backend != Backend.BREAKABLE:
         return backend
+    own_prologues = sorted(architectures & set(_OWN_PROLOGUE_ARCHITECTURES))
     why = ("the torch route, which runs on the host" if not capturable else
            "speculative decoding (not yet run with it on a GPU)" if speculative else
-           f"{', '.join(sorted(architectures & set(_OWN_PROLOGUE_ARCHITECTURES)))}, whose fused attention prologues "
-           "outside the attention call read the backend's per-step tensors"
-           if architectures & set(_OWN_PROLOGUE_ARCHITECTURES) else "")
+           f"{', '.join(own_prologues)}, whose fused attention prologues outside the attention call read the "
+           "backend's per-step tensors" if own_prologues else "")
     if why:
         (logger.warning if locked else logger.info)(
             "inkling: prefill CUDA graph (breakable) %s: %s; prefill runs eagerly",
@@ -276,11 +276,10 @@ DRAFT_MODEL_ALGORITHMS = ("EAGLE", "EAGLE3")
 SPECULATIVE_DEVICES = {"NGRAM": ("cuda", "cpu"), "EAGLE": ("cuda",), "EAGLE3": ("cuda",)}
 _DEVICE_NAMES = {"cuda": "CUDA/ROCm", "cpu": "CPU"}
 DRAFT_ATTENTION_BACKENDS = ("triton", "flashinfer", "fa3")
-# The in-tree Inkling model runs its own verify prologue (FA4's, chain-only short conv), which this backend does not
-# hook: speculative decoding stays refused for it.
-_OWN_VERIFY_PROLOGUE_ARCHITECTURES = ("InklingForConditionalGeneration",)
-# Models whose own code outside the attention call reads the backend's per-step metadata (the Inkling model's fused
-# prologues store K/V through ``forward_metadata``): kept out of SGLang's breakable prefill graph.
+# Models that run their own attention prologues, outside the attention call: the in-tree Inkling model. Its verify
+# prologue (FA4's, chain-only short conv) is not hooked here, so speculative decoding stays refused for it; its fused
+# prologues store K/V through the backend's per-step ``forward_metadata``, so it stays out of SGLang's breakable
+# prefill graph (a captured segment would keep the capture's addresses).
 _OWN_PROLOGUE_ARCHITECTURES = ("InklingForConditionalGeneration",)
 
 
@@ -346,9 +345,8 @@ def _validate_speculative(cfg: Any, model_config: Any) -> None:
             f"asserts that no speculative algorithm is set)")
     if name in DRAFT_MODEL_ALGORITHMS:
         _validate_draft_model(cfg, algorithm)
-    hf_config = getattr(model_config, "hf_config", None)
-    architectures = set(getattr(hf_config, "architectures", None) or ())
-    if architectures & set(_OWN_VERIFY_PROLOGUE_ARCHITECTURES):
+    architectures = _architectures(model_config)
+    if architectures & set(_OWN_PROLOGUE_ARCHITECTURES):
         raise ValueError(
             f"--speculative-algorithm {algorithm} with --attention-backend inkling is not supported for "
             f"{', '.join(sorted(architectures))}: the model runs its own speculative-verify attention prologue, "
