@@ -8,6 +8,9 @@
 #   cd .h16 && PROFILE_ENTRIES="inkling:mxfp8 flashinfer:fp8_e4m3" SERVE_CONFIGS=inkling:mxfp8,flashinfer:fp8_e4m3 \
 #       SERVE_WORKLOADS=short INKLING_FROM_SOURCE=1 FI_SAVE_JIT=1 bash gpu_tests/sglang/run_served_call.sh
 FINAL=$OUT
+# A warm machine keeps /tmp between calls: a second call in a row starts from an empty /tmp/call (serve_bench.py
+# refuses an --out that already holds runs.jsonl).
+rm -rf /tmp/call
 mkdir -p /tmp/call/speed /tmp/call/serve
 # Triton's cache (this package's kernels, compiled cold in 1-2 min) travels like FlashInfer's JIT cache: a carried
 # ../.tcache/triton-cache.tar.xz (carry ".tcache") is unpacked first; SAVE_TRITON_CACHE=1 packs it back at the end.
