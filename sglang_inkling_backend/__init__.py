@@ -1,7 +1,7 @@
-"""sglang-inkling-backend: MXFP8-KV and hybrid sliding-window attention for SGLang.
+"""sglang-inkling-backend: MXFP8-KV and hybrid sliding-window attention for SGLang and vLLM.
 
 The core (formats, scale layout, layer plan, pool, reference) imports only torch; hosts
-(``sglang_inkling_backend.hosts.sglang``) and accelerators (``.triton``, ``.mlx``) import the core, never the reverse.
+(``sglang_inkling_backend.hosts.sglang``, ``.hosts.vllm``) and accelerators (``.triton``, ``.mlx``) import the core, never the reverse.
 """
 
 from . import mxfp8

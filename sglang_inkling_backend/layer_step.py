@@ -21,7 +21,7 @@ from typing import Callable, Optional, Protocol, Union
 
 import torch
 
-from sglang_inkling_backend import kv_views
+from sglang_inkling_backend import kv_views, settings
 from sglang_inkling_backend.attention_inputs import FLOAT_KV_DTYPES, AttentionParams, PagedKV, SpecVerify
 from sglang_inkling_backend.checks import require_tensor, UnsupportedFeature
 from sglang_inkling_backend.layer_plan import LayerSpec
@@ -44,8 +44,8 @@ class StepKeys(Protocol):
         """The extend requests' rails and their query offsets (``qo_indptr`` from 0 over the extend rows)."""
 
 
-EXTEND_NEW_KEYS_ENV = "INKLING_EXTEND_NEW_KEYS"
-EXTEND_NEW_KEYS_CHOICES = ("forward", "cache")
+EXTEND_NEW_KEYS_ENV = settings.EXTEND_NEW_KEYS.name
+EXTEND_NEW_KEYS_CHOICES = settings.EXTEND_NEW_KEYS_CHOICES
 
 
 def extend_new_keys_setting() -> str:
@@ -53,11 +53,7 @@ def extend_new_keys_setting() -> str:
     and flashinfer backends do, the prefix from the cache: over a quantized cache they are unrounded, over a float
     one the same values, not gathered back) or ``cache`` (every key as stored, as SGLang's FA4 MXFP8 path does).
     ``INKLING_EXTEND_NEW_KEYS`` overrides."""
-    import os
-    value = os.environ.get(EXTEND_NEW_KEYS_ENV, "forward")
-    if value not in EXTEND_NEW_KEYS_CHOICES:
-        raise ValueError(f"{EXTEND_NEW_KEYS_ENV} must be one of {EXTEND_NEW_KEYS_CHOICES}, got {value!r}")
-    return value
+    return settings.extend_new_keys()
 
 
 def prepare_query(q: torch.Tensor, spec: LayerSpec, route, model_dtype: torch.dtype,

@@ -8,7 +8,6 @@ its cause; selecting this backend where it cannot serve is refused then, naming 
 from __future__ import annotations
 
 import logging
-import os
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +50,9 @@ def _register() -> None:
         from sglang_inkling_backend.hosts.vllm.cache_dtypes import register_mxfp8_kv_cache_dtype
 
         register_mxfp8_kv_cache_dtype()
-    if release.is_cpu_build and os.environ.get("VLLM_TARGET_DEVICE") == "cpu":
+    from sglang_inkling_backend import settings
+
+    if release.is_cpu_build and settings.vllm_target_device() == "cpu":
         logger.warning("inkling: VLLM_TARGET_DEVICE=cpu makes vLLM skip platform plugins, so on this CPU build "
                        "--attention-backend CUSTOM would be ignored (vLLM runs CPU_ATTN); unset VLLM_TARGET_DEVICE")
 

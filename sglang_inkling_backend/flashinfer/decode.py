@@ -32,13 +32,14 @@ from typing import Optional
 
 import torch
 
+from .. import settings
 from ..attention_inputs import AttentionParams, PagedKV
 from ..checks import stream_capturing
 from ..rails import KVRails
 from .install import HEAD_DIMS, find_flashinfer, float_workspace, plan_logging_first
 
 logger = logging.getLogger(__name__)
-DECODE_KERNEL_ENV = "INKLING_DECODE_KERNEL"  # auto (default): FlashInfer where it serves; triton; flashinfer
+DECODE_KERNEL_ENV = settings.DECODE_KERNEL.name  # auto (default): FlashInfer where it serves; triton; flashinfer
 SERVED_FORMATS = ("bf16", "fp16")
 TENSOR_CORE_MIN_GROUP = 4  # SGLang's should_use_tensor_core for 16-bit KV
 PLAN_TAG = "flashinfer decode"

@@ -25,13 +25,14 @@ from typing import Callable, Optional
 
 import torch
 
+from .. import settings
 from ..attention_inputs import AttentionParams, PagedKV
 from ..rails import KVRails
 from .install import HEAD_DIMS, QUERY_DTYPES, find_flashinfer, float_workspace, plan_logging_first
 
 logger = logging.getLogger(__name__)
 
-EXTEND_KERNEL_ENV = "INKLING_EXTEND_KERNEL"  # auto (default): FlashInfer where it serves; triton; flashinfer
+EXTEND_KERNEL_ENV = settings.EXTEND_KERNEL.name  # auto (default): FlashInfer where it serves; triton; flashinfer
 
 
 def extend_family(device: torch.device, workspace: Optional[torch.Tensor] = None

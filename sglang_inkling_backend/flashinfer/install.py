@@ -4,17 +4,18 @@
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Callable, Optional
 
 import torch
 
+from .. import settings
+from ..settings import KERNEL_CHOICES  # noqa: F401  (the families' choices)
+
 MIN_FLASHINFER = (0, 5)  # the wrappers' plan/run keywords used here are those of 0.5 and 0.7
 FLOAT_WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommended float workspace, one per route, shared by its wrappers
 HEAD_DIMS = (64, 128, 256)
 QUERY_DTYPES = (torch.bfloat16, torch.float16)
-KERNEL_CHOICES = ("auto", "triton", "flashinfer")  # auto: FlashInfer where it serves the layer
 
 logger = logging.getLogger(__name__)
 _PLANNED_SHAPES: set = set()  # (family, shape) pairs whose first plan this process has run
@@ -30,10 +31,7 @@ def version_tuple(text: str) -> tuple:
 
 def kernel_setting(env: str) -> str:
     """The setting ``env`` (auto when unset); a ValueError naming the variable for anything but ``KERNEL_CHOICES``."""
-    value = os.environ.get(env, "auto").strip().lower() or "auto"
-    if value not in KERNEL_CHOICES:
-        raise ValueError(f"{env} must be one of {KERNEL_CHOICES}, got {value!r}")
-    return value
+    return settings.kernel_family(env)
 
 
 def load_flashinfer(device: torch.device, wrapper: Optional[str] = None):

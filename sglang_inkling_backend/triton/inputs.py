@@ -4,13 +4,12 @@ argument; the ``validate_*`` functions read values back (one sync each) and run 
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
 import triton.language as tl
 
-from .. import mxfp8
+from .. import mxfp8, settings
 from ..attention_inputs import AttentionParams, PagedKV, check_rel_bias
 from ..checks import require_extents, require_int_value, require_tensor, triton_head_dim_ok
 from .device import KV_FLOAT, KV_FP8, KV_MXFP8
@@ -36,7 +35,7 @@ def kv_data(kv: PagedKV) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return settings.triton_interpreter()
 
 
 def dot_dtype(kv: PagedKV):

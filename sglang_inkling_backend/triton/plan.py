@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from dataclasses import dataclass
 from typing import Optional, Union
 
 import torch
 import triton
 
-from .. import kv_formats
+from .. import kv_formats, settings
 from ..checks import is_power_of_two, require_device, require_int_value
 from ..scale_layout import INTERLEAVED_PAGE_SIZE
 
@@ -229,7 +228,7 @@ HOPPER_MIN_KEYS = 2048
 _hopper_status: dict = {}
 
 
-E4M3_BY_INTEGERS_ENV = "INKLING_E4M3_BY_INTEGERS"  # 1: pass 8-bit pools as bytes on any device (tests, an H200)
+E4M3_BY_INTEGERS_ENV = settings.E4M3_BY_INTEGERS.name  # 1: pass 8-bit pools as bytes on any device (tests, an H200)
 NATIVE_E4M3_CAPABILITY = (8, 9)  # NVIDIA's e4m3 conversions (and Triton's fp8e4nv) start at sm_89
 
 
@@ -242,7 +241,7 @@ def e4m3_by_integers(device: torch.device) -> bool:
     """Whether the kernels read an 8-bit pool as bytes and decode e4m3 with integer operations
     (``device.e4m3_bytes_to_float``): on NVIDIA GPUs before sm_89 (Ampere: Triton has no fp8e4nv there), or everywhere
     with ``INKLING_E4M3_BY_INTEGERS=1``."""
-    if os.environ.get(E4M3_BY_INTEGERS_ENV, "0") not in ("", "0"):
+    if settings.e4m3_by_integers_forced():
         return True
     if device.type == "cuda" and torch.version.hip is None and torch.cuda.is_available():
         return _cuda_capability(device.index if device.index is not None else torch.cuda.current_device()) \
@@ -270,7 +269,7 @@ def pdl_status(device) -> tuple[bool, str]:
         return False, "not a CUDA device"
     if torch.version.hip is not None:
         return False, "a ROCm device (programmatic dependent launch is NVIDIA's)"
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    if settings.triton_interpreter():
         return False, "the Triton interpreter is on"
     if gdc_wait is None:
         return False, f"Triton {triton.__version__} has no triton.language.extra.cuda.gdc_wait"
@@ -285,16 +284,15 @@ def hopper_decode_status(device) -> tuple[bool, str]:
     """Whether the Gluon Hopper decode kernel can run on ``device`` (an sm_90 GPU, Triton with Gluon's Hopper
     module, not the interpreter, INKLING_DISABLE_HOPPER_DECODE unset), and a line saying why (not)."""
     import importlib
-    import os
 
     if device is None or torch.device(device).type != "cuda":
         return False, "not a CUDA device"
     key = torch.device(device).index if torch.device(device).index is not None else torch.cuda.current_device()
     if key not in _hopper_status:
         cap = torch.cuda.get_device_capability(key)
-        if os.environ.get("INKLING_DISABLE_HOPPER_DECODE"):
+        if settings.hopper_decode_disabled():
             _hopper_status[key] = (False, "INKLING_DISABLE_HOPPER_DECODE is set")
-        elif os.environ.get("TRITON_INTERPRET") == "1":
+        elif settings.triton_interpreter():
             _hopper_status[key] = (False, "the Triton interpreter is on")
         elif cap != (9, 0):
             _hopper_status[key] = (False, f"sm_{cap[0]}{cap[1]} is not sm_90")

@@ -12,12 +12,14 @@ import runpy
 import sys
 from pathlib import Path
 
+from sglang_inkling_backend import settings
+
 REPO_ROOT = Path(__file__).resolve().parents[3]  # the checkout holding sglang_inkling_backend/
 
 
 def shims_dir() -> Path:
     """The SGLang CPU shims: ``$INKLING_SGLANG_CPU_SHIMS``, else the checkout's ``third_party/sglang_cpu``."""
-    configured = os.environ.get("INKLING_SGLANG_CPU_SHIMS")
+    configured = settings.sglang_cpu_shims()
     path = Path(configured) if configured else REPO_ROOT / "third_party" / "sglang_cpu"
     if not (path / "pythonpath" / "sgl_kernel" / "__init__.py").is_file():
         raise FileNotFoundError(
@@ -29,7 +31,7 @@ def shims_dir() -> Path:
 def prepare_sglang_cpu_import() -> None:
     """Idempotent. Must run before anything imports sglang (or torchvision) in this process."""
     if "sglang" in sys.modules:
-        if os.environ.get("SGLANG_USE_CPU_ENGINE") != "1":
+        if not settings.sglang_cpu_engine():
             raise RuntimeError("sglang was imported before prepare_sglang_cpu_import() without SGLANG_USE_CPU_ENGINE=1")
         return
     os.environ["SGLANG_USE_CPU_ENGINE"] = "1"

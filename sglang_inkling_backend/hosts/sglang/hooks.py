@@ -31,6 +31,7 @@ import contextlib
 import logging
 from typing import Any, Callable
 
+from sglang_inkling_backend import settings
 from sglang_inkling_backend.checks import UnsupportedFeature
 from sglang_inkling_backend.hosts.sglang import BACKEND_NAME
 from sglang_inkling_backend.hosts.sglang.cache_dtypes import KV_FORMAT_OF_FLAG, flag_format, pool_format
@@ -237,18 +238,14 @@ def apply_inkling_prefill_cuda_graph_default(server_args: Any, previous: Callabl
     previous(server_args)
 
 
-VERIFY_GRAPHS_ENV = "INKLING_VERIFY_GRAPHS"
+VERIFY_GRAPHS_ENV = settings.VERIFY_GRAPHS.name
 
 
 def verify_graphs_setting() -> bool:
     """Whether a speculative target's verify steps run under CUDA graphs where the Triton route serves
     (``INKLING_VERIFY_GRAPHS``: 1, the default, or 0). Off, start-up turns decode graphs off with speculation, which
     also drops EAGLE's draft graphs (SGLang has one switch for both, ``Phase.DECODE``)."""
-    import os
-    value = os.environ.get(VERIFY_GRAPHS_ENV, "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"{VERIFY_GRAPHS_ENV} must be 0 or 1, got {value!r}")
-    return value == "1"
+    return settings.verify_graphs()
 
 
 def decode_graph_capturable(device: str | None, head_dim: int | None = None) -> bool:

@@ -28,10 +28,9 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
 import sys
 
-from sglang_inkling_backend import kv_views
+from sglang_inkling_backend import kv_views, settings
 from sglang_inkling_backend.hosts.sglang import BACKEND_NAME
 
 logger = logging.getLogger(__name__)
@@ -41,11 +40,10 @@ PROLOGUE_MODULE = "sglang.kernels.ops.attention.inkling_attn_prologue"
 SERVING_TARGET = f"{ATTN_MODULE}.serving_attention_backend"
 PROLOGUE_TARGET = f"{PROLOGUE_MODULE}.inkling_attn_prologue_decode"
 EXTEND_PROLOGUE_TARGET = f"{PROLOGUE_MODULE}.inkling_attn_prologue_extend"
-QUERY_FORMAT_ENV = "INKLING_MXFP8_QUERY"
-QUERY_FORMATS = ("bf16", "mxfp8")
-# bf16: q unrounded, so K/V's rounding is the only one; mxfp8 rounds q too, which adds its own drift from bf16
-# (docs/MEASURED.md, the Inkling model). The pool's bytes are the same either way.
-DEFAULT_QUERY_FORMAT = "bf16"
+QUERY_FORMAT_ENV = settings.MXFP8_QUERY.name
+# bf16 (the default): q unrounded, so K/V's rounding is the only one; mxfp8 rounds q too, which adds its own drift
+# from bf16 (docs/MEASURED.md, the Inkling model). The pool's bytes are the same either way.
+QUERY_FORMATS, DEFAULT_QUERY_FORMAT = settings.QUERY_FORMATS, settings.DEFAULT_QUERY_FORMAT
 # The backend whose kwarg contract (rel_bias / q_descale / fused prologue) this backend implements.
 CONTRACT_BACKEND = "fa4"
 
@@ -102,10 +100,7 @@ def query_format() -> str:
     prologues store K/V as MXFP8 and keep q) or ``mxfp8`` (rounded, FA4's contract). ``INKLING_MXFP8_QUERY``
     overrides the default (``DEFAULT_QUERY_FORMAT``). Only the fused prologues' q (head_dim 128 on an accelerator)
     can stay bf16; the model's unfused path rounds q itself."""
-    value = os.environ.get(QUERY_FORMAT_ENV, DEFAULT_QUERY_FORMAT)
-    if value not in QUERY_FORMATS:
-        raise ValueError(f"{QUERY_FORMAT_ENV} must be one of {QUERY_FORMATS}, got {value!r}")
-    return value
+    return settings.mxfp8_query()
 
 
 def _argument(original, args, kwargs, name: str):
