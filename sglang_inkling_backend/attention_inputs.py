@@ -70,12 +70,12 @@ class PagedKV:
         return self.k_scales is not None
 
     @property
-    def kv_format(self) -> str:
-        """The pool's KV format (``kv_formats.KV_FORMATS``): "mxfp8", "fp8_e4m3" (per-tensor scale), "bf16", "fp16" or
-        "fp32"."""
+    def kv_format(self) -> kv_formats.KVFormat:
+        """The pool's KV format: MXFP8 where it has scale buffers, else the unquantized format of its dtype, else
+        (e4m3 bytes without scale buffers) per-tensor fp8."""
         if self.is_mxfp8:
-            return "mxfp8"
-        return kv_formats.UNQUANTIZED_FORMAT_OF_DTYPE.get(self.k_buffer.dtype, "fp8_e4m3")
+            return kv_formats.KVFormat.MXFP8
+        return kv_formats.UNQUANTIZED_FORMAT_OF_DTYPE.get(self.k_buffer.dtype, kv_formats.KVFormat.FP8_E4M3)
 
     @property
     def num_slots(self) -> int:

@@ -46,18 +46,19 @@ class LayerKV:
 
 
 class InklingKVPool:
-    def __init__(self, plan: LayerPlan, size: int, page_size: int, kv_format: str = "bf16",
+    def __init__(self, plan: LayerPlan, size: int, page_size: int,
+                 kv_format: Union[kv_formats.KVFormat, str] = kv_formats.KVFormat.BF16,
                  device: Union[str, torch.device] = "cpu", swa_size: Optional[int] = None,
                  k_scale: float = 1.0, v_scale: float = 1.0):
         if not isinstance(plan, LayerPlan):
             raise TypeError(f"plan must be a LayerPlan, got {type(plan).__name__}")
-        kv_formats.require_kv_format(kv_format)
+        kv_format = kv_formats.as_kv_format(kv_format)
         require_positive_int(size, "size")
         require_positive_int(page_size, "page_size")
         if swa_size is not None:
             require_positive_int(swa_size, "swa_size")
         k_scale, v_scale = require_positive_real(k_scale, "k_scale"), require_positive_real(v_scale, "v_scale")
-        if kv_format == "mxfp8":
+        if kv_format.block_scaled:
             if size % page_size or (swa_size or page_size) % page_size:
                 raise ValueError(f"size and swa_size must be multiples of page_size={page_size} for mxfp8, "
                                  f"got size={size}, swa_size={swa_size}")
@@ -67,7 +68,7 @@ class InklingKVPool:
         self.swa_size = swa_size if swa_size is not None else size
         self.device = require_device(device, "device")  # before the first allocation
         self.k_scale, self.v_scale = float(k_scale), float(v_scale)
-        self.store_dtype = kv_formats.STORAGE_DTYPE[kv_format]
+        self.store_dtype = kv_format.storage_dtype
         # A route's fused store (``fused_store(kv, loc, k, v, validate=False)``, e.g. the Triton ``store_kv``), given
         # by the host that serves this pool: MXFP8 and unquantized writes on its device go through it, one kernel for
         # K and V (MXFP8: the same bytes as the torch quantizer). None, and per-tensor fp8: torch.
@@ -79,7 +80,7 @@ class InklingKVPool:
             shape = (slots, spec.num_kv_heads, spec.head_dim)
             k = torch.zeros(shape, dtype=self.store_dtype, device=self.device)
             v = torch.zeros(shape, dtype=self.store_dtype, device=self.device)
-            if kv_format == "mxfp8":
+            if kv_format.block_scaled:
                 layout = ScaleLayout.for_pool(slots, spec.num_kv_heads, spec.head_dim, page_size)
                 self.layers[layer_id] = LayerKV(k, v, layout.empty(self.device), layout.empty(self.device), layout)
             else:
@@ -104,8 +105,8 @@ class InklingKVPool:
 
     def get_kv_scale_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """MXFP8 scale buffers ``(sfk, sfv)``, uint8 (view them as ``float8_e8m0fnu`` for SGLang's consumers)."""
-        if self.kv_format != "mxfp8":
-            raise ValueError(f"get_kv_scale_buffer needs kv_format='mxfp8', this pool is {self.kv_format!r}")
+        if not self.kv_format.block_scaled:
+            raise ValueError(f"get_kv_scale_buffer needs kv_format='mxfp8', this pool is '{self.kv_format}'")
         layer = self._layer(layer_id)
         return layer.sfk, layer.sfv
 
@@ -158,10 +159,10 @@ class InklingKVPool:
         scales = {}
         for name, value, default in (("k_scale", k_scale, self.k_scale), ("v_scale", v_scale, self.v_scale)):
             scales[name] = default if value is None else require_positive_real(value, name)
-        if self.kv_format != "fp8_e4m3" and any(value is not None and scales[name] != 1.0
+        if not self.kv_format.tensor_scaled and any(value is not None and scales[name] != 1.0
                                                for name, value in (("k_scale", k_scale), ("v_scale", v_scale))):
             raise ValueError(f"k_scale/v_scale ({k_scale}, {v_scale}) apply to fp8_e4m3 pools only; this pool is "
-                             f"{self.kv_format!r} (None or 1.0 expected)")
+                             f"'{self.kv_format}' (None or 1.0 expected)")
         shape = (loc.numel(), *buf.k.shape[1:])
         k, v = cache_k.reshape(shape).to(self.device), cache_v.reshape(shape).to(self.device)
         # the layer as a PagedKV with this call's per-tensor scales, stored as every other write is
@@ -176,8 +177,8 @@ class InklingKVPool:
         ``[N, Hkv * D // 32]``."""
         layer_id = _layer_id(layer)
         buf = self._layer(layer_id)
-        if self.kv_format != "mxfp8":
-            raise ValueError(f"set_mxfp8_kv_buffer needs kv_format='mxfp8', this pool is {self.kv_format!r}")
+        if not self.kv_format.block_scaled:
+            raise ValueError(f"set_mxfp8_kv_buffer needs kv_format='mxfp8', this pool is '{self.kv_format}'")
         loc = self._check_loc(loc, loc_name, layer_id)
         n, hkv = loc.numel(), buf.k.shape[1]
         nb = buf.layout.blocks_per_head

@@ -10,7 +10,7 @@ that CUDA graphs can capture (no host sync).
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import torch
 
@@ -65,14 +65,14 @@ def dequantize_query(q: torch.Tensor, num_heads: int, head_dim: int,
     return mxfp8.dequantize(q3, scales, torch.float32)
 
 
-def paged_kv(kv_format: str, k_buffer: torch.Tensor, v_buffer: torch.Tensor, *, page_size: int,
+def paged_kv(kv_format: Union[kv_formats.KVFormat, str], k_buffer: torch.Tensor, v_buffer: torch.Tensor, *, page_size: int,
              k_scales: Optional[torch.Tensor] = None, v_scales: Optional[torch.Tensor] = None,
              k_scale: float = 1.0, v_scale: float = 1.0) -> PagedKV:
     """One layer's pool buffers as a ``PagedKV`` for the routes."""
-    kv_formats.require_kv_format(kv_format)
+    fmt = kv_formats.as_kv_format(kv_format)
     for name, t in (("k_buffer", k_buffer), ("v_buffer", v_buffer)):
         require_tensor(t, name, "a 3-D tensor [slots, Hkv, D]")
-    if kv_format == "mxfp8":
+    if fmt.block_scaled:
         if k_scales is None or v_scales is None:
             raise ValueError("an mxfp8 pool layer needs its scale buffers (get_kv_scale_buffer)")
         for name, t in (("k_scales", k_scales), ("v_scales", v_scales)):
@@ -82,7 +82,7 @@ def paged_kv(kv_format: str, k_buffer: torch.Tensor, v_buffer: torch.Tensor, *, 
         slots, hkv, d = k_buffer.shape
         layout = ScaleLayout.for_pool(slots, hkv, d, page_size)
         return PagedKV(k_buffer, v_buffer, k_scales.view(torch.uint8), v_scales.view(torch.uint8), layout)
-    if kv_format == "fp8_e4m3":
+    if fmt.tensor_scaled:
         return PagedKV(k_buffer, v_buffer, k_scale=k_scale, v_scale=v_scale)
     return PagedKV(k_buffer, v_buffer)
 

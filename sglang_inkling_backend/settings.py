@@ -101,6 +101,11 @@ def mxfp8_query() -> str:
     return choice(MXFP8_QUERY)
 
 
+def mxfp8_query_unrounded() -> bool:
+    """``INKLING_MXFP8_QUERY`` is bf16: the Inkling model's q reaches attention unrounded in MXFP8 mode."""
+    return mxfp8_query() == "bf16"
+
+
 def e4m3_by_integers_forced() -> bool:
     return flag(E4M3_BY_INTEGERS)
 

@@ -33,6 +33,7 @@ from typing import Optional
 import torch
 
 from .. import settings
+from ..kv_formats import KVFormat
 from ..attention_inputs import AttentionParams, PagedKV
 from ..checks import stream_capturing
 from ..rails import KVRails
@@ -40,7 +41,7 @@ from .install import HEAD_DIMS, find_flashinfer, float_workspace, plan_logging_f
 
 logger = logging.getLogger(__name__)
 DECODE_KERNEL_ENV = settings.DECODE_KERNEL.name  # auto (default): FlashInfer where it serves; triton; flashinfer
-SERVED_FORMATS = ("bf16", "fp16")
+SERVED_FORMATS = (KVFormat.BF16, KVFormat.FP16)
 TENSOR_CORE_MIN_GROUP = 4  # SGLang's should_use_tensor_core for 16-bit KV
 PLAN_TAG = "flashinfer decode"
 

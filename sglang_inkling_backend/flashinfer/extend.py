@@ -93,7 +93,7 @@ class FlashInferExtend:
         (``why_not`` is "", rails and qo_indptr are the host's, validated where it builds them). ``gather_kv(kv,
         slots, validate=False)``: the rail's K/V rows, contiguous, in ``gather_dtype(kv)``."""
         dtype = gather_dtype(kv)
-        per_tensor = kv.kv_format == "fp8_e4m3"
+        per_tensor = kv.kv_format.tensor_scaled
         sm_scale = params.softmax_scale * (kv.k_scale if per_tensor else 1.0)
         hq, d = q.shape[1], q.shape[2]
         key = ("flashinfer_extend", hq, kv.num_kv_heads, d, dtype, params.window, params.logit_cap, sm_scale)

@@ -200,7 +200,7 @@ class GpuRoute(Route):
         """K/V rows at ``slots`` (checked by the caller), dequantized (MXFP8: exact in bf16) and, for a per-tensor
         fp8 pool, times its scales, in ``gather_dtype(kv)``."""
         k, v = gather_kv(kv, slots, validate=False)
-        if kv.kv_format == "fp8_e4m3":  # gather_kv returns the raw e4m3 values
+        if kv.kv_format.tensor_scaled:  # gather_kv returns the raw e4m3 values
             k, v = (k.float() * kv.k_scale).to(k.dtype), (v.float() * kv.v_scale).to(v.dtype)
         return k, v
 

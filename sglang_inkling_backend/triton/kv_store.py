@@ -19,6 +19,7 @@ import triton.language as tl
 
 from ..checks import require_slots, require_tensor, triton_head_dim_ok
 from ..attention_inputs import PagedKV
+from ..kv_formats import UNQUANTIZED_KV_FORMATS, KVFormat
 from .device import scale_offsets
 from .encode import mxfp8_encode_blocks
 
@@ -76,8 +77,7 @@ def copy_store_kernel(
 
 
 # The pool formats ``store_kv`` writes in one kernel (per-tensor fp8 divides by its scale and saturates: torch).
-UNQUANTIZED_FORMATS = ("bf16", "fp16", "fp32")
-FUSED_STORE_FORMATS = ("mxfp8",) + UNQUANTIZED_FORMATS
+FUSED_STORE_FORMATS = (KVFormat.MXFP8,) + UNQUANTIZED_KV_FORMATS
 
 
 def store_kv(kv: PagedKV, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor, validate: bool = True) -> None:
@@ -86,12 +86,13 @@ def store_kv(kv: PagedKV, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor, v
     (``kv_views.store_kv_unchecked`` quantizes it with torch)."""
     if not isinstance(kv, PagedKV):
         raise TypeError(f"kv must be a PagedKV, got {type(kv).__name__}")
-    if kv.kv_format == "mxfp8":
+    fmt = kv.kv_format
+    if fmt.block_scaled:
         store_kv_mxfp8(kv, loc, k, v, validate=validate)
-    elif kv.kv_format in UNQUANTIZED_FORMATS:
+    elif not fmt.quantized:
         store_kv_unquantized(kv, loc, k, v, validate=validate)
     else:
-        raise ValueError(f"store_kv writes {FUSED_STORE_FORMATS} pools, this one is {kv.kv_format}")
+        raise ValueError(f"store_kv writes {tuple(f.value for f in FUSED_STORE_FORMATS)} pools, this one is {fmt}")
 
 
 def _check_store_inputs(kv: PagedKV, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor, validate: bool):
@@ -132,8 +133,9 @@ def store_kv_unquantized(kv: PagedKV, loc: torch.Tensor, k: torch.Tensor, v: tor
     range-checks ``loc`` and refuses a slot named twice (one sync); every check runs before anything is written."""
     if not isinstance(kv, PagedKV):
         raise TypeError(f"kv must be a PagedKV, got {type(kv).__name__}")
-    if kv.kv_format not in UNQUANTIZED_FORMATS:
-        raise ValueError(f"store_kv_unquantized needs a {UNQUANTIZED_FORMATS} pool, this one is {kv.kv_format}")
+    if kv.kv_format.quantized:
+        raise ValueError(f"store_kv_unquantized needs a {tuple(f.value for f in UNQUANTIZED_KV_FORMATS)} pool, this "
+                         f"one is {kv.kv_format}")
     k3, v3 = _check_store_inputs(kv, loc, k, v, validate)
     if loc.numel() == 0:
         return

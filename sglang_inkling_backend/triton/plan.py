@@ -504,7 +504,7 @@ def _kernel_config(config: DecodeConfig, batch, num_q_heads, num_kv_heads, head_
     ``choose_num_splits``'s programs per SM, or None (split by ``waves``)."""
     chosen = choose_config(batch, num_kv_heads, head_dim, max_keys, page_size, kv_dtype)
     if config.kernel == "hopper" or (
-            config.kernel is None and kv_format == "mxfp8" and page_size == HOPPER["block_n"]
+            config.kernel is None and kv_format == kv_formats.KVFormat.MXFP8 and page_size == HOPPER["block_n"]
             and hopper_decode_fits(batch, num_q_heads, num_kv_heads, head_dim, max_keys)
             and hopper_decode_status(device)[0]):
         chosen = hopper_config(head_dim)
@@ -548,7 +548,7 @@ def check_decode_args(max_seq_len, num_q_heads, num_kv_heads, head_dim, window, 
     if config is not None and not isinstance(config, DecodeConfig):
         raise TypeError(f"config must be a DecodeConfig, got {type(config).__name__}")
     if kv_format is not None and kv_format not in kv_formats.KV_FORMATS:
-        raise ValueError(f"kv_format must be None or one of {kv_formats.KV_FORMATS}, got {kv_format!r}")
+        raise ValueError(f"kv_format must be None or one of {kv_formats.FORMAT_NAMES}, got {kv_format!r}")
 
 
 def check_decode_kernel(kernel, block_n, num_warps, num_stages, waves, min_split, page_size) -> None:

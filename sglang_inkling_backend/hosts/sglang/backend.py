@@ -53,7 +53,7 @@ def leaf_pools(pool) -> list:
     return leaves or [pool]
 
 
-def kv_format_of(pool, kv_cache_dtype: torch.dtype) -> str:
+def kv_format_of(pool, kv_cache_dtype: torch.dtype) -> kv_formats.KVFormat:
     formats = {p.kv_format for p in leaf_pools(pool) if isinstance(p, InklingMHATokenToKVPool)}
     if len(formats) == 1:
         return formats.pop()
@@ -61,7 +61,7 @@ def kv_format_of(pool, kv_cache_dtype: torch.dtype) -> str:
         raise ValueError(f"inkling: the KV pool mixes formats {sorted(formats)}")
     # Not our pool (its hook did not run): only an unquantized SGLang pool can be read as it is.
     kv_format = dtype_format(kv_cache_dtype)
-    if kv_format is None or kv_format in kv_formats.QUANTIZED_KV_FORMATS:
+    if kv_format is None or kv_format.quantized:
         raise ValueError(f"inkling: the KV pool {type(pool).__name__} is not the inkling pool and holds "
                          f"{kv_cache_dtype}; quantized KV needs the inkling pool (was the plugin's pool hook applied?)")
     return kv_format
@@ -177,7 +177,7 @@ class InklingAttnBackend(AttentionBackend):
         # Decode reads a page table where the route takes one and the pool hands out whole pages: SGLang's paged
         # allocator gives every request whole pages (the contract SGLang's own MXFP8 decode, FA4, relies on too),
         # and an MXFP8 pool is always paged (page 128, forced by hooks.py).
-        self.decode_page_size = (self.page_size if self.route.reads_page_tables and self.kv_format == "mxfp8"
+        self.decode_page_size = (self.page_size if self.route.reads_page_tables and self.kv_format.block_scaled
                                  and self.page_size % 16 == 0 else None)
         # The split-KV scratch of every decode plan, allocated once for the largest batch and context (plans are
         # views of it, so capture and replay need nothing else).
@@ -386,7 +386,7 @@ class InklingAttnBackend(AttentionBackend):
     def _build_paged_kv(self, layer_id: int, spec: LayerSpec, k_buffer, v_buffer):
         pool = self.token_to_kv_pool
         sfk = sfv = None
-        if self.kv_format == "mxfp8":
+        if self.kv_format.block_scaled:
             sfk, sfv = pool.get_kv_scale_buffer(layer_id)
         return kv_views.paged_kv(self.kv_format, k_buffer, v_buffer, page_size=self.page_size, k_scales=sfk,
                                  v_scales=sfv, k_scale=spec.k_scale, v_scale=spec.v_scale)
@@ -423,7 +423,7 @@ class InklingAttnBackend(AttentionBackend):
         loc = KVWriteLoc.for_layer(forward_batch, layer, swa_loc=md.swa_out_cache_loc)
         if k_desc is not None:
             self.token_to_kv_pool.set_kv_buffer(layer, loc, k, v, k_desc, v_desc)
-        elif self.kv_format == "fp8_e4m3":
+        elif self.kv_format.tensor_scaled:
             self.token_to_kv_pool.set_kv_buffer(layer, loc, k, v, spec.k_scale, spec.v_scale)
         else:
             self.token_to_kv_pool.set_kv_buffer(layer, loc, k, v, None, None)

@@ -35,7 +35,7 @@ from sglang_inkling_backend import settings
 from sglang_inkling_backend.checks import UnsupportedFeature
 from sglang_inkling_backend.hosts.sglang import BACKEND_NAME
 from sglang_inkling_backend.hosts.sglang.cache_dtypes import KV_FORMAT_OF_FLAG, flag_format, pool_format
-from sglang_inkling_backend.kv_formats import QUANTIZED_KV_FORMATS
+from sglang_inkling_backend.kv_formats import KVFormat
 from sglang_inkling_backend.mxfp8 import head_dim_ok
 from sglang_inkling_backend.scale_layout import INTERLEAVED_PAGE_SIZE as MXFP8_PAGE_SIZE
 
@@ -82,7 +82,7 @@ def handle_mxfp8_kv_cache_compatibility(server_args: Any, previous: Callable[[An
 
     cfg = resolving_view(server_args)
     prefill, decode = inkling_backends(resolved_view(server_args))
-    if cfg.kv_cache_dtype != "mxfp8" or not (prefill or decode):
+    if KV_FORMAT_OF_FLAG.get(cfg.kv_cache_dtype) is not KVFormat.MXFP8 or not (prefill or decode):
         previous(server_args)
         return
     if not (prefill and decode):
@@ -285,7 +285,7 @@ def validate_server_args(cfg: Any, model_config: Any, *, prefill: bool, decode: 
     kv_cache_dtype = cfg.kv_cache_dtype
     _validate_speculative(cfg, model_config)
     kv_format = flag_format(kv_cache_dtype)
-    quantized = kv_format in QUANTIZED_KV_FORMATS
+    quantized = kv_format is not None and kv_format.quantized
     if quantized and not (prefill and decode):
         raise ValueError(
             f"--kv-cache-dtype {kv_cache_dtype} with the inkling backend needs inkling for both prefill and decode "
@@ -308,7 +308,7 @@ def validate_server_args(cfg: Any, model_config: Any, *, prefill: bool, decode: 
             f"--tp-size {tp_size} does not divide this model's {num_heads} query heads, so the ranks cannot split "
             f"them for --attention-backend inkling; allowed --tp-size values: {', '.join(map(str, divisors))}")
     head_dim = getattr(model_config, "head_dim", None)
-    if kv_format == "mxfp8" and head_dim is not None and not head_dim_ok(head_dim):
+    if kv_format is KVFormat.MXFP8 and head_dim is not None and not head_dim_ok(head_dim):
         raise ValueError(
             f"--kv-cache-dtype mxfp8 needs head_dim to be a multiple of 32 (one UE8M0 scale per 32 channels); this "
             f"model has head_dim {head_dim}. Allowed --kv-cache-dtype values for it: auto, bf16, fp8_e4m3")
@@ -328,7 +328,8 @@ def _validate_speculative(cfg: Any, model_config: Any) -> None:
         raise ValueError(
             f"--speculative-algorithm {algorithm} with --attention-backend inkling is served on "
             f"{' and '.join(_DEVICE_NAMES[d] for d in SPECULATIVE_DEVICES[name])} devices; got --device {cfg.device}")
-    page_size = MXFP8_PAGE_SIZE if cfg.kv_cache_dtype == "mxfp8" else (getattr(cfg, "page_size", None) or 1)
+    mxfp8_pool = KV_FORMAT_OF_FLAG.get(cfg.kv_cache_dtype) is KVFormat.MXFP8
+    page_size = MXFP8_PAGE_SIZE if mxfp8_pool else (getattr(cfg, "page_size", None) or 1)
     if cfg.device == "cpu" and page_size > 1:
         raise ValueError(
             f"--speculative-algorithm {algorithm} with --attention-backend inkling on a CPU needs a KV pool of page "
@@ -371,7 +372,8 @@ def _validate_draft_model(cfg: Any, algorithm: Any) -> None:
             "SGLANG_ENABLE_OVERLAP_PLAN_STREAM=1 (a verify plan on a side stream); unset it")
     target_format = KV_FORMAT_OF_FLAG.get(cfg.kv_cache_dtype)  # None for a flag not served (refused after this)
     draft_dtype = getattr(cfg, "speculative_draft_kv_cache_dtype", None)
-    if target_format in QUANTIZED_KV_FORMATS and KV_FORMAT_OF_FLAG.get(draft_dtype) != "bf16":
+    draft_format = KV_FORMAT_OF_FLAG.get(draft_dtype)
+    if target_format is not None and target_format.quantized and draft_format is not KVFormat.BF16:
         raise ValueError(
             f"--speculative-algorithm {algorithm} with --kv-cache-dtype {cfg.kv_cache_dtype} on --attention-backend "
             f"inkling needs --speculative-draft-kv-cache-dtype bf16 (got {draft_dtype!r}): the draft runs on "
@@ -399,7 +401,7 @@ def _validate_quantized_hicache(cfg: Any, kv_cache_dtype: str) -> None:
         raise ValueError(f"{flag} keeps pages in host memory only; got --hicache-storage-backend "
                          f"{cfg.hicache_storage_backend} (MXFP8 host pages have no storage form, and storage keys do "
                          "not name the KV dtype); leave it unset")
-    if flag_format(kv_cache_dtype) == "mxfp8":
+    if flag_format(kv_cache_dtype) is KVFormat.MXFP8:
         layout = getattr(cfg, "hicache_mem_layout", "page_first")
         io_backend = getattr(cfg, "hicache_io_backend", "kernel")
         if layout != "page_first" or io_backend != "kernel":

@@ -31,6 +31,7 @@ import logging
 import sys
 
 from sglang_inkling_backend import kv_views, settings
+from sglang_inkling_backend.kv_formats import KVFormat
 from sglang_inkling_backend.hosts.sglang import BACKEND_NAME
 
 logger = logging.getLogger(__name__)
@@ -103,6 +104,11 @@ def query_format() -> str:
     return settings.mxfp8_query()
 
 
+def query_unrounded() -> bool:
+    """Whether the fused prologues keep the Inkling model's q unrounded in MXFP8 mode (``query_format`` bf16)."""
+    return settings.mxfp8_query_unrounded()
+
+
 def _argument(original, args, kwargs, name: str):
     """The value ``original``'s parameter ``name`` takes in this call: the model passes the prologues' flags by
     keyword (attn.py), so the signature is bound only when it did not."""
@@ -119,7 +125,7 @@ def prologue_decode_around(original, *args, **kwargs):
     if not decode_backend_is_inkling():
         return original(*args, **kwargs)
     prologue = our_prologue_decode()
-    if query_format() == "bf16" and _argument(original, args, kwargs, "mxfp8_quant"):
+    if query_unrounded() and _argument(original, args, kwargs, "mxfp8_quant"):
         q, k, v, _ = prologue(*args, **kwargs, quantize_q=False)
         return q, k, v, kv_views.UNROUNDED_QUERY
     return prologue(*args, **kwargs)
@@ -130,7 +136,7 @@ def prologue_extend_around(original, *args, **kwargs):
     rounds q and stores MXFP8 K/V): when inkling serves and q stays bf16, SGLang's kernel runs in bf16 mode without
     its store, then K/V are stored as MXFP8 here through the serving route's store (the bytes of the MXFP8 mode's
     store: one encoder rule)."""
-    if not (query_format() == "bf16" and extend_backend_is_inkling()
+    if not (query_unrounded() and extend_backend_is_inkling()
             and _argument(original, args, kwargs, "mxfp8_quant")):
         return original(*args, **kwargs)
     bound = inspect.signature(original).bind(*args, **kwargs)
@@ -140,7 +146,7 @@ def prologue_extend_around(original, *args, **kwargs):
     if a["do_store"]:
         from sglang.srt.model_executor.forward_context import get_attn_backend
 
-        kv = kv_views.paged_kv("mxfp8", a["k_buf"], a["v_buf"], page_size=a["page_size"], k_scales=a["sfk"],
+        kv = kv_views.paged_kv(KVFormat.MXFP8, a["k_buf"], a["v_buf"], page_size=a["page_size"], k_scales=a["sfk"],
                                v_scales=a["sfv"])
         route = inkling_backend(get_attn_backend()).route
         kv_views.store_kv_unchecked(kv, a["loc"], k, v, fused_store=route.fused_store)

@@ -25,9 +25,10 @@ from typing import Optional
 import torch
 from sglang.srt.mem_cache.memory_pool import GPU_MEMORY_TYPE_KV_CACHE, MHATokenToKVPool, unwrap_write_loc
 
-from sglang_inkling_backend import checks, kv_formats
+from sglang_inkling_backend import checks
 from sglang_inkling_backend.checks import UnsupportedFeature
 from sglang_inkling_backend.hosts.sglang.cache_dtypes import pool_format
+from sglang_inkling_backend.kv_formats import KVFormat, as_kv_format
 from sglang_inkling_backend.kv_pool import InklingKVPool
 from sglang_inkling_backend.layer_plan import LayerPlan, LayerSpec
 from sglang_inkling_backend.scale_layout import INTERLEAVED_PAGE_SIZE
@@ -44,7 +45,7 @@ WRITE_LOC_NAME = "loc (the step's out_cache_loc)"
 class InklingMHATokenToKVPool(MHATokenToKVPool):
     """An MHA token-to-KV pool whose storage and writes are the core ``InklingKVPool``'s."""
 
-    KV_FORMAT: str = "bf16"
+    KV_FORMAT: KVFormat = KVFormat.BF16
 
     def __init__(self, size: int, page_size: int, dtype: torch.dtype, head_num: int, head_dim: int,
                  layer_num: int, device: str, enable_memory_saver: bool, v_head_dim: Optional[int] = None, **kwargs):
@@ -72,7 +73,7 @@ class InklingMHATokenToKVPool(MHATokenToKVPool):
             self.store_dtype = self.core.store_dtype
         self.k_buffer = [self.core.get_key_buffer(i) for i in range(self.layer_num)]
         self.v_buffer = [self.core.get_value_buffer(i) for i in range(self.layer_num)]
-        if self.KV_FORMAT == "mxfp8":
+        if self.KV_FORMAT.block_scaled:
             scales = [self.core.get_kv_scale_buffer(i) for i in range(self.layer_num)]
             view = (lambda t: t.view(E8M0)) if E8M0 is not None else (lambda t: t)
             self.k_scale_buffer = [view(sfk) for sfk, _ in scales]
@@ -87,7 +88,7 @@ class InklingMHATokenToKVPool(MHATokenToKVPool):
 
     def _mha_scale_buffers(self):
         """Scale buffers as SGLang's device-pool description names them (MXFP8: interleaved at page 128)."""
-        if self.KV_FORMAT != "mxfp8":
+        if not self.KV_FORMAT.block_scaled:
             return None
         from sglang.srt.mem_cache.device_pool_info import KVScaleBuffers, KVScaleLayout
 
@@ -96,7 +97,7 @@ class InklingMHATokenToKVPool(MHATokenToKVPool):
                               else KVScaleLayout.TOKEN)
 
     @property
-    def kv_format(self) -> str:
+    def kv_format(self) -> KVFormat:
         return self.KV_FORMAT
 
     def _local(self, layer_id: int) -> int:
@@ -114,7 +115,7 @@ class InklingMHATokenToKVPool(MHATokenToKVPool):
 
     def get_kv_scale_buffer(self, layer_id: int):
         """MXFP8 ``(sfk, sfv)`` as ``float8_e8m0fnu`` views, SGLang's dtype (``.view(torch.uint8)`` for bytes)."""
-        if self.KV_FORMAT != "mxfp8":
+        if not self.KV_FORMAT.block_scaled:
             raise ValueError(f"get_kv_scale_buffer needs an mxfp8 pool, this one is {self.KV_FORMAT}")
         local = self._local(layer_id)
         return self.k_scale_buffer[local], self.v_scale_buffer[local]
@@ -137,7 +138,7 @@ class InklingMHATokenToKVPool(MHATokenToKVPool):
         local = self._local(layer_id)
         if _is_block_scales(k_scale) or _is_block_scales(v_scale):
             # Already-quantized MXFP8 K/V with one UE8M0 byte per 32 channels (the Inkling model's k/v_descale).
-            if self.KV_FORMAT != "mxfp8":
+            if not self.KV_FORMAT.block_scaled:
                 raise ValueError(f"block scales (k_scale/v_scale tensors of shape [N, Hkv, D//32]) need an mxfp8 "
                                  f"pool, this one is {self.KV_FORMAT}")
             if not (_is_block_scales(k_scale) and _is_block_scales(v_scale)):
@@ -145,7 +146,7 @@ class InklingMHATokenToKVPool(MHATokenToKVPool):
             self.core.set_mxfp8_kv_buffer(local, loc, cache_k, k_scale, cache_v, v_scale, loc_name=WRITE_LOC_NAME)
             return
         ks, vs = _scalar(k_scale, "k_scale"), _scalar(v_scale, "v_scale")
-        if self.KV_FORMAT != "fp8_e4m3":
+        if not self.KV_FORMAT.tensor_scaled:
             # bf16 / MXFP8 pools store what they get (MXFP8 computes its own block scales); a per-tensor scale other
             # than 1 would have to be divided out first, which is SGLang's contract for a plain fp8 pool only.
             if (ks not in (None, 1.0)) or (vs not in (None, 1.0)):
@@ -171,7 +172,7 @@ class InklingMHATokenToKVPool(MHATokenToKVPool):
         for local in range(self.layer_num):
             k, v = self.k_buffer[local][indices].cpu(), self.v_buffer[local][indices].cpu()
             sk = sv = None
-            if self.KV_FORMAT == "mxfp8":
+            if self.KV_FORMAT.block_scaled:
                 layout = self.core.scale_layout(local)
                 sk, sv = self.core.get_kv_scale_buffer(local)
                 sk, sv = layout.gather(sk, indices).cpu(), layout.gather(sv, indices).cpu()
@@ -200,7 +201,7 @@ class InklingMHATokenToKVPool(MHATokenToKVPool):
                     raise ValueError(f"kv_cache_cpu[{local}]'s {name} must be {buf.dtype} of shape "
                                      f"{(n, *buf.shape[1:])}, got "
                                      f"{f'{t.dtype} {tuple(t.shape)}' if isinstance(t, torch.Tensor) else t!r}")
-            if self.KV_FORMAT == "mxfp8":
+            if self.KV_FORMAT.block_scaled:
                 layout = self.core.scale_layout(local)
                 want = (n, layout.num_kv_heads, layout.blocks_per_head)  # ScaleLayout.gather's shape
                 for name, t in zip(("k_scales", "v_scales"), entry[2:]):
@@ -217,7 +218,7 @@ class InklingMHATokenToKVPool(MHATokenToKVPool):
             k, v, sk, sv = kv_cache_cpu[local]
             self.k_buffer[local][indices] = k.to(self.k_buffer[local].device)
             self.v_buffer[local][indices] = v.to(self.v_buffer[local].device)
-            if self.KV_FORMAT == "mxfp8":
+            if self.KV_FORMAT.block_scaled:
                 layout = self.core.scale_layout(local)
                 sfk, sfv = self.core.get_kv_scale_buffer(local)
                 layout.scatter(sfk, indices, sk.to(sfk.device))
@@ -242,11 +243,11 @@ def _scalar(scale, name: str) -> Optional[float]:
 
 
 @functools.lru_cache(maxsize=None)
-def inkling_pool_class(kv_format: str) -> type:
+def inkling_pool_class(kv_format: KVFormat | str) -> type:
     """The pool class for one KV format (cached: one class per format, so isinstance checks stay stable)."""
-    kv_formats.require_kv_format(kv_format, "inkling KV pool format")
-    name = f"InklingMHATokenToKVPool_{kv_format}"
-    return type(name, (InklingMHATokenToKVPool,), {"KV_FORMAT": kv_format, "__module__": __name__})
+    fmt = as_kv_format(kv_format, "inkling KV pool format")
+    name = f"InklingMHATokenToKVPool_{fmt.value}"
+    return type(name, (InklingMHATokenToKVPool,), {"KV_FORMAT": fmt, "__module__": __name__})
 
 
 def build_token_to_kv_pool(configurator, original, *, sizes, is_dsa_model, is_dsv4_model, req_to_token_pool):

@@ -42,11 +42,11 @@ class LayerAttention:
     def new_step(cls) -> None:
         cls._slots_checked = set()
 
-    def __init__(self, spec: LayerSpec, kv_format: str, model_dtype: torch.dtype,
+    def __init__(self, spec: LayerSpec, kv_format: kv_formats.KVFormat | str, model_dtype: torch.dtype,
                  sinks: Optional[torch.Tensor] = None):
         if not isinstance(spec, LayerSpec):
             raise TypeError(f"spec must be a LayerSpec, got {type(spec).__name__}")
-        kv_formats.require_kv_format(kv_format)
+        kv_format = kv_formats.as_kv_format(kv_format)
         if not isinstance(model_dtype, torch.dtype) or not model_dtype.is_floating_point:
             raise TypeError(f"model_dtype must be a floating-point torch.dtype, got {model_dtype!r}")
         if sinks is not None:

@@ -27,6 +27,7 @@ from vllm.v1.kv_cache_interface import (AttentionSpec, FullAttentionSpec, KVCach
                                         SlidingWindowSpec)
 
 from sglang_inkling_backend import mxfp8
+from sglang_inkling_backend.kv_formats import KVFormat
 from sglang_inkling_backend.hosts.vllm import BACKEND_NAME
 from sglang_inkling_backend.hosts.vllm.attention import LayerAttention
 from sglang_inkling_backend.hosts.vllm.batch import VllmBatch
@@ -93,13 +94,13 @@ class InklingVllmBackend(AttentionBackend):
 
     @classmethod
     def customize_spec(cls, spec: AttentionSpec) -> AttentionSpec:
-        """MXFP8 pages: ``cell_bytes('mxfp8', D)`` per (head, token), e4m3 K and V plus one scale byte per 32."""
+        """MXFP8 pages: ``cell_bytes(KVFormat.MXFP8, D)`` per (head, token), e4m3 K and V plus one scale byte per 32."""
         if spec.kv_quant_mode != MXFP8_QUANT_MODE or spec.state_content_bytes is not None:
             return spec
         if spec.head_size_v != spec.head_size:
             raise ValueError(f"MXFP8 KV needs equal K and V head sizes, got {spec.head_size} and {spec.head_size_v}")
         mxfp8.require_head_dim(spec.head_size, "head_size")
-        return replace(spec, state_content_bytes=cell_bytes("mxfp8", spec.head_size))
+        return replace(spec, state_content_bytes=cell_bytes(KVFormat.MXFP8, spec.head_size))
 
     @classmethod
     def supported_kv_cache_layouts(cls) -> tuple:
@@ -217,7 +218,7 @@ class InklingVllmImpl(AttentionImpl[VllmBatch]):
         return self.attention.spec
 
     def _bind(self, layer) -> None:
-        if self.attention.kv_format == "fp8_e4m3":
+        if self.attention.kv_format.tensor_scaled:
             self.attention.bind_fp8_scales(layer._k_scale_float, layer._v_scale_float)
 
     def do_kv_cache_update(self, layer, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,

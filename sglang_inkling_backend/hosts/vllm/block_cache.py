@@ -23,29 +23,30 @@ from dataclasses import dataclass
 import torch
 
 from sglang_inkling_backend import checks, kv_formats, mxfp8
+from sglang_inkling_backend.kv_formats import KVFormat
 from sglang_inkling_backend.attention_inputs import PagedKV
 from sglang_inkling_backend.scale_layout import INTERLEAVED_PAGE_SIZE, ScaleLayout
 
 MXFP8_BLOCK_SIZE = INTERLEAVED_PAGE_SIZE  # the interleaved scale atom covers one page of 128 tokens
 
 
-def cell_bytes(kv_format: str, head_dim: int) -> int:
+def cell_bytes(kv_format: KVFormat | str, head_dim: int) -> int:
     """Bytes per (KV head, token) cell of a vLLM page: K and V data, and for MXFP8 their block scales."""
     return kv_formats.bytes_per_token_per_layer(1, head_dim, kv_format)
 
 
 @dataclass(frozen=True)
 class BlockCacheLayout:
-    kv_format: str  # one of kv_formats.KV_FORMATS
+    kv_format: KVFormat  # a KVFormat or its name (kept as the KVFormat)
     num_kv_heads: int
     head_dim: int
     block_size: int
 
     def __post_init__(self):
-        kv_formats.require_kv_format(self.kv_format)
+        object.__setattr__(self, "kv_format", kv_formats.as_kv_format(self.kv_format))
         for name in ("num_kv_heads", "head_dim", "block_size"):
             checks.require_int_value(getattr(self, name), name)
-        if self.kv_format == "mxfp8":
+        if self.kv_format.block_scaled:
             mxfp8.require_head_dim(self.head_dim)
             if self.block_size != MXFP8_BLOCK_SIZE:
                 raise ValueError(f"an MXFP8 block cache needs block_size {MXFP8_BLOCK_SIZE} (one interleaved scale "
@@ -60,12 +61,12 @@ class BlockCacheLayout:
         that dtype's elements). Views, no copy."""
         region, num_blocks = self._region(kv_cache)
         slots, hkv, d = num_blocks * self.block_size, self.num_kv_heads, self.head_dim
-        if self.kv_format not in kv_formats.QUANTIZED_KV_FORMATS:
-            dtype = kv_formats.STORAGE_DTYPE[self.kv_format]
+        if not self.kv_format.quantized:
+            dtype = self.kv_format.storage_dtype
             data = region[: 2 * slots * hkv * d * dtype.itemsize].view(dtype).view(2, slots, hkv, d)
             return PagedKV(data[0], data[1])
         data = region[: 2 * slots * hkv * d].view(mxfp8.DATA_DTYPE).view(2, slots, hkv, d)
-        if self.kv_format == "fp8_e4m3":
+        if self.kv_format.tensor_scaled:
             return PagedKV(data[0], data[1], k_scale=k_scale, v_scale=v_scale)
         layout = ScaleLayout.for_pool(slots, hkv, d, self.block_size)
         start = 2 * slots * hkv * d

@@ -26,6 +26,7 @@ import torch
 from vllm.v1.kv_cache_interface import KVQuantMode
 
 from sglang_inkling_backend import kv_formats
+from sglang_inkling_backend.kv_formats import KVFormat
 from sglang_inkling_backend.hosts.vllm import BACKEND_NAME
 
 logger = logging.getLogger(__name__)
@@ -40,12 +41,12 @@ MXFP8_CACHE_DTYPE = "mxfp8" if REGISTERS_KV_DTYPES else "fp8_per_token_head"
 MXFP8_QUANT_MODE = KVQuantMode.FP8_PER_TOKEN_HEAD
 
 # --kv-cache-dtype -> the core's KV format ("auto" follows the model dtype: kv_formats.UNQUANTIZED_FORMAT_OF_DTYPE).
-KV_FORMAT_OF_CACHE_DTYPE = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "fp8": "fp8_e4m3",
-                            "fp8_e4m3": "fp8_e4m3", MXFP8_CACHE_DTYPE: "mxfp8"}
+KV_FORMAT_OF_CACHE_DTYPE = {"bfloat16": KVFormat.BF16, "float16": KVFormat.FP16, "half": KVFormat.FP16,
+                            "fp8": KVFormat.FP8_E4M3, "fp8_e4m3": KVFormat.FP8_E4M3, MXFP8_CACHE_DTYPE: KVFormat.MXFP8}
 SERVED_CACHE_DTYPES = ["auto", *KV_FORMAT_OF_CACHE_DTYPE]
 
 
-def kv_format_of(kv_cache_dtype: str, model_dtype: torch.dtype) -> str:
+def kv_format_of(kv_cache_dtype: str, model_dtype: torch.dtype) -> KVFormat:
     if kv_cache_dtype == "auto":
         if model_dtype not in kv_formats.UNQUANTIZED_FORMAT_OF_DTYPE:
             raise ValueError(f"--dtype {model_dtype} is not served; expected one of "
@@ -67,7 +68,7 @@ def mxfp8_spelling_hint(kv_cache_dtype: str) -> str:
 
 class Mxfp8KvCacheDtype:
     """vLLM's ``KVCacheDTypeHandler`` for ``--kv-cache-dtype mxfp8`` (the module docstring says why this mode)."""
-    name = "mxfp8"
+    name = KVFormat.MXFP8.value
 
     def torch_dtype(self) -> torch.dtype:
         return torch.uint8
