@@ -26,7 +26,8 @@ from sglang_inkling_backend.attention_inputs import FLOAT_KV_DTYPES, AttentionPa
 from sglang_inkling_backend.checks import require_tensor, UnsupportedFeature
 from sglang_inkling_backend.layer_plan import LayerSpec
 from sglang_inkling_backend.rails import KVPages, KVRails
-from sglang_inkling_backend.step_plans import check_extend_keys
+from sglang_inkling_backend.route_protocol import Route
+from sglang_inkling_backend.step_plans import DecodeGroupPlan, check_extend_keys
 
 
 class StepKeys(Protocol):
@@ -56,7 +57,7 @@ def extend_new_keys_setting() -> str:
     return settings.extend_new_keys()
 
 
-def prepare_query(q: torch.Tensor, spec: LayerSpec, route, model_dtype: torch.dtype,
+def prepare_query(q: torch.Tensor, spec: LayerSpec, route: Route, model_dtype: torch.dtype,
                   q_descale: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``[rows, Hq, D]``: the host's query (flat or per head; fp8 with ``q_descale``, dequantized to float32), in
     the model's dtype where the route multiplies in it (``route.query_in_model_dtype``)."""
@@ -66,7 +67,7 @@ def prepare_query(q: torch.Tensor, spec: LayerSpec, route, model_dtype: torch.dt
     return q3
 
 
-def forward_rows_keys(route, kv: PagedKV, rails: KVRails, qo_indptr: torch.Tensor, new_k: torch.Tensor,
+def forward_rows_keys(route: Route, kv: PagedKV, rails: KVRails, qo_indptr: torch.Tensor, new_k: torch.Tensor,
                       new_v: torch.Tensor, plans, window: Optional[int]) -> tuple[PagedKV, KVRails]:
     """An extend's keys with its own new rows (the last ``qlen`` keys of each request) taken from the forward's
     K/V ``new_k``/``new_v [rows, Hkv, D]`` (float), the cached prefix from the pool: SGLang's triton and flashinfer
@@ -92,17 +93,19 @@ def forward_rows_keys(route, kv: PagedKV, rails: KVRails, qo_indptr: torch.Tenso
     return PagedKV(k, v), KVRails(rails.indptr, dense, dense=True)
 
 
-def attend(route, spec: LayerSpec, q3: torch.Tensor, kv: PagedKV, keys: StepKeys,
+def attend(route: Route, spec: LayerSpec, q3: torch.Tensor, kv: PagedKV, keys: StepKeys,
            params_of: Callable[[int, int], AttentionParams], workspace,
            out: Optional[torch.Tensor] = None, forward_kv: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
-           verify: Optional[SpecVerify] = None) -> torch.Tensor:
+           verify: Optional[SpecVerify] = None, decode_group: Optional[DecodeGroupPlan] = None) -> torch.Tensor:
     """The layer's attention over the step's keys. ``params_of(first, last)`` gives the parameters of rows
     ``[first, last)``. With ``out`` (``[rows, Hq, D]``, any float dtype) the route's results are cast into it and it
     is returned; without, a batch of one kind returns the route's result as it is (float32 or the query's dtype) and
     a mixed batch a new tensor in the query's dtype. ``forward_kv``: the step's K/V rows ``[rows, Hkv, D]`` (float,
     one per query row) for the extend rows to read their own keys from, not from the pool (``forward_rows_keys``);
     decode rows always read the pool. ``verify``: the extend rows are a speculative verify step's draft tokens
-    (one tree per extend request); refused, before any route is called, by a route without ``serves_verify``."""
+    (one tree per extend request); refused, before any route is called, by a route without ``serves_verify``.
+    ``decode_group``: the step's decode plan for this layer's group (``Route.plan_decode_group``, made where the
+    host handed over the batch): the decode rows run it (``Route.run_decode_group``) instead of planning here."""
     require_tensor(q3, "q", "a [rows, Hq, D] tensor")
     rows, nd = q3.shape[0], keys.num_decode_rows
     if forward_kv is not None:
@@ -123,8 +126,8 @@ def attend(route, spec: LayerSpec, q3: torch.Tensor, kv: PagedKV, keys: StepKeys
     if out is not None and not out.is_floating_point():
         raise TypeError(f"out must be a floating-point tensor (the attention is cast into it), got {out.dtype}")
     if verify is not None:
-        if not getattr(route, "serves_verify", False):
-            raise UnsupportedFeature(f"the {getattr(route, 'name', type(route).__name__)} route cannot serve a "
+        if not route.serves_verify:
+            raise UnsupportedFeature(f"the {route.name or type(route).__name__} route cannot serve a "
                                      "speculative verify step (a tree mask); the torch route can")
         if not isinstance(verify, SpecVerify):
             raise TypeError(f"verify must be None or a SpecVerify, got {type(verify).__name__}")
@@ -135,7 +138,9 @@ def attend(route, spec: LayerSpec, q3: torch.Tensor, kv: PagedKV, keys: StepKeys
         if verify is not None:  # the step's query offsets are every layer's: checked once per step and window
             keys.plans.once(("verify queries", spec.window), lambda: verify.check_queries(qo_indptr))
     decoded = extended = None
-    if nd:
+    if nd and decode_group is not None:
+        decoded = route.run_decode_group(decode_group, q3[:nd], kv, params_of(0, nd))
+    elif nd:
         decoded = route.decode(q3[:nd], kv, keys.decode_keys(spec.window, route.reads_page_tables),
                                params_of(0, nd), max_seq_len=keys.max_seq_len, plans=keys.plans, workspace=workspace)
     if rows > nd:

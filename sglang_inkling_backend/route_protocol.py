@@ -40,7 +40,7 @@ import torch
 from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV, SpecVerify
 from sglang_inkling_backend.rails import KVPages, KVRails
 from sglang_inkling_backend.reference import prologue as reference_prologue
-from sglang_inkling_backend.step_plans import DecodePlanCache
+from sglang_inkling_backend.step_plans import DecodeGroupPlan, DecodePlanCache
 
 
 class Route(abc.ABC):
@@ -77,6 +77,20 @@ class Route(abc.ABC):
                verify: Optional[SpecVerify] = None, workspace=None) -> torch.Tensor:
         """One layer's extend: ``q [rows, Hq, D]`` (request b's rows ``qo_indptr[b]:qo_indptr[b + 1]``) over
         ``rails`` -> ``[rows, Hq, D]`` (float32 or q's dtype). ``verify`` only where ``serves_verify``."""
+
+    def plan_decode_group(self, kv: PagedKV, keys: Union[KVRails, KVPages], params: AttentionParams, *,
+                          num_q_heads: int, batch: int, max_seq_len: int, plans: DecodePlanCache,
+                          workspace) -> Optional[DecodeGroupPlan]:
+        """Once per eager decode step, where the host hands over the batch: the decode of every layer shaped like
+        ``kv`` and ``params`` (a layer of the group: its pool buffers and parameters), with its keys checked; a
+        layer's call then runs it (``run_decode_group``). None (here, and where the route plans per layer): the
+        layers call ``decode``."""
+        return None
+
+    def run_decode_group(self, group: DecodeGroupPlan, q: torch.Tensor, kv: PagedKV,
+                         params: AttentionParams) -> torch.Tensor:
+        """One layer's decode with its group's plan (``plan_decode_group``): ``q [B, Hq, D]`` -> ``[B, Hq, D]``."""
+        raise NotImplementedError(f"the {self.name} route makes no decode group plans")
 
     def gather_keys(self, kv: PagedKV, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K/V rows at ``slots`` (checked by the caller), dequantized and scaled: here float32 through

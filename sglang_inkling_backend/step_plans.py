@@ -3,13 +3,32 @@
 (``check_extend_keys``). Host-free and accelerator-free."""
 from __future__ import annotations
 
-from typing import Callable, Hashable
+from dataclasses import dataclass
+from typing import Callable, Hashable, Optional, Union
 
 import torch
 
 from sglang_inkling_backend.attention_inputs import PagedKV
 from sglang_inkling_backend.checks import require_slots
-from sglang_inkling_backend.rails import KVRails
+from sglang_inkling_backend.rails import KVPages, KVRails
+
+
+@dataclass(frozen=True)
+class DecodeGroupPlan:
+    """One step's decode for a group of layers that share everything a decode plan depends on (window, head counts,
+    head_dim, the pool's dtype, format and slots), made once per step where the host hands over the batch
+    (``Route.plan_decode_group``): the step's keys for the group, checked against the pool, and the route's kernel
+    plan. A layer of the group then checks only its own tensors and runs it (``Route.run_decode_group``)."""
+
+    window: Optional[int]
+    batch: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    kv_dtype: torch.dtype
+    num_slots: int
+    keys: Union[KVRails, KVPages]
+    kernel_plan: object  # the route's (GpuRoute: triton.DecodePlan)
 
 
 class DecodePlanCache:

@@ -30,11 +30,12 @@ from sglang_inkling_backend.checks import stream_capturing, triton_head_dim_ok
 from sglang_inkling_backend.layer_plan import LayerSpec, attention_params
 from sglang_inkling_backend.rails import KVPages, KVRails, check_host_lengths
 from sglang_inkling_backend.route_protocol import Route
-from sglang_inkling_backend.step_plans import DecodePlanCache, check_extend_keys
+from sglang_inkling_backend.step_plans import DecodeGroupPlan, DecodePlanCache, check_extend_keys
 from sglang_inkling_backend.triton.gather_kv import gather_dtype, gather_kv
 from sglang_inkling_backend.triton.plan import route_note
 
 logger = logging.getLogger(__name__)
+_QUERY_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MIN_CAPABILITY = (8, 0)  # NVIDIA: the kernels' bf16 dots; 8-bit pools before sm_89 are read as bytes (plan.py)
 
 
@@ -63,6 +64,7 @@ class GpuRoute(Route):
         # plan_graph_step's keys, worked out once per (family, layers object, (kv_format, max_seq_len)): its
         # [(window, key, max_keys)]. It runs before every replay, where host time delays the graph.
         self._graph_step_keys: Optional[tuple] = None
+        self._checked_kv: dict = {}  # id -> PagedKV: the pools run_decode_group has checked in full
 
     @property
     def decode_prologue(self):
@@ -133,6 +135,68 @@ class GpuRoute(Route):
             batch, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, window=params.window, max_seq_len=max_seq_len,
             page_size=page_size, kv_dtype=kv_dtype, workspace=workspace, kv_format=kv_format))
         return self.kernels.run_decode(plan, q, kv, *csr, params, check=False, page_table=table[0],
+                                       seq_lens=table[1])
+
+    def plan_decode_group(self, kv: PagedKV, keys: Union[KVRails, KVPages], params: AttentionParams, *,
+                          num_q_heads: int, batch: int, max_seq_len: int, plans: DecodePlanCache,
+                          workspace) -> Optional[DecodeGroupPlan]:
+        """An eager step's Triton decode for the layers shaped like ``kv`` and ``params``, planned and its keys
+        checked once, where the host hands over the batch (``Route.plan_decode_group``). None where FlashInfer's
+        decode family may serve these layers: their calls choose (``decode``)."""
+        family = self.decode_family
+        if family is not None:
+            why = family.layer_why_not(kv.kv_format, kv.head_dim, params)
+            if not why:
+                return None
+            if why not in self._decode_notes:
+                self._decode_notes.add(why)
+                logger.info("inkling: decode: the Triton kernels for layers with %s", why)
+        if not isinstance(keys, (KVRails, KVPages)):
+            raise TypeError(f"keys must be KVPages (a page table) or KVRails (per-token rails), got "
+                            f"{type(keys).__name__}")
+        pages = isinstance(keys, KVPages)
+        page_size = keys.page_size if pages else None
+        device = kv.k_buffer.device
+        self.kernels.check_kv_map(batch, kv, device, *_csr(keys), *_table(keys), page_size)
+        if not stream_capturing(device):  # the values the kernels read unchecked, as decode checks them
+            plans.once(("decode keys", params.window, kv.num_slots, page_size),
+                       lambda: self._check_decode_keys(kv, keys, params.window, max_seq_len))
+        hkv, d, kv_dtype, kv_format = kv.num_kv_heads, kv.head_dim, kv.k_buffer.dtype, kv.kv_format
+        key = (params.window, num_q_heads, hkv, d, kv_dtype, kv_format, page_size, batch, max_seq_len)
+        plan = plans.get(key, lambda: self.kernels.plan_decode(
+            batch, num_q_heads=num_q_heads, num_kv_heads=hkv, head_dim=d, window=params.window,
+            max_seq_len=max_seq_len, page_size=page_size, kv_dtype=kv_dtype, workspace=workspace,
+            kv_format=kv_format))
+        return DecodeGroupPlan(window=params.window, batch=batch, num_q_heads=num_q_heads, num_kv_heads=hkv,
+                               head_dim=d, kv_dtype=kv_dtype, num_slots=kv.num_slots, keys=keys, kernel_plan=plan)
+
+    def run_decode_group(self, group: DecodeGroupPlan, q: torch.Tensor, kv: PagedKV,
+                         params: AttentionParams) -> torch.Tensor:
+        """One layer's decode with its group's plan. The layer's own inputs are checked: ``q`` against the plan
+        (shape, dtype, device), the pool against the group (slots, heads, head_dim, dtype) and, the first time this
+        ``PagedKV`` is seen, in full (strides, scale buffers); a call with per-call tensors (``rel_bias``,
+        ``sinks``) or anything unlike the plan takes the full checks, which name what is wrong."""
+        keys = group.keys
+        csr, table = _csr(keys), _table(keys)
+        k_buffer = kv.k_buffer
+        if (type(q) is not torch.Tensor or q.shape != (group.batch, group.num_q_heads, group.head_dim)
+                or q.dtype not in _QUERY_DTYPES or q.stride(-1) != 1 or q.device != k_buffer.device
+                or k_buffer.shape != (group.num_slots, group.num_kv_heads, group.head_dim)
+                or k_buffer.dtype != group.kv_dtype or params.window != group.window
+                or params.rel_bias is not None or params.sinks is not None or id(kv) not in self._checked_kv):
+            self.kernels.check_decode_inputs(q, kv, *csr, params, None, page_table=table[0], seq_lens=table[1],
+                                             page_size=keys.page_size if isinstance(keys, KVPages) else None)
+            got = (tuple(q.shape), kv.num_slots, kv.num_kv_heads, k_buffer.dtype, params.window)
+            want = ((group.batch, group.num_q_heads, group.head_dim), group.num_slots, group.num_kv_heads,
+                    group.kv_dtype, group.window)
+            if got != want:
+                raise ValueError(f"this step's decode plan for the layer's group was made for q {want[0]}, a pool of "
+                                 f"{want[1]} slots x {want[2]} KV heads of {want[3]}, window {want[4]}; got q "
+                                 f"{got[0]}, {got[1]} slots x {got[2]} KV heads of {got[3]}, window {got[4]}")
+            if len(self._checked_kv) > 4096:  # pools rebuilt many times: keep the newest only
+                self._checked_kv.clear()
+            self._checked_kv[id(kv)] = kv  # kept alive: its id is not reused while it is here
+        return self.kernels.run_decode(group.kernel_plan, q, kv, *csr, params, check=False, page_table=table[0],
                                        seq_lens=table[1])
 
     def plan_graph_step(self, keys, layers, seq_lens_host: torch.Tensor, *, kv_format: str, max_bs: int,
@@ -318,3 +382,13 @@ def route_for(device: torch.device) -> tuple[GpuRoute, str]:
               else f"the Triton kernels ({decode_note})")
     return (GpuRoute(extend_family=family, decode_family=decoder),
             f"Triton kernels on {device}; {route_note(device)}; 16-bit decode: {decode}; extend: {extend}")
+
+
+def _csr(keys) -> tuple:
+    """``(kv_indptr, kv_indices)`` of per-token rails, ``(None, None)`` for a page table."""
+    return (None, None) if isinstance(keys, KVPages) else (keys.indptr, keys.indices)
+
+
+def _table(keys) -> tuple:
+    """``(page_table, seq_lens)`` of a page table, ``(None, None)`` for rails."""
+    return (keys.page_table, keys.seq_lens) if isinstance(keys, KVPages) else (None, None)

@@ -32,7 +32,7 @@ from .decode_attention import paged_decode_attention, run_decode
 from .extend_attention import (ExtendBlocks, extend_blocks, paged_extend_attention, uniform_verify_attention,
                                verify_splits, verify_workspace_shape)
 from .gather_rails import gather_rail_slots
-from .inputs import check_decode_inputs, validate_page_table, validate_slots
+from .inputs import check_decode_inputs, check_kv_map, validate_page_table, validate_slots
 from .kv_store import (FUSED_STORE_FORMATS, store_kv, store_kv_mxfp8,
                        store_kv_unquantized)
 from .plan import (DecodeConfig, DecodePlan, DecodeWorkspace, decode_workspace_shape, decode_workspace_splits,
@@ -42,6 +42,6 @@ __all__ = ["FUSED_STORE_FORMATS", "DecodeConfig", "DecodePlan", "DecodeWorkspace
            "decode_workspace_shape",
            "decode_workspace_splits", "gather_rail_slots", "hopper_decode_status",
            "paged_decode_attention", "paged_extend_attention", "plan_decode", "route_note", "run_decode",
-           "uniform_verify_attention", "verify_splits", "verify_workspace_shape", "ExtendBlocks", "extend_blocks",
+           "uniform_verify_attention", "verify_splits", "verify_workspace_shape", "ExtendBlocks", "extend_blocks", "check_kv_map",
            "store_kv", "store_kv_mxfp8", "store_kv_unquantized",
            "validate_page_table", "validate_slots"]

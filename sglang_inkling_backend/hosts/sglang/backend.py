@@ -40,7 +40,7 @@ from sglang_inkling_backend.hosts.sglang.metadata import (DecodeGraphBuffers, In
 from sglang_inkling_backend.hosts.sglang.pool import InklingMHATokenToKVPool
 from sglang_inkling_backend.hosts.sglang.spec_verify import draft_count, spec_verify_of
 from sglang_inkling_backend.hosts.sglang.version import check_sglang_version
-from sglang_inkling_backend.layer_plan import LayerSpec
+from sglang_inkling_backend.layer_plan import LayerSpec, attention_params
 from sglang_inkling_backend.route_protocol import Route
 from sglang_inkling_backend.routes import choose_route
 
@@ -182,6 +182,16 @@ class InklingAttnBackend(AttentionBackend):
         # The split-KV scratch of every decode plan, allocated once for the largest batch and context (plans are
         # views of it, so capture and replay need nothing else).
         self.attention_specs = [self.layer_plan.spec(i) for i in self.layer_plan.attention_layer_ids]
+        # Layers that plan their decode alike (window, heads, head_dim, the pool's slots), planned once per eager
+        # decode step (init_forward_metadata): each group's first layer, and each layer's group by layer id
+        groups: dict = {}
+        self.decode_group_of_layer: list = [None] * (max(self.layer_plan.attention_layer_ids, default=-1) + 1)
+        for spec, layer_id in zip(self.attention_specs, self.layer_plan.attention_layer_ids):
+            slots = self.token_to_kv_pool.get_key_buffer(layer_id).shape[0]
+            key = (spec.window, spec.num_q_heads, spec.num_kv_heads, spec.head_dim, slots)
+            self.decode_group_of_layer[layer_id] = groups.setdefault(key, len(groups))
+        self.decode_group_leaders = [next(i for i in self.layer_plan.attention_layer_ids
+                                          if self.decode_group_of_layer[i] == g) for g in range(len(groups))]
         self.workspace = self.route.make_workspace(
             max_batch=self.req_to_token_pool.req_to_token.shape[0], max_seq_len=self.max_context_len,
             geometries={(s.num_q_heads, s.num_kv_heads, s.head_dim) for s in self.attention_specs},
@@ -242,7 +252,21 @@ class InklingAttnBackend(AttentionBackend):
             loc = checks.require_slots(forward_batch.out_cache_loc, "out_cache_loc (the step's write slots)",
                                        self.req_to_token_slots, distinct=True)
             md.checked_write_slots = loc.numel()
+        if md.is_decode and not md.graph and verify is None:
+            md.decode_groups = self._plan_decode_groups(md)
         self.forward_metadata = md
+
+    def _plan_decode_groups(self, md: InklingForwardMetadata) -> list:
+        """An eager decode step's plan per layer group (``Route.plan_decode_group``; None for a group whose calls
+        plan themselves), made here once instead of by each group's first layer."""
+        plans = []
+        for layer_id in self.decode_group_leaders:
+            spec = self.layer_plan.attention_spec(layer_id)
+            plans.append(self.route.plan_decode_group(
+                self._paged_kv(layer_id, spec), md.decode_keys(spec.window, self.route.reads_page_tables),
+                attention_params(spec, rows=md.batch_size), num_q_heads=spec.num_q_heads, batch=md.batch_size,
+                max_seq_len=md.max_seq_len, plans=md.plans, workspace=self.workspace))
+        return plans
 
     # --- CUDA graphs (decode) -----------------------------------------------------------------------------------
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
@@ -457,9 +481,10 @@ class InklingAttnBackend(AttentionBackend):
         # read them (the same values over a 16-bit pool; over an 8-bit one, what decoding those tokens would read)
         if not decode and self.extend_new_keys == "forward" and md.verify is None:
             forward_kv = self._forward_kv(k, v, rows, spec)
+        group = md.decode_groups[self.decode_group_of_layer[layer.layer_id]] if md.decode_groups else None
         out = layer_step.attend(self.route, spec, q3, self._paged_kv(layer.layer_id, spec), md,
                                 lambda first, last: params, self.workspace, forward_kv=forward_kv,
-                                verify=md.verify)
+                                verify=md.verify, decode_group=group)
         return out.to(self.model_dtype).reshape(rows, spec.num_q_heads * spec.head_dim)
 
     def _forward_kv(self, k, v, rows: int, spec: LayerSpec):

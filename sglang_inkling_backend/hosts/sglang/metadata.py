@@ -54,6 +54,9 @@ class InklingForwardMetadata:
     # An eager step's write slots (out_cache_loc), checked once in init_forward_metadata against the pool (range,
     # no slot twice): their count, or None where they were not (a hybrid pool's layers store through SGLang's pool)
     checked_write_slots: Optional[int] = None
+    # An eager decode step's plans, one per group of layers that plan alike (the backend's decode_group_of_layer
+    # indexes them; None for a group whose calls plan themselves), made in init_forward_metadata
+    decode_groups: Optional[list] = None
 
     # layer_step.StepKeys: an SGLang batch is all decode (one query row per request) or all extend.
     @property

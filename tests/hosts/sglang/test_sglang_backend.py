@@ -849,6 +849,9 @@ def triton_backend(h, per_layer_plans=False):
     from sglang_inkling_backend.step_plans import DecodePlanCache
 
     class PerLayerPlans(GpuRoute):
+        def plan_decode_group(self, kv, keys, params, **kwargs):
+            return None  # no step plans: each layer's decode plans itself
+
         def decode(self, q, kv, keys, params, *, max_seq_len, plans, workspace):
             return super().decode(q, kv, keys, params, max_seq_len=max_seq_len, plans=DecodePlanCache(),
                                   workspace=workspace)
@@ -896,8 +899,8 @@ def test_triton_route_plans_decode_once_per_step_and_window(monkeypatch):
             inputs.append((q, k, v))
         counts, outs = [], []
         for backend in (ours, per_layer):
+            before = len(calls)  # plans are made in init_forward_metadata (ours) or by the layers (per_layer)
             backend.init_forward_metadata(fb)
-            before = len(calls)
             outs.append([backend.forward(q, k, v, layer, fb) for layer, (q, k, v) in zip(layers, inputs)])
             counts.append(len(calls) - before)
         for layer, (q, _, _), mine, theirs in zip(layers, inputs, *outs):
@@ -911,6 +914,8 @@ def test_triton_route_plans_decode_once_per_step_and_window(monkeypatch):
             assert len(plans) == 2 and {p.window for p in plans} == {WINDOW_SIZE + 1, None}
             assert all(p.batch == fb.batch_size for p in plans)
             assert len(per_layer.forward_metadata.decode_plans) == 0  # the per-layer route never cached
+            groups = ours.forward_metadata.decode_groups  # made where the host handed over the batch
+            assert len(groups) == 2 and {g.window for g in groups} == {WINDOW_SIZE + 1, None}
         else:
             assert counts == [0, 0] and len(ours.forward_metadata.decode_plans) == 0  # extend does not plan
     assert decode_steps == 3
