@@ -166,7 +166,8 @@ def validate_page_table(kv: PagedKV, page_table: torch.Tensor, seq_lens: torch.T
     ``query_lens`` queries' worth: extend), at most ``max_pages * page_size`` (and ``max_seq_len`` when given), and
     every page the kernels read is a page of the pool, ``[0, num_slots // page_size)``. The pages read are those
     from the one holding position ``max(0, first query's position - window + 1)`` to the last key's: entries
-    before the window (a host's null block, say) are never read and not checked."""
+    before the window (a host's null block, say) are never read and not checked; no page is read twice by one
+    request."""
     lens = seq_lens.long()
     max_pages = page_table.shape[1]
     qlens = torch.ones_like(lens) if query_lens is None else query_lens.long()
@@ -191,10 +192,21 @@ def validate_page_table(kv: PagedKV, page_table: torch.Tensor, seq_lens: torch.T
     read = (j[None, :] >= (first // page_size)[:, None]) & (j[None, :] * page_size < lens[:, None])
     num_pages = kv.num_slots // page_size
     bad = read & ((page_table < 0) | (page_table >= num_pages))
-    if bool(bad.any()):
-        b, i = (int(x) for x in bad.nonzero()[0])
-        raise ValueError(f"page_table[{b}, {i}]={int(page_table[b, i])} is not a page of the pool: page ids must "
-                         f"be in [0, {num_pages}) (num_slots={kv.num_slots} // page_size={page_size})")
+    # A page read twice by one request: its keys counted twice and, where the request writes there, one position
+    # overwriting another's. Sorted per request (the pages not read given distinct negative stand-ins)
+    ids = torch.where(read, page_table.long(), -1 - j[None, :])
+    ordered = ids.sort(dim=1).values
+    twice = (ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)
+    if bool(bad.any() | twice.any()):  # one device read for both
+        if bool(bad.any()):
+            b, i = (int(x) for x in bad.nonzero()[0])
+            raise ValueError(f"page_table[{b}, {i}]={int(page_table[b, i])} is not a page of the pool: page ids "
+                             f"must be in [0, {num_pages}) (num_slots={kv.num_slots} // page_size={page_size})")
+        b, i = (int(x) for x in twice.nonzero()[0])
+        page = int(ordered[b, i + 1])
+        cols = [int(c) for c in ((page_table[b].long() == page) & read[b]).nonzero().flatten()[:2]]
+        raise ValueError(f"page_table[{b}] names page {page} twice (entries {cols[0]} and {cols[1]}): each page a "
+                         "request reads must be its own")
 
 
 def check_decode_inputs(q: torch.Tensor, kv: PagedKV, kv_indptr: Optional[torch.Tensor] = None,

@@ -72,6 +72,8 @@ def test_valid_decode_keys_checked_once_per_step():
     ([[1, -1]], [20], 32, r"page"),  # a negative block id
     ([[1, 2]], [40], 32, r"seq_lens|max_seq_len|page"),  # longer than the table covers
     ([[1, 2]], [30], 16, r"max_seq_len"),  # longer than the plan covers: its last keys would be dropped
+    ([[2, 2]], [20], 32, r"page_table\[0\] names page 2 twice \(entries 0 and 1\)"),  # keys counted twice
+    ([[1, 3, 1]], [40], 48, r"page_table\[0\] names page 1 twice \(entries 0 and 2\)"),
 ])
 def test_bad_decode_page_tables_raise(table, lens, max_seq_len, match):
     pages = KVPages(torch.tensor(table, dtype=torch.int32, device=DEV), torch.tensor(lens, device=DEV), PAGE)
@@ -122,3 +124,13 @@ def test_extend_keys_checks():
 def test_keys_of_the_wrong_kind_are_refused():
     with pytest.raises(TypeError, match=r"keys must be KVPages \(a page table\) or KVRails"):
         decode(GpuRoute(kernels), None, 8)  # was: AttributeError
+
+
+def test_a_page_repeated_where_it_is_not_read_passes():
+    """Entries past a request's keys (or before its window) are never read: a host's filler there is allowed."""
+    pages = KVPages(torch.tensor([[1, 1, 1], [3, 3, 0]], dtype=torch.int32, device=DEV),
+                    torch.tensor([10, 5], device=DEV), PAGE)
+    q = torch.randn(2, HQ, D).bfloat16().to(DEV)
+    out = GpuRoute(kernels).decode(q, pool(), pages, AttentionParams(D ** -0.5), max_seq_len=16,
+                                   plans=DecodePlanCache(), workspace=None)
+    assert out.shape == (2, HQ, D) and bool(torch.isfinite(out).all())
