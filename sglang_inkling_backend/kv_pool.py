@@ -18,7 +18,7 @@ from . import kv_formats, kv_views, mxfp8
 from .checks import (is_int, require_device, require_int_value, require_pin_memory, require_positive_int,
                      require_positive_real, require_slots, require_slots_once, require_tensor)
 from .layer_plan import LayerPlan
-from .attention_inputs import PagedKV
+from .attention_inputs import FLOAT_KV_DTYPES, PagedKV
 from .scale_layout import ScaleLayout
 
 
@@ -154,7 +154,7 @@ class InklingKVPool:
         loc = self._check_loc(loc, loc_name, layer_id)
         self._check_values(buf, loc.numel(), cache_k=cache_k, cache_v=cache_v)
         for name, t in (("cache_k", cache_k), ("cache_v", cache_v)):
-            if not t.is_floating_point() or t.element_size() == 1:
+            if t.dtype not in FLOAT_KV_DTYPES:  # float64 too: the kernels and the adapters take these three
                 raise TypeError(f"{name} must be a bf16/fp16/fp32 tensor, got {t.dtype}")
         scales = {}
         for name, value, default in (("k_scale", k_scale, self.k_scale), ("v_scale", v_scale, self.v_scale)):

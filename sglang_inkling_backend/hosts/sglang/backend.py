@@ -436,11 +436,13 @@ class InklingAttnBackend(AttentionBackend):
                 desc = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
                 raise ValueError(f"{name} must hold one [{hkv}, {d}] row per new token ({n}, out_cache_loc's "
                                  f"length), got {desc}")
+        if k_desc is None and (k.dtype not in FLOAT_KV_DTYPES or v.dtype not in FLOAT_KV_DTYPES):
+            raise TypeError(f"k and v must be bf16/fp16/fp32 (or float8_e4m3fn with k_descale/v_descale: MXFP8 "
+                            f"already quantized), got {k.dtype} and {v.dtype}")
         k, v = k.reshape(n, hkv, d), v.reshape(n, hkv, d)
-        if k_desc is None and md.checked_write_slots == n and k.dtype in FLOAT_KV_DTYPES \
-                and v.dtype in FLOAT_KV_DTYPES:
+        if k_desc is None and md.checked_write_slots == n:
             # the slots were checked for this step (init_forward_metadata); K/V are bf16/fp16/fp32 rows of the
-            # layer's shape (other dtypes go through the pool, which refuses them)
+            # layer's shape
             kv_views.store_kv_unchecked(self._paged_kv(layer.layer_id, spec), forward_batch.out_cache_loc, k, v,
                                         fused_store=self.route.fused_store)
             return

@@ -173,6 +173,8 @@ def dense_reference(h, fb, layer, q, kv_round_trip, rel_bias=None, sinks=None, v
     ("k_rows", ValueError, r"k must hold one \[2, 32\] row per new token \(3, out_cache_loc's length\)"),
     ("v_none", ValueError, "k and v must be given together"),
     ("q_int", TypeError, "q must be a floating-point tensor"),
+    ("k_float64", TypeError, r"k and v must be bf16/fp16/fp32 .*got torch.float64 and torch.bfloat16"),
+    ("v_int", TypeError, r"k and v must be bf16/fp16/fp32 .*got torch.bfloat16 and torch.int32"),
 ])
 def test_a_bad_call_leaves_the_pool_as_it_was(bad, error, match):
     """The query and K/V are checked before the store (the re-probe of the bad-input issue found the K/V written
@@ -193,6 +195,10 @@ def test_a_bad_call_leaves_the_pool_as_it_was(bad, error, match):
         v = None
     elif bad == "q_int":
         q = q.to(torch.int32)
+    elif bad == "k_float64":
+        k = k.double()
+    elif bad == "v_int":
+        v = v.to(torch.int32)
     pool = ours.token_to_kv_pool
     before = [pool.get_key_buffer(0).clone(), pool.get_value_buffer(0).clone()]
     with pytest.raises(error, match=match):
