@@ -193,6 +193,8 @@ class InklingKVPool:
             if tuple(t.shape) not in ((n, hkv, nb), (n, hkv * nb)):
                 raise ValueError(f"{name} must have shape [{n}, {hkv}, {nb}] (or [{n}, {hkv * nb}]), "
                                  f"got {tuple(t.shape)}")
+        kv_views.refuse_views_of_pool((buf.k, buf.v, buf.sfk, buf.sfv), k_data=k_data, v_data=v_data,
+                                      k_scales=k_scales, v_scales=v_scales)
         shape = (n, hkv, buf.k.shape[2])
         buf.k[loc] = k_data.view(mxfp8.DATA_DTYPE).reshape(shape).to(self.device)
         buf.v[loc] = v_data.view(mxfp8.DATA_DTYPE).reshape(shape).to(self.device)

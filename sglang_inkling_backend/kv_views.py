@@ -87,6 +87,18 @@ def paged_kv(kv_format: Union[kv_formats.KVFormat, str], k_buffer: torch.Tensor,
     return PagedKV(k_buffer, v_buffer)
 
 
+def refuse_views_of_pool(pool_buffers, **inputs: Optional[torch.Tensor]) -> None:
+    """A ValueError naming the first of ``inputs`` (a write's K/V or scales) that is a view of one of
+    ``pool_buffers`` (the storage it writes): the write would read what it writes, one side written before torch
+    refuses the overlap or, quantizing, silently from half-written rows. Host-only (storage pointers), so it runs
+    under CUDA-graph capture too."""
+    pool = {t.untyped_storage().data_ptr() for t in pool_buffers if t is not None}
+    for name, t in inputs.items():
+        if isinstance(t, torch.Tensor) and t.numel() and t.untyped_storage().data_ptr() in pool:
+            raise ValueError(f"{name} is a view of the KV pool's own buffers (the store would read what it writes); "
+                             f"pass a copy ({name}.clone())")
+
+
 @torch.no_grad()  # a caller's K/V that require grad must not pull the pool into its autograd graph
 def store_kv_unchecked(kv: PagedKV, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                        k_block_scales: Optional[torch.Tensor] = None,
@@ -98,7 +110,10 @@ def store_kv_unchecked(kv: PagedKV, loc: torch.Tensor, k: torch.Tensor, v: torch
     it torch does (the torch quantizer: the same bytes away from e4m3 ties,
     ``tests/triton_tests/test_triton_decode_attention.py::test_store_bytes_identical_to_quantize_and_scatter``,
     ``gpu_tests/check_triton_gpu.py``; two indexed writes for an unquantized pool). A per-tensor fp8 pool (divide by
-    its scale, saturate) is stored by torch."""
+    its scale, saturate) is stored by torch. K, V or their block scales that are views of the pool's own buffers
+    are refused (ValueError) before anything is written: the store would read what it writes."""
+    refuse_views_of_pool((kv.k_buffer, kv.v_buffer, kv.k_scales, kv.v_scales),
+                         k=k, v=v, k_block_scales=k_block_scales, v_block_scales=v_block_scales)
     n, hkv, d = loc.numel(), kv.num_kv_heads, kv.head_dim
     k, v = k.reshape(n, hkv, d), v.reshape(n, hkv, d)
     loc = loc.long()
