@@ -71,7 +71,8 @@ def attend(q: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, v: torch.Tenso
            visible: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Dense attention of query rows ``q [R, Hq, D]`` at positions ``q_pos [R]`` over keys ``k, v [L, Hkv, D]`` at
     positions ``k_pos [L]`` (default ``0..L-1``). ``visible [R, L]`` (bool): which keys each row may see at all (a
-    verify step's tree mask), on top of the causal and window rules. float32 in, float32 out ``[R, Hq, D]``."""
+    verify step's tree mask), on top of the causal and window rules. float32 in, float32 out ``[R, Hq, D]``. A
+    non-finite value in a key's V changes only the rows that keep that key."""
     rows, hq, _ = q.shape
     group = hq // k.shape[1]
     k = k.repeat_interleave(group, dim=1)  # [L, Hq, D]: query head h reads KV head h // group
@@ -98,7 +99,22 @@ def attend(q: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         probs = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
     else:
         probs = torch.softmax(logits, dim=-1)
-    return torch.einsum("rhl,lhd->rhd", probs, v)
+    finite = torch.isfinite(v)
+    if bool(finite.all()):
+        return torch.einsum("rhl,lhd->rhd", probs, v)
+    # A key's non-finite V reaches only the rows that keep it (0 * NaN would reach every row): the finite values
+    # are summed as they are, and a kept key's non-finite one gives its rows what IEEE arithmetic gives a
+    # positive weight times it (inf stays inf, inf + -inf and NaN are NaN), channel by channel.
+    out = torch.einsum("rhl,lhd->rhd", probs, torch.where(finite, v, 0.0))
+    kept = keep.unsqueeze(1).expand(rows, hq, -1).float()
+
+    def reaches(which: torch.Tensor) -> torch.Tensor:
+        return torch.einsum("rhl,lhd->rhd", kept, which.float()) > 0
+
+    nan, pos, neg = reaches(torch.isnan(v)), reaches(v == float("inf")), reaches(v == float("-inf"))
+    out = torch.where(pos, float("inf"), out)
+    out = torch.where(neg, float("-inf"), out)
+    return torch.where(nan | (pos & neg), float("nan"), out)
 
 
 def paged_decode_attention(q: torch.Tensor, kv: PagedKV, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,

@@ -159,7 +159,22 @@ def extend_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         v = load_kv_tile(v_ptr, vsf_ptr, slots, mask_n, h, stride_v_slot, stride_v_head,
                          HKV, D, BLOCK_N, KV_FORMAT, PAGE, INTERLEAVED, DOT_DTYPE)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v)
+        pv = tl.dot(p.to(DOT_DTYPE), v)
+        vf = v.to(tl.float32)
+        nonfinite = (vf != vf) | (tl.abs(vf) == float("inf"))
+        if tl.max(tl.max(nonfinite.to(tl.int32), 1), 0) > 0:
+            # A key's non-finite V reaches only the rows that keep it (a 0 weight times NaN would reach every row
+            # of the tile): the finite values as they are, a kept non-finite one as a positive weight times it
+            # (inf stays inf; inf + -inf and NaN give NaN), channel by channel, as the torch reference does.
+            pv = tl.dot(p.to(DOT_DTYPE), tl.where(nonfinite, 0.0, vf).to(DOT_DTYPE))
+            kept = keep.to(tl.float32)
+            nan = tl.dot(kept, (vf != vf).to(tl.float32))
+            pinf = tl.dot(kept, (vf == float("inf")).to(tl.float32))
+            ninf = tl.dot(kept, (vf == -float("inf")).to(tl.float32))
+            pv = tl.where(pinf > 0, float("inf"), pv)
+            pv = tl.where(ninf > 0, -float("inf"), pv)
+            pv = tl.where((nan > 0) | ((pinf > 0) & (ninf > 0)), float("nan"), pv)
+        acc = acc * alpha[:, None] + pv
         m_i = m_new
 
     if KV_FORMAT == 1:
