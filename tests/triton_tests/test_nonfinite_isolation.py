@@ -1,5 +1,5 @@
 """One bad value never poisons another token: a NaN or inf in the V of a key changes only the output rows that
-keep that key (its own later positions, within the window), in the torch route and the Triton extend kernel, for
+keep that key (its own and later positions, within the window; in a verify tree, the drafts that see it), in the torch route and the Triton extend kernel, for
 bf16, per-tensor fp8 and MXFP8 pools. Rows that do not keep the key give the clean run's bytes; rows that keep it
 give a non-finite value in the channel that holds it (NaN for NaN, inf for +inf) and the clean values elsewhere.
 Before, a 0 weight times the NaN reached every row of the key's tile: one NaN in token 15 of a 20-token prefill
@@ -18,7 +18,7 @@ if not torch.cuda.is_available():
 
 pytest.importorskip("triton")
 
-from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV  # noqa: E402
+from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV, SpecVerify  # noqa: E402
 from sglang_inkling_backend.reference.attention import paged_decode_attention as torch_decode  # noqa: E402
 from sglang_inkling_backend.reference.attention import paged_extend_attention as torch_extend  # noqa: E402
 from sglang_inkling_backend.triton.decode_attention import paged_decode_attention as triton_decode  # noqa: E402
@@ -87,6 +87,37 @@ def test_a_non_finite_v_changes_only_the_rows_that_keep_its_key(route, fmt, valu
     other[:, : HQ // HKV, 3] = 0.0
     torch.testing.assert_close(rest, other, rtol=0, atol=0)  # every other value of those rows as clean
     assert int(keeps.sum()) == (TOKENS - BAD if window is None else window)  # the classes are not empty
+
+
+@pytest.mark.parametrize("route", sorted(ROUTES))
+@pytest.mark.parametrize("fmt", ["bf16", "mxfp8"])
+def test_a_non_finite_draft_v_reaches_only_the_drafts_that_see_it(route, fmt, monkeypatch):
+    """A verify step: 16 cached keys, then a tree of 4 drafts (0 the root; 1 and 2 its children, siblings; 3 the
+    child of 1). A NaN in draft 1's V reaches drafts 1 and 3, not draft 0 nor its sibling 2."""
+    if route == "triton" and fmt != "bf16" and os.environ.get("TRITON_INTERPRET") == "1":
+        monkeypatch.setenv("INKLING_E4M3_BY_INTEGERS", "1")
+    prefix, sees = 16, [[0], [0, 1], [0, 2], [0, 1, 3]]
+    mask = torch.zeros(4, 4, dtype=torch.bool)
+    for i, row in enumerate(sees):
+        mask[i, row] = True
+    verify = SpecVerify(mask.flatten().to(DEV), torch.tensor([0, 16], device=DEV), torch.tensor([0, 1, 1, 2],
+                                                                                              device=DEV))
+    q = torch.randn(4, HQ, D, generator=torch.Generator().manual_seed(8)).to(DEV)
+    params = AttentionParams(D ** -0.5)
+    qo = torch.tensor([0, 4], dtype=torch.int32, device=DEV)
+    indptr = torch.tensor([0, prefix + 4], dtype=torch.int32, device=DEV)
+    indices = torch.arange(prefix + 4, dtype=torch.int32, device=DEV)
+    run = lambda kv: ROUTES[route](q, kv, indptr, indices, qo, params, verify=verify).float()  # noqa: E731
+    clean_kv = pool(fmt)
+    v = clean_kv.v_buffer.clone()
+    if v.dtype == torch.float8_e4m3fn:
+        v.view(torch.uint8)[prefix + 1, 0, 3] = E4M3_NAN
+    else:
+        v[prefix + 1, 0, 3] = float("nan")
+    clean = run(clean_kv)
+    bad = run(PagedKV(clean_kv.k_buffer, v, clean_kv.k_scales, clean_kv.v_scales, clean_kv.layout))
+    assert torch.equal(bad[[0, 2]], clean[[0, 2]])  # the root and the sibling: the clean bytes
+    assert bool(torch.isnan(bad[[1, 3]][:, : HQ // HKV, 3]).all())  # the draft and its child
 
 
 DECODES = {"torch": torch_decode, "triton": triton_decode}
