@@ -14,7 +14,7 @@ import torch
 from . import kv_formats, mxfp8
 from .checks import (INDEX_DTYPES, _describe, require_device, require_extents, require_finite_once,
                      require_non_negative_real, require_positive_int, require_positive_real, require_same_shape,
-                     require_slots, require_tensor)
+                     require_slots, require_softmax_scale, require_tensor)
 from .scale_layout import ScaleLayout
 
 FLOAT_KV_DTYPES = tuple(kv_formats.UNQUANTIZED_FORMAT_OF_DTYPE)  # bf16, fp16, fp32
@@ -111,7 +111,7 @@ class AttentionParams:
     sinks: Optional[torch.Tensor] = None  # [Hq], one extra logit per head in the softmax denominator
 
     def __post_init__(self):
-        self.softmax_scale = require_positive_real(self.softmax_scale, "softmax_scale")
+        self.softmax_scale = require_softmax_scale(self.softmax_scale, "softmax_scale")
         if self.window is not None:
             require_positive_int(self.window, "window")
         self.logit_cap = require_non_negative_real(self.logit_cap, "logit_cap")  # 0 disables it

@@ -215,6 +215,18 @@ def require_positive_real(value, name: str) -> float:
     return value
 
 
+LOG2E = 1.4426950408889634
+
+
+def require_softmax_scale(value, name: str) -> float:
+    """A softmax scale: a number > 0 that stays finite as the kernels apply it (times log2(e): base-2 logits)."""
+    value = require_positive_real(value, name)
+    if value * LOG2E > FLOAT32_MAX:
+        raise ValueError(f"{name} {value:g} overflows float32 as the kernels apply it (times log2(e), base-2 "
+                         f"logits): at most {FLOAT32_MAX / LOG2E:.4g}")
+    return value
+
+
 def require_non_negative_real(value, name: str) -> float:
     value = require_real(value, name, "a finite number >= 0")
     if value < 0:

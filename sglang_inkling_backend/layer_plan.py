@@ -22,7 +22,7 @@ from typing import Any, Mapping, Optional, Sequence
 import torch
 
 from .checks import (_describe, is_int, require_bool, require_int, require_int_value, require_non_negative_real,
-                     require_positive_int, require_positive_real, require_real)
+                     require_positive_int, require_positive_real, require_real, require_softmax_scale)
 from .attention_inputs import AttentionParams
 
 
@@ -69,7 +69,7 @@ class LayerSpec:
         if self.rel_extent is not None:
             require_positive_int(self.rel_extent, "LayerSpec.rel_extent")
         if self.softmax_scale is not None:
-            object.__setattr__(self, "softmax_scale", require_positive_real(self.softmax_scale,
+            object.__setattr__(self, "softmax_scale", require_softmax_scale(self.softmax_scale,
                                                                             "LayerSpec.softmax_scale"))
         for name in ("k_scale", "v_scale"):
             object.__setattr__(self, name, require_positive_real(getattr(self, name), f"LayerSpec.{name}"))

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from sglang_inkling_backend import LayerPlan, LayerSpec
+from sglang_inkling_backend.attention_inputs import AttentionParams
 from sglang_inkling_backend.mlx.decode_context import MISSING_FULL_MAP_ERROR, BatchedDecodeContext, make_decode_context
 
 WINDOWS = {0: 4, 1: 4, 3: None, 4: 4, 5: None}  # layer 2 has no attention
@@ -113,3 +114,14 @@ def test_custom_mask_factory():
     ctx = make_decode_context(plan, [0, 3], [[None, None]], mask_factory=lambda rows: rows)
     assert ctx.decode_padding(None) == ([3, 0], [[True, False, False, False], [True, True, True, True]])
     assert torch.is_tensor(make_decode_context(plan, [0, 3], [[None, None]]).decode_padding(None)[1])
+
+
+@pytest.mark.parametrize("make", [
+    lambda scale: LayerSpec(num_q_heads=2, num_kv_heads=1, head_dim=32, softmax_scale=scale),
+    lambda scale: AttentionParams(scale),
+])
+def test_a_softmax_scale_that_overflows_as_the_kernels_apply_it_is_refused(make):
+    """The kernels take base-2 logits (scale x log2(e)): 3e38 overflowed float32 and gave all-NaN outputs."""
+    with pytest.raises(ValueError, match=r"softmax_scale 3e\+38 overflows float32 .* at most 2.359e\+38"):
+        make(3e38)
+    assert make(2.3e38).softmax_scale == 2.3e38  # the largest that stays finite is taken as it is

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Iterable, Optional
 
-from sglang_inkling_backend.checks import UnsupportedFeature, require_int_value, require_positive_real
+from sglang_inkling_backend.checks import (UnsupportedFeature, require_int_value, require_non_negative_real,
+                                           require_positive_real, require_softmax_scale)
 from sglang_inkling_backend.layer_plan import LayerPlan, LayerSpec
 
 
@@ -37,13 +38,15 @@ def layer_spec(layer) -> LayerSpec:
                                  f"{layer.layer_id} has {layer.qk_head_dim} and {layer.v_head_dim}")
     if getattr(layer, "xai_temperature_len", -1) and layer.xai_temperature_len > 0:
         raise UnsupportedFeature("--attention-backend inkling does not implement xai_temperature_len")
-    cap = float(layer.logit_cap or 0.0)
+    where = f"layer {layer.layer_id}'s"
+    cap = require_non_negative_real(layer.logit_cap or 0.0, f"{where} logit_cap (RadixAttention.logit_cap)")
+    scale = require_softmax_scale(layer.scaling, f"{where} scaling (RadixAttention.scaling, the softmax scale)")
     if cap > 0 and layer.logit_capping_method != "tanh":
         raise UnsupportedFeature(f"--attention-backend inkling implements the tanh logit cap only, layer "
                                  f"{layer.layer_id} asks for {layer.logit_capping_method!r}")
     return LayerSpec(window=record_window(layer.sliding_window_size), num_q_heads=layer.tp_q_head_num,
                      num_kv_heads=layer.tp_k_head_num, head_dim=layer.qk_head_dim,
-                     softmax_scale=float(layer.scaling), logit_cap=cap,
+                     softmax_scale=scale, logit_cap=cap,
                      k_scale=kv_scale_of(layer, "k_scale_float"), v_scale=kv_scale_of(layer, "v_scale_float"))
 
 

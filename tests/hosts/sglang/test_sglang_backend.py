@@ -1268,6 +1268,20 @@ def test_a_layers_kv_scale_of_zero_is_refused_naming_it_not_replaced():
     assert (ours.layer_plan.spec(0).v_scale, ours.layer_plan.spec(1).k_scale) == (1.0, 0.5)
 
 
+@pytest.mark.parametrize("attr, value, match", [
+    ("logit_cap", -1.0, r"layer 1's logit_cap \(RadixAttention.logit_cap\) must be a finite number >= 0, got -1.0"),
+    ("scaling", 3e38, r"layer 1's scaling \(RadixAttention.scaling, the softmax scale\) 3e\+38 overflows float32"),
+    ("scaling", 0.0, r"layer 1's scaling \(RadixAttention.scaling, the softmax scale\) must be a finite number > 0"),
+])
+def test_a_layers_bad_attribute_is_refused_in_sglangs_words(attr, value, match):
+    """The message names SGLang's attribute of the layer, not the core record's field (it said LayerSpec.logit_cap);
+    a softmax scale that overflows float32 as the kernels apply it gave all-NaN outputs with no error."""
+    layers = make_layers(windows=(-1, -1))
+    setattr(layers[1], attr, value)
+    with pytest.raises(ValueError, match=match):
+        InklingAttnBackend(Harness(layers, bf16_pool()).runner)
+
+
 def test_kv_that_require_grad_leave_the_pool_out_of_the_autograd_graph():
     layers = make_layers(windows=(-1, -1))
     h = Harness(layers, bf16_pool())
