@@ -91,6 +91,11 @@ class BlockCacheLayout:
         if s3 != 1 or s2 != cell or s1 != tokens * cell or s0 < want:
             raise ValueError(f"kv_cache must store each block as one dense page (a layer-compact layout such as "
                              f"LBHNC), got byte strides {cache.stride()} for shape {tuple(cache.shape)}")
+        if s0 >= 2 * want:
+            raise ValueError(f"kv_cache's block stride is {s0} bytes, two pages ({want} bytes each) or more: a view of "
+                             "some blocks of a larger buffer, whose bytes between them this layout would write (it "
+                             "lays the layer's K, V and scales out across its whole region); vLLM's padded pages "
+                             "pad less than a page")
         span = (num_blocks - 1) * s0 + want  # >= num_blocks * want, since s0 >= want
         return torch.as_strided(cache, (span,), (1,)), num_blocks
 

@@ -95,3 +95,15 @@ def test_bad_layouts_are_refused_naming_the_argument():
     lbnhc = view.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)  # token-major inside the block
     with pytest.raises(ValueError, match="one dense page"):
         layout.paged_kv(lbnhc)
+
+
+@pytest.mark.parametrize("every", [2, 3])
+def test_a_view_of_every_other_block_of_a_larger_buffer_is_refused(every):
+    """The layout writes the layer's whole region (K, V and scales across its blocks): a view that skips blocks
+    would have its store write the bytes of the blocks it skips, which are not the layer's."""
+    layout = BlockCacheLayout("bf16", HKV, D, 16)
+    larger = vllm_view(2 * every, layout)
+    view = larger[::every]
+    with pytest.raises(ValueError, match=rf"kv_cache's block stride is {every * layout.page_bytes} bytes, two pages"):
+        layout.paged_kv(view)
+    layout.paged_kv(vllm_view(2, layout, pad=layout.page_bytes - 1))  # padding under a page: the layer's own
