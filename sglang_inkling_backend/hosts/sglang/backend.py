@@ -252,6 +252,8 @@ class InklingAttnBackend(AttentionBackend):
             loc = checks.require_slots(forward_batch.out_cache_loc, "out_cache_loc (the step's write slots)",
                                        self.req_to_token_slots, distinct=True)
             md.checked_write_slots = loc.numel()
+        if forward_batch.out_cache_loc is not None:
+            md.built_for = (md.batch_size, forward_batch.out_cache_loc.numel())
         if md.is_decode and not md.graph and verify is None:
             md.decode_groups = self._plan_decode_groups(md)
         self.forward_metadata = md
@@ -471,6 +473,12 @@ class InklingAttnBackend(AttentionBackend):
         # The query and K/V are checked before the store writes: a bad call leaves the pool as it was.
         q3 = layer_step.prepare_query(q, spec, self.route, self.model_dtype, kwargs.get("q_descale"))
         new_tokens = forward_batch.out_cache_loc.numel()
+        batch = getattr(forward_batch, "batch_size", md.batch_size)
+        if not md.graph and md.built_for is not None and md.built_for != (batch, new_tokens):
+            raise RuntimeError(f"inkling: forward_{'decode' if decode else 'extend'} for a batch of "
+                               f"{batch} requests and {new_tokens} new tokens, but the step's "
+                               f"metadata was built for {md.built_for[0]} and {md.built_for[1]}: "
+                               "init_forward_metadata was not called for this batch")
         if not md.graph and rows != new_tokens:
             raise ValueError(f"q must have one row per new token of the batch ({new_tokens}, out_cache_loc's "
                              f"length), got {rows}")

@@ -1282,6 +1282,24 @@ def test_a_layers_bad_attribute_is_refused_in_sglangs_words(attr, value, match):
         InklingAttnBackend(Harness(layers, bf16_pool()).runner)
 
 
+@pytest.mark.parametrize("decode", [False, True])
+def test_metadata_of_another_batch_is_refused_before_any_store(decode):
+    """A layer call whose batch is not the one init_forward_metadata saw (a missed call) stored at its slots and was
+    then refused by an internal check naming qo_indptr; now refused first, saying which call was missed."""
+    layers = make_layers(windows=(-1, -1))
+    h = Harness(layers, bf16_pool())
+    ours = InklingAttnBackend(h.runner)
+    first = h.batch([0, 1, 2], [3, 2, 4] if not decode else [1, 1, 1], decode=decode)
+    ours.init_forward_metadata(first)
+    second = h.batch([0, 1], [2, 2] if not decode else [1, 1], decode=decode)
+    q, k, v = h.qkv(second, layers[0])
+    pool = ours.token_to_kv_pool
+    before = [pool.get_key_buffer(0).clone(), pool.get_value_buffer(0).clone()]
+    with pytest.raises(RuntimeError, match=r"init_forward_metadata was not called for this batch"):
+        ours.forward(q, k, v, layers[0], second)
+    assert torch.equal(pool.get_key_buffer(0), before[0]) and torch.equal(pool.get_value_buffer(0), before[1])
+
+
 def test_kv_that_require_grad_leave_the_pool_out_of_the_autograd_graph():
     layers = make_layers(windows=(-1, -1))
     h = Harness(layers, bf16_pool())
