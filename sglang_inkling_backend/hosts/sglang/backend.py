@@ -109,6 +109,9 @@ def verify_draft_len_of(model_runner) -> Optional[int]:
     return draft_len
 
 
+WRITE_SLOTS_NAME = "out_cache_loc (the step's write slots)"
+
+
 class InklingAttnBackend(AttentionBackend):
     """Paged attention over bf16 / per-tensor fp8 / MXFP8 KV, with per-layer sliding windows and relative bias."""
 
@@ -249,8 +252,8 @@ class InklingAttnBackend(AttentionBackend):
         if self._direct_store and forward_batch.out_cache_loc is not None:
             # Every layer of the step writes these slots: checked here once (one device read), not per layer; under
             # SGLang's breakable prefill graph each layer sees a new view of them, with the same values.
-            loc = checks.require_slots(forward_batch.out_cache_loc, "out_cache_loc (the step's write slots)",
-                                       self.req_to_token_slots, distinct=True)
+            loc = checks.require_slots_once(forward_batch.out_cache_loc, WRITE_SLOTS_NAME, self.req_to_token_slots,
+                                            distinct=True)
             md.checked_write_slots = loc.numel()
         if forward_batch.out_cache_loc is not None:
             md.built_for = (md.batch_size, forward_batch.out_cache_loc.numel())
@@ -443,8 +446,10 @@ class InklingAttnBackend(AttentionBackend):
                             f"already quantized), got {k.dtype} and {v.dtype}")
         k, v = k.reshape(n, hkv, d), v.reshape(n, hkv, d)
         if k_desc is None and md.checked_write_slots == n:
-            # the slots were checked for this step (init_forward_metadata); K/V are bf16/fp16/fp32 rows of the
-            # layer's shape
+            # K/V are bf16/fp16/fp32 rows of the layer's shape; the slots were checked in init_forward_metadata,
+            # and this is a lookup unless out_cache_loc is another tensor or was written since (then one read)
+            checks.require_slots_once(forward_batch.out_cache_loc, WRITE_SLOTS_NAME, self.req_to_token_slots,
+                                      distinct=True)
             kv_views.store_kv_unchecked(self._paged_kv(layer.layer_id, spec), forward_batch.out_cache_loc, k, v,
                                         fused_store=self.route.fused_store)
             return
@@ -473,15 +478,15 @@ class InklingAttnBackend(AttentionBackend):
         # The query and K/V are checked before the store writes: a bad call leaves the pool as it was.
         q3 = layer_step.prepare_query(q, spec, self.route, self.model_dtype, kwargs.get("q_descale"))
         new_tokens = forward_batch.out_cache_loc.numel()
+        if not md.graph and rows != new_tokens:
+            raise ValueError(f"q must have one row per new token of the batch ({new_tokens}, out_cache_loc's "
+                             f"length), got {rows}")
         batch = getattr(forward_batch, "batch_size", md.batch_size)
         if not md.graph and md.built_for is not None and md.built_for != (batch, new_tokens):
             raise RuntimeError(f"inkling: forward_{'decode' if decode else 'extend'} for a batch of "
                                f"{batch} requests and {new_tokens} new tokens, but the step's "
                                f"metadata was built for {md.built_for[0]} and {md.built_for[1]}: "
                                "init_forward_metadata was not called for this batch")
-        if not md.graph and rows != new_tokens:
-            raise ValueError(f"q must have one row per new token of the batch ({new_tokens}, out_cache_loc's "
-                             f"length), got {rows}")
         if save_kv_cache and (k is None) != (v is None):
             raise ValueError("k and v must be given together (save_kv_cache=True stores both)")
         if save_kv_cache and k is not None:

@@ -1300,6 +1300,25 @@ def test_metadata_of_another_batch_is_refused_before_any_store(decode):
     assert torch.equal(pool.get_key_buffer(0), before[0]) and torch.equal(pool.get_value_buffer(0), before[1])
 
 
+@pytest.mark.parametrize("bad", ["past", "twice"])
+def test_write_slots_changed_after_init_forward_metadata_are_checked_before_the_store(bad):
+    """The eager store trusted the check init_forward_metadata made of out_cache_loc; slots replaced or written
+    since (another tensor, a new version) are checked again before the store: past the pool, an IndexError after a
+    partial write; a slot twice, a silent overwrite (the bad-input probe's out_cache_loc cases)."""
+    layers = make_layers(windows=(-1, -1))
+    h = Harness(layers, bf16_pool())
+    ours = InklingAttnBackend(h.runner)
+    fb = h.batch([0, 1], [1, 1], decode=True)
+    ours.init_forward_metadata(fb)
+    q, k, v = h.qkv(fb, layers[0])
+    fb.out_cache_loc = torch.tensor([5, 9999]) if bad == "past" else fb.out_cache_loc[[0, 0]]
+    pool = ours.token_to_kv_pool
+    before = [pool.get_key_buffer(0).clone(), pool.get_value_buffer(0).clone()]
+    with pytest.raises(ValueError, match=r"out_cache_loc \(the step's write slots\)"):
+        ours.forward(q, k, v, layers[0], fb)
+    assert torch.equal(pool.get_key_buffer(0), before[0]) and torch.equal(pool.get_value_buffer(0), before[1])
+
+
 def test_kv_that_require_grad_leave_the_pool_out_of_the_autograd_graph():
     layers = make_layers(windows=(-1, -1))
     h = Harness(layers, bf16_pool())
