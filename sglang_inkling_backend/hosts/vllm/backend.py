@@ -206,11 +206,18 @@ class InklingVllmImpl(AttentionImpl[VllmBatch]):
             raise ValueError(f"--attention-backend {BACKEND_NAME} does not serve cross-layer KV sharing "
                              f"(kv_sharing_target_layer_name={kv_sharing_target_layer_name!r})")
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        # vLLM's own argument names in every refusal (the record's LayerSpec would name its fields)
+        for name, value in (("num_heads", num_heads), ("head_size", head_size), ("num_kv_heads", num_kv_heads)):
+            checks.require_positive_int(value, name)
+        if sliding_window is not None:
+            checks.require_positive_int(sliding_window, "sliding_window")
+        scale = checks.require_softmax_scale(scale, "scale (the layer's softmax scale)")
+        logits_soft_cap = checks.require_non_negative_real(logits_soft_cap or 0.0, "logits_soft_cap")
         self.kv_cache_dtype = kv_cache_dtype
         model_dtype = get_current_vllm_config().model_config.dtype
         # The per-layer record; per-tensor fp8 scales are the checkpoint's, bound on first use (after loading).
         spec = LayerSpec(window=sliding_window, num_q_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_size,
-                         softmax_scale=float(scale), logit_cap=float(logits_soft_cap or 0.0))
+                         softmax_scale=scale, logit_cap=logits_soft_cap)
         self.attention = LayerAttention(spec, kv_format_of(kv_cache_dtype, model_dtype), model_dtype, sinks)
 
     @property

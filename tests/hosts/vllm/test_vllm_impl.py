@@ -133,6 +133,12 @@ def test_mxfp8_store_writes_the_interleaved_scale_atoms():
     (dict(kv_sharing_target_layer_name="model.layers.0.self_attn.attn"), "cross-layer KV sharing"),
     (dict(attn_type="encoder_only"), "decoder attention"),
     (dict(kv_cache_dtype="fp8_e5m2"), "--kv-cache-dtype 'fp8_e5m2' is not served"),
+    # vLLM's argument names, not the record's (LayerSpec.softmax_scale, LayerSpec.logit_cap)
+    (dict(scale=3e38), r"scale \(the layer's softmax scale\) 3e\+38 overflows float32"),
+    (dict(scale=0.0), r"scale \(the layer's softmax scale\) must be a finite number > 0"),
+    (dict(logits_soft_cap=-30.0), r"logits_soft_cap must be a finite number >= 0, got -30.0"),
+    (dict(sliding_window=0), r"sliding_window must be"),
+    (dict(num_kv_heads=0), r"num_kv_heads must be"),
 ])
 def test_impl_refuses_what_it_cannot_serve(kwargs, match):
     args = dict(num_heads=8, head_size=64, scale=0.125, num_kv_heads=2, alibi_slopes=None, sliding_window=None,
