@@ -39,7 +39,7 @@ class KVFormat(str, enum.Enum):
     @property
     def storage_dtype(self) -> torch.dtype:
         """The torch dtype of the pool's K/V buffers (the quantized formats store e4m3 bytes)."""
-        return _STORAGE_DTYPE[self]
+        return STORAGE_DTYPE[self]
 
     @property
     def quantized(self) -> bool:
@@ -76,16 +76,15 @@ class KVFormat(str, enum.Enum):
         return 2 * num_kv_heads * (head_dim * self.storage_dtype.itemsize + scale_bytes)
 
 
-_STORAGE_DTYPE = {KVFormat.BF16: torch.bfloat16, KVFormat.FP16: torch.float16, KVFormat.FP32: torch.float32,
-                  KVFormat.FP8_E4M3: mxfp8.DATA_DTYPE, KVFormat.MXFP8: mxfp8.DATA_DTYPE}
+# The one map between a KV format and the torch dtype of its pool buffers, and its inverse for the unquantized
+# formats (a model's dtype names its unquantized KV format).
+STORAGE_DTYPE = {KVFormat.BF16: torch.bfloat16, KVFormat.FP16: torch.float16, KVFormat.FP32: torch.float32,
+                 KVFormat.FP8_E4M3: mxfp8.DATA_DTYPE, KVFormat.MXFP8: mxfp8.DATA_DTYPE}
 
 KV_FORMATS = tuple(KVFormat)  # every KV format the backend stores
 FORMAT_NAMES = tuple(f.value for f in KVFormat)  # their names, as messages and flags spell them
 QUANTIZED_KV_FORMATS = tuple(f for f in KVFormat if f.quantized)
 UNQUANTIZED_KV_FORMATS = tuple(f for f in KVFormat if not f.quantized)
-# The one map between a KV format and the torch dtype of its pool buffers, and its inverse for the unquantized
-# formats (a model's dtype names its unquantized KV format).
-STORAGE_DTYPE = {f: f.storage_dtype for f in KVFormat}
 UNQUANTIZED_FORMAT_OF_DTYPE = {f.storage_dtype: f for f in UNQUANTIZED_KV_FORMATS}
 
 

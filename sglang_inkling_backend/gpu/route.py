@@ -99,19 +99,13 @@ class GpuRoute(Route):
         if not isinstance(keys, (KVRails, KVPages)):
             raise TypeError(f"keys must be KVPages (a page table) or KVRails (per-token rails), got "
                             f"{type(keys).__name__}")
-        pages = isinstance(keys, KVPages)
-        page_size = keys.page_size if pages else None
-        csr = (None, None) if pages else (keys.indptr, keys.indices)
-        table = (keys.page_table, keys.seq_lens) if pages else (None, None)
+        page_size = keys.page_size if isinstance(keys, KVPages) else None
+        csr, table = _csr(keys), _table(keys)
         # The no-sync shape/dtype/device checks, on every call (not only the layer that plans): q, the pool,
         # rel_bias and sinks are per layer. Then the key holds every input of the plan.
         self.kernels.check_decode_inputs(q, kv, *csr, params, None, page_table=table[0], seq_lens=table[1],
                                          page_size=page_size)
-        if not stream_capturing(q.device):
-            # The values the kernels read unchecked (block ids, lengths, max_seq_len), once per step and key: a page
-            # past the pool would be an illegal address (a killed process); a length past max_seq_len, lost keys.
-            plans.once(("decode keys", params.window, kv.num_slots, page_size),
-                       lambda: self._check_decode_keys(kv, keys, params.window, max_seq_len))
+        self._check_decode_keys_once(kv, keys, params.window, page_size, max_seq_len, plans)
         family = self.decode_family
         if family is not None:
             why = family.why_not(q, kv, keys, params, plans)
@@ -127,15 +121,29 @@ class GpuRoute(Route):
             elif why not in self._decode_notes:
                 self._decode_notes.add(why)
                 logger.info("inkling: decode: the Triton kernels for layers with %s", why)
-        batch, hq, d = q.shape
-        hkv, kv_dtype = kv.num_kv_heads, kv.k_buffer.dtype
-        kv_format = kv.kv_format
-        key = (params.window, hq, hkv, d, kv_dtype, kv_format, page_size, batch, max_seq_len)
-        plan = plans.get(key, lambda: self.kernels.plan_decode(
-            batch, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, window=params.window, max_seq_len=max_seq_len,
-            page_size=page_size, kv_dtype=kv_dtype, workspace=workspace, kv_format=kv_format))
+        plan = self._triton_plan(q.shape[0], q.shape[1], kv, params.window, page_size, max_seq_len, plans,
+                                 workspace)
         return self.kernels.run_decode(plan, q, kv, *csr, params, check=False, page_table=table[0],
                                        seq_lens=table[1])
+
+    def _check_decode_keys_once(self, kv: PagedKV, keys, window: Optional[int], page_size: Optional[int],
+                                max_seq_len: int, plans: DecodePlanCache) -> None:
+        """The values the kernels read unchecked (block ids, lengths, max_seq_len), once per step and key, outside
+        capture: a page past the pool would be an illegal address (a killed process); a length past max_seq_len,
+        lost keys."""
+        if not stream_capturing(kv.k_buffer.device):
+            plans.once(("decode keys", window, kv.num_slots, page_size),
+                       lambda: self._check_decode_keys(kv, keys, window, max_seq_len))
+
+    def _triton_plan(self, batch: int, num_q_heads: int, kv: PagedKV, window: Optional[int],
+                     page_size: Optional[int], max_seq_len: int, plans: DecodePlanCache, workspace):
+        """The step's Triton decode plan for this shape, made by the first layer (or group) that asks: the key holds
+        every input of ``plan_decode``."""
+        hkv, d, kv_dtype, kv_format = kv.num_kv_heads, kv.head_dim, kv.k_buffer.dtype, kv.kv_format
+        key = (window, num_q_heads, hkv, d, kv_dtype, kv_format, page_size, batch, max_seq_len)
+        return plans.get(key, lambda: self.kernels.plan_decode(
+            batch, num_q_heads=num_q_heads, num_kv_heads=hkv, head_dim=d, window=window, max_seq_len=max_seq_len,
+            page_size=page_size, kv_dtype=kv_dtype, workspace=workspace, kv_format=kv_format))
 
     def plan_decode_group(self, kv: PagedKV, keys: Union[KVRails, KVPages], params: AttentionParams, *,
                           num_q_heads: int, batch: int, max_seq_len: int, plans: DecodePlanCache,
@@ -154,21 +162,13 @@ class GpuRoute(Route):
         if not isinstance(keys, (KVRails, KVPages)):
             raise TypeError(f"keys must be KVPages (a page table) or KVRails (per-token rails), got "
                             f"{type(keys).__name__}")
-        pages = isinstance(keys, KVPages)
-        page_size = keys.page_size if pages else None
-        device = kv.k_buffer.device
-        self.kernels.check_kv_map(batch, kv, device, *_csr(keys), *_table(keys), page_size)
-        if not stream_capturing(device):  # the values the kernels read unchecked, as decode checks them
-            plans.once(("decode keys", params.window, kv.num_slots, page_size),
-                       lambda: self._check_decode_keys(kv, keys, params.window, max_seq_len))
-        hkv, d, kv_dtype, kv_format = kv.num_kv_heads, kv.head_dim, kv.k_buffer.dtype, kv.kv_format
-        key = (params.window, num_q_heads, hkv, d, kv_dtype, kv_format, page_size, batch, max_seq_len)
-        plan = plans.get(key, lambda: self.kernels.plan_decode(
-            batch, num_q_heads=num_q_heads, num_kv_heads=hkv, head_dim=d, window=params.window,
-            max_seq_len=max_seq_len, page_size=page_size, kv_dtype=kv_dtype, workspace=workspace,
-            kv_format=kv_format))
-        return DecodeGroupPlan(window=params.window, batch=batch, num_q_heads=num_q_heads, num_kv_heads=hkv,
-                               head_dim=d, kv_dtype=kv_dtype, num_slots=kv.num_slots, keys=keys, kernel_plan=plan)
+        page_size = keys.page_size if isinstance(keys, KVPages) else None
+        self.kernels.check_kv_map(batch, kv, kv.k_buffer.device, *_csr(keys), *_table(keys), page_size)
+        self._check_decode_keys_once(kv, keys, params.window, page_size, max_seq_len, plans)
+        plan = self._triton_plan(batch, num_q_heads, kv, params.window, page_size, max_seq_len, plans, workspace)
+        return DecodeGroupPlan(window=params.window, batch=batch, num_q_heads=num_q_heads,
+                               num_kv_heads=kv.num_kv_heads, head_dim=kv.head_dim, kv_dtype=kv.k_buffer.dtype,
+                               num_slots=kv.num_slots, keys=keys, kernel_plan=plan)
 
     def run_decode_group(self, group: DecodeGroupPlan, q: torch.Tensor, kv: PagedKV,
                          params: AttentionParams) -> torch.Tensor:

@@ -9,6 +9,8 @@ Under the Triton interpreter the kernels read 8-bit pools as bytes (``INKLING_E4
 interpreter's own e4m3 -> float32 cast reads the NaN byte 0x7F as 480 (checked below), where a GPU's conversion,
 and the byte decoder, give NaN."""
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,29 +24,18 @@ from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV, Sp
 from sglang_inkling_backend.reference.attention import paged_decode_attention as torch_decode  # noqa: E402
 from sglang_inkling_backend.reference.attention import paged_extend_attention as torch_extend  # noqa: E402
 from sglang_inkling_backend.triton.decode_attention import paged_decode_attention as triton_decode  # noqa: E402
-from sglang_inkling_backend.scale_layout import ScaleLayout  # noqa: E402
 from sglang_inkling_backend.triton.extend_attention import paged_extend_attention as triton_extend  # noqa: E402
-from sglang_inkling_backend.triton.kv_store import store_kv_mxfp8  # noqa: E402
 
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the extend tests' pool builder
+from test_triton_extend import DEV, make_pool  # noqa: E402
+
 HQ, HKV, D, TOKENS, BAD = 4, 2, 32, 20, 15  # the bad key: position 15 of a 20-token prefill, KV head 0, channel 3
 E4M3_NAN = 0x7F
 
 
 def pool(fmt):
-    gen = torch.Generator().manual_seed(5)
-    k = torch.randn(TOKENS, HKV, D, generator=gen).to(DEV)
-    v = torch.randn(TOKENS, HKV, D, generator=gen).to(DEV)
-    if fmt == "mxfp8":
-        layout = ScaleLayout.for_pool(128, HKV, D, 128)
-        data = lambda: torch.zeros(128, HKV, D, dtype=torch.float8_e4m3fn, device=DEV)  # noqa: E731
-        kv = PagedKV(data(), data(), layout.empty(DEV), layout.empty(DEV), layout)
-        store_kv_mxfp8(kv, torch.arange(TOKENS, device=DEV), k.bfloat16(), v.bfloat16())
-        return kv
-    if fmt == "fp8":
-        return PagedKV((k / 0.5).to(torch.float8_e4m3fn), (v / 0.25).to(torch.float8_e4m3fn), k_scale=0.5,
-                       v_scale=0.25)
-    return PagedKV(k.bfloat16(), v.bfloat16())
+    """A 128-slot pool (an MXFP8 pool's one page) of the format, random K/V: the extend tests' builder."""
+    return make_pool(fmt, HKV, D, 128, torch.Generator().manual_seed(5))
 
 
 def poison(kv: PagedKV, value: str) -> PagedKV:

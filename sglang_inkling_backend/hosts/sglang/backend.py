@@ -189,12 +189,14 @@ class InklingAttnBackend(AttentionBackend):
         # decode step (init_forward_metadata): each group's first layer, and each layer's group by layer id
         groups: dict = {}
         self.decode_group_of_layer: list = [None] * (max(self.layer_plan.attention_layer_ids, default=-1) + 1)
+        self.decode_group_leaders: list = []
         for spec, layer_id in zip(self.attention_specs, self.layer_plan.attention_layer_ids):
             slots = self.token_to_kv_pool.get_key_buffer(layer_id).shape[0]
             key = (spec.window, spec.num_q_heads, spec.num_kv_heads, spec.head_dim, slots)
-            self.decode_group_of_layer[layer_id] = groups.setdefault(key, len(groups))
-        self.decode_group_leaders = [next(i for i in self.layer_plan.attention_layer_ids
-                                          if self.decode_group_of_layer[i] == g) for g in range(len(groups))]
+            if key not in groups:
+                groups[key] = len(self.decode_group_leaders)
+                self.decode_group_leaders.append(layer_id)
+            self.decode_group_of_layer[layer_id] = groups[key]
         self.workspace = self.route.make_workspace(
             max_batch=self.req_to_token_pool.req_to_token.shape[0], max_seq_len=self.max_context_len,
             geometries={(s.num_q_heads, s.num_kv_heads, s.head_dim) for s in self.attention_specs},
