@@ -14,6 +14,9 @@ Check: ``CHECK_ROWS`` query rows of every request (its first, middle and last an
 attention over the values that pool holds, relative Frobenius error below ``TOL`` (bf16 Q, K, P: ~4e-3 seen).
 
     python bench/bench_extend.py --out $OUT       # prints the table, writes $OUT/extend.json
+    BENCH_PACKAGE_ROOT=old python bench/bench_extend.py --kernels triton --out $OUT/old
+                                                  # the Triton rows only (no FlashInfer), from another copy of the
+                                                  # package (bench/extend_guard_call.sh)
 """
 
 from __future__ import annotations
@@ -28,7 +31,10 @@ import time
 import torch
 import triton
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+# The package this bench times: this checkout's, or another copy's (an older commit's, for a before/after in one call).
+PACKAGE_ROOT = os.path.abspath(os.environ.get("BENCH_PACKAGE_ROOT")
+                               or os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, PACKAGE_ROOT)
 
 from sglang_inkling_backend import triton as kernels  # noqa: E402
 from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV  # noqa: E402
@@ -109,17 +115,24 @@ def main():
     ap.add_argument("--out", default=".")
     ap.add_argument("--shapes", default="", help="comma-separated indices into SHAPES (default: all)")
     ap.add_argument("--budget-s", type=float, default=520)
+    ap.add_argument("--kernels", choices=("all", "triton"), default="all",
+                    help="triton: only the Triton extend kernel's rows, FlashInfer not needed")
     args = ap.parse_args()
     dev = torch.device("cuda")
-    flashinfer, why = load_flashinfer(dev, "BatchPrefillWithRaggedKVCacheWrapper")
-    if flashinfer is None:
-        raise SystemExit(f"FlashInfer is needed: {why}")
-    print(f"{torch.cuda.get_device_name()}, FlashInfer {flashinfer.__version__}, triton {triton.__version__}",
-          flush=True)
-    family = FlashInferExtend(flashinfer, dev)
-    ours = GpuRoute(kernels, family)
+    package = os.path.dirname(os.path.dirname(os.path.abspath(kernels.__file__)))
+    print(f"package: {package}", flush=True)
+    with_flashinfer = args.kernels == "all"
+    flashinfer = None
+    if with_flashinfer:
+        flashinfer, why = load_flashinfer(dev, "BatchPrefillWithRaggedKVCacheWrapper")
+        if flashinfer is None:
+            raise SystemExit(f"FlashInfer is needed: {why}")
+        family = FlashInferExtend(flashinfer, dev)
+        ours = GpuRoute(kernels, family)
+        peer = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(family.workspace, "NHD")
+    fi_version = flashinfer.__version__ if flashinfer else None
+    print(f"{torch.cuda.get_device_name()}, FlashInfer {fi_version}, triton {triton.__version__}", flush=True)
     triton_only = GpuRoute(kernels, None)
-    peer = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(family.workspace, "NHD")
     picked = [SHAPES[int(i)] for i in args.shapes.split(",")] if args.shapes else SHAPES
     start, rows = time.time(), []
     for label, Hq, Hkv, D, B, prefix, new, window in picked:
@@ -131,17 +144,22 @@ def main():
         params = AttentionParams(D ** -0.5, window=window)
         row = {"shape": label, "Hq": Hq, "Hkv": Hkv, "D": D, "B": B, "prefix": prefix, "new": new,
                "window": window, "ms": {}, "rel_err": {}}
-        # The peer: FlashInfer on the batch's bf16 K/V, contiguous.
-        k_contig, v_contig = pools["bf16"].k_buffer[rails.indices], pools["bf16"].v_buffer[rails.indices]
-        peer.plan(qo.to(torch.int32), rails.indptr.to(torch.int32), Hq, Hkv, D, causal=True,
-                  window_left=window - 1 if window else -1, sm_scale=params.softmax_scale,
-                  q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
-        runs = {"flashinfer_bf16": (lambda: peer.run(q, k_contig, v_contig), pools["bf16"])}
+        runs = {}
+        k_contig = v_contig = None
+        if with_flashinfer:
+            # The peer: FlashInfer on the batch's bf16 K/V, contiguous.
+            k_contig, v_contig = pools["bf16"].k_buffer[rails.indices], pools["bf16"].v_buffer[rails.indices]
+            peer.plan(qo.to(torch.int32), rails.indptr.to(torch.int32), Hq, Hkv, D, causal=True,
+                      window_left=window - 1 if window else -1, sm_scale=params.softmax_scale,
+                      q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+            runs["flashinfer_bf16"] = (lambda: peer.run(q, k_contig, v_contig), pools["bf16"])
         for fmt in ("mxfp8", "bf16"):
             kv = pools[fmt]
-            step = DecodePlanCache()
-            ours.extend(q, kv, rails, qo, params, plans=step)  # the step's plan, made once
-            runs[f"ours_{fmt}"] = (lambda kv=kv, step=step: ours.extend(q, kv, rails, qo, params, plans=step), kv)
+            if with_flashinfer:
+                step = DecodePlanCache()
+                ours.extend(q, kv, rails, qo, params, plans=step)  # the step's plan, made once
+                runs[f"ours_{fmt}"] = (lambda kv=kv, step=step: ours.extend(q, kv, rails, qo, params, plans=step),
+                                       kv)
             runs[f"ours_{fmt}_triton"] = (lambda kv=kv: triton_only.extend(q, kv, rails, qo, params), kv)
         for name, (fn, kv) in runs.items():
             t0 = time.time()
@@ -151,26 +169,36 @@ def main():
             row["ms"][name] = time_ms(fn)
             row.setdefault("first_call_s", {})[name] = round(time.time() - t0, 1)
         row["correct"] = all(e < TOL for e in row["rel_err"].values())
-        base = row["ms"]["flashinfer_bf16"]
-        row["time_vs_flashinfer_bf16"] = {k: round(v / base, 3) for k, v in row["ms"].items()}
+        if with_flashinfer:
+            base = row["ms"]["flashinfer_bf16"]
+            row["time_vs_flashinfer_bf16"] = {k: round(v / base, 3) for k, v in row["ms"].items()}
         rows.append(row)
-        cells = "  ".join(f"{k} {v:.3f}ms ({row['time_vs_flashinfer_bf16'][k]:.2f}x, err {row['rel_err'][k]:.1e})"
-                          for k, v in row["ms"].items())
+        cells = "  ".join(f"{k} {v:.3f}ms (err {row['rel_err'][k]:.1e})" for k, v in row["ms"].items())
         print(f"{label}: {cells}  correct={row['correct']}", flush=True)
         runs = k_contig = v_contig = pools = None
         torch.cuda.empty_cache()
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "extend.json"), "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(), "flashinfer": flashinfer.__version__,
-                   "triton": triton.__version__, "tol": TOL, "rows": rows}, f, indent=1)
+        json.dump({"device": torch.cuda.get_device_name(), "flashinfer": fi_version, "package": package,
+                   "kernels": args.kernels, "triton": triton.__version__, "tol": TOL, "rows": rows}, f, indent=1)
+    if not with_flashinfer:
+        print("\n| shape | Triton MXFP8 ms | Triton bf16 ms | max err |\n|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['shape']} | {r['ms']['ours_mxfp8_triton']:.3f} | {r['ms']['ours_bf16_triton']:.3f} | "
+                  f"{max(r['rel_err'].values()):.1e} |")
+    else:
+        print_flashinfer_table(rows)
+    if not all(r["correct"] for r in rows):
+        raise SystemExit("some output failed its float64 check")
+
+
+def print_flashinfer_table(rows):
     print("\n| shape | FI bf16 ms | ours MXFP8 | ours bf16 | Triton MXFP8 | Triton bf16 | max err |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         t = r["time_vs_flashinfer_bf16"]
         print(f"| {r['shape']} | {r['ms']['flashinfer_bf16']:.3f} | {t['ours_mxfp8']:.2f}x | {t['ours_bf16']:.2f}x | "
               f"{t['ours_mxfp8_triton']:.2f}x | {t['ours_bf16_triton']:.2f}x | {max(r['rel_err'].values()):.1e} |")
-    if not all(r["correct"] for r in rows):
-        raise SystemExit("some output failed its float64 check")
 
 
 if __name__ == "__main__":
