@@ -4,7 +4,7 @@
 # repeats of one side shows the noise the difference must exceed. Only the Triton rows: FlashInfer is not needed.
 #   prepare here:  bash bench/extend_guard_call.sh --prepare      # .h16 with old/ (82b4ff0's package) beside it
 #   on the device: cd .h16 && bash bench/extend_guard_call.sh     # writes under $OUT
-#   summarize:     python bench/summarize_extend_guard.py <files_at> --out bench/results/current/extend-guard
+#   summarize:     python bench/summarize_extend_guard.py <files_at> --out bench/results/current/<date>-extend-guard
 set -uo pipefail
 OLD_COMMIT=${OLD_COMMIT:-82b4ff0}
 if [ "${1:-}" = "--prepare" ]; then

@@ -2,7 +2,7 @@
 kernel's time with the non-finite guard (``new``) over its time without it (``old``), each the mean of its repeats,
 next to the spread between one side's repeats (the noise a difference has to exceed to count).
 
-    python bench/summarize_extend_guard.py <the call's files> --out bench/results/current/extend-guard
+    python bench/summarize_extend_guard.py <the call's files> --out bench/results/current/<date>-extend-guard
 """
 from __future__ import annotations
 
