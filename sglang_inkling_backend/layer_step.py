@@ -27,7 +27,8 @@ from sglang_inkling_backend.checks import require_tensor, UnsupportedFeature
 from sglang_inkling_backend.layer_plan import LayerSpec
 from sglang_inkling_backend.rails import KVPages, KVRails
 from sglang_inkling_backend.route_protocol import Route
-from sglang_inkling_backend.step_plans import DecodeGroupPlan, check_extend_keys
+from sglang_inkling_backend.step_plans import (DecodeGroupPlan, ExtendGroupPlan, check_extend_keys,
+                                               forward_rows_layout, keys_with_forward_rows)
 
 
 class StepKeys(Protocol):
@@ -75,28 +76,16 @@ def forward_rows_keys(route: Route, kv: PagedKV, rails: KVRails, qo_indptr: torc
     Without a prefix the forward's K/V are the keys, nothing is gathered; else the rails' rows are gathered
     (``route.gather_keys``) and the new rows written over theirs. Where the rows go is worked out once per step and
     window (one sync) and shared by the layers."""
-
-    def layout():
-        r = torch.arange(new_k.shape[0], device=new_k.device)
-        if rails.indptr.shape == qo_indptr.shape and bool(torch.equal(rails.indptr, qo_indptr)):
-            return None, r  # every key is new
-        b = torch.searchsorted(qo_indptr[1:].contiguous(), r, right=True)
-        nnz = int(rails.indptr[-1])
-        return rails.indptr[b + 1] - qo_indptr[b + 1] + r, torch.arange(nnz, device=new_k.device)
-
-    positions, dense = plans.value(("extend rows from the forward", window, new_k.shape[0]), layout)
-    if positions is None:  # contiguous rows (a split of a fused qkv is a strided view): what every kernel reads
-        return PagedKV(new_k.contiguous(), new_v.contiguous()), KVRails(qo_indptr, dense, dense=True)
-    k, v = route.gather_keys(kv, rails.indices[:dense.numel()])
-    k[positions] = new_k.to(k.dtype)
-    v[positions] = new_v.to(v.dtype)
-    return PagedKV(k, v), KVRails(rails.indptr, dense, dense=True)
+    layout = plans.value(("extend rows from the forward", window, new_k.shape[0]),
+                         lambda: forward_rows_layout(rails, qo_indptr, new_k.shape[0]))
+    return keys_with_forward_rows(route.gather_keys, kv, rails, qo_indptr, layout, new_k, new_v)
 
 
 def attend(route: Route, spec: LayerSpec, q3: torch.Tensor, kv: PagedKV, keys: StepKeys,
            params_of: Callable[[int, int], AttentionParams], workspace,
            out: Optional[torch.Tensor] = None, forward_kv: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
-           verify: Optional[SpecVerify] = None, decode_group: Optional[DecodeGroupPlan] = None) -> torch.Tensor:
+           verify: Optional[SpecVerify] = None, decode_group: Optional[DecodeGroupPlan] = None,
+           extend_group: Optional[ExtendGroupPlan] = None) -> torch.Tensor:
     """The layer's attention over the step's keys. ``params_of(first, last)`` gives the parameters of rows
     ``[first, last)``. With ``out`` (``[rows, Hq, D]``, any float dtype) the route's results are cast into it and it
     is returned; without, a batch of one kind returns the route's result as it is (float32 or the query's dtype) and
@@ -105,7 +94,9 @@ def attend(route: Route, spec: LayerSpec, q3: torch.Tensor, kv: PagedKV, keys: S
     decode rows always read the pool. ``verify``: the extend rows are a speculative verify step's draft tokens
     (one tree per extend request); refused, before any route is called, by a route without ``serves_verify``.
     ``decode_group``: the step's decode plan for this layer's group (``Route.plan_decode_group``, made where the
-    host handed over the batch): the decode rows run it (``Route.run_decode_group``) instead of planning here."""
+    host handed over the batch): the decode rows run it (``Route.run_decode_group``) instead of planning here;
+    ``extend_group`` the same for the extend rows (``Route.plan_extend_group``, made with ``forward_rows`` where
+    ``forward_kv`` is given; ``Route.run_extend_group``)."""
     require_tensor(q3, "q", "a [rows, Hq, D] tensor")
     rows, nd = q3.shape[0], keys.num_decode_rows
     if forward_kv is not None:
@@ -133,7 +124,9 @@ def attend(route: Route, spec: LayerSpec, q3: torch.Tensor, kv: PagedKV, keys: S
             raise TypeError(f"verify must be None or a SpecVerify, got {type(verify).__name__}")
         if rows == nd:
             raise ValueError("verify is given but the step has no extend rows (its draft tokens)")
-    if rows > nd:
+    if extend_group is not None and verify is not None:
+        raise ValueError("extend_group and verify cannot both be given: a verify step's extend plans per layer")
+    if rows > nd and extend_group is None:
         rails, qo_indptr = keys.extend_keys(spec.window)
         if verify is not None:  # the step's query offsets are every layer's: checked once per step and window
             keys.plans.once(("verify queries", spec.window), lambda: verify.check_queries(qo_indptr))
@@ -143,7 +136,11 @@ def attend(route: Route, spec: LayerSpec, q3: torch.Tensor, kv: PagedKV, keys: S
     elif nd:
         decoded = route.decode(q3[:nd], kv, keys.decode_keys(spec.window, route.reads_page_tables),
                                params_of(0, nd), max_seq_len=keys.max_seq_len, plans=keys.plans, workspace=workspace)
-    if rows > nd:
+    if rows > nd and extend_group is not None:
+        new_kv = None if forward_kv is None else (forward_kv[0][nd:], forward_kv[1][nd:])
+        extended = route.run_extend_group(extend_group, q3[nd:], kv, params_of(nd, rows), forward_kv=new_kv,
+                                          plans=keys.plans)
+    elif rows > nd:
         extend_kv = kv
         if forward_kv is not None:
             # the pool's rails are read here, before the route sees them: checked as the route would (same key)

@@ -23,7 +23,9 @@ Hosts read a route's capabilities, never its name (``name`` is for log lines):
   signature (default: the torch reference, ``reference.prologue``).
 
 And it answers ``make_workspace(**limits)`` (default: None, nothing kept between calls), ``decode`` and ``extend``
-(every route), ``gather_keys`` (default: ``PagedKV.read``) and ``plan_graph_step`` (default: nothing to plan).
+(every route), ``gather_keys`` (default: ``PagedKV.read``), ``plan_graph_step`` (default: nothing to plan) and
+the group plans of an eager step, ``plan_decode_group``/``run_decode_group`` and
+``plan_extend_group``/``run_extend_group`` (default: no plan, the layers call ``decode``/``extend``).
 
 Apple silicon has no route: SGLang's MLX runner never builds a torch attention backend, so no host calls a route
 there. The MLX family (``mlx/``: mx.array pools, Metal kernels) is wired by ``hosts/sglang/mlx_runner.py`` into
@@ -40,7 +42,7 @@ import torch
 from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV, SpecVerify
 from sglang_inkling_backend.rails import KVPages, KVRails
 from sglang_inkling_backend.reference import prologue as reference_prologue
-from sglang_inkling_backend.step_plans import DecodeGroupPlan, DecodePlanCache
+from sglang_inkling_backend.step_plans import DecodeGroupPlan, DecodePlanCache, ExtendGroupPlan
 
 
 class Route(abc.ABC):
@@ -91,6 +93,24 @@ class Route(abc.ABC):
                          params: AttentionParams) -> torch.Tensor:
         """One layer's decode with its group's plan (``plan_decode_group``): ``q [B, Hq, D]`` -> ``[B, Hq, D]``."""
         raise NotImplementedError(f"the {self.name} route makes no decode group plans")
+
+    def plan_extend_group(self, kv: PagedKV, rails: KVRails, qo_indptr: torch.Tensor, params: AttentionParams, *,
+                          num_q_heads: int, rows: int, q_dtype: torch.dtype, forward_rows: bool,
+                          plans: DecodePlanCache) -> Optional[ExtendGroupPlan]:
+        """Once per eager extend step, where the host hands over the batch: the extend of every layer shaped like
+        ``kv`` and ``params`` over ``rows`` query rows of ``q_dtype``, with its keys checked; ``forward_rows``:
+        the layers read their new rows' keys from the forward's K/V (``layer_step.forward_rows_keys``). A layer's
+        call then runs it (``run_extend_group``). None (here, and where the route plans per layer): the layers
+        call ``extend``."""
+        return None
+
+    def run_extend_group(self, group: ExtendGroupPlan, q: torch.Tensor, kv: PagedKV, params: AttentionParams, *,
+                         forward_kv: Optional[tuple[torch.Tensor, torch.Tensor]],
+                         plans: DecodePlanCache) -> torch.Tensor:
+        """One layer's extend with its group's plan (``plan_extend_group``): ``q [rows, Hq, D]`` -> ``[rows, Hq,
+        D]``; ``forward_kv``: the layer's new K/V rows ``[rows, Hkv, D]`` where the plan reads them from the
+        forward."""
+        raise NotImplementedError(f"the {self.name} route makes no extend group plans")
 
     def gather_keys(self, kv: PagedKV, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K/V rows at ``slots`` (checked by the caller), dequantized and scaled: here float32 through

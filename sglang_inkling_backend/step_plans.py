@@ -1,6 +1,7 @@
-"""What a route keeps and checks once per step, shared by every route and host: the step's decode plans
-(``DecodePlanCache``, one per key, views of the route's workspace) and the check of an extend's keys
-(``check_extend_keys``). Host-free and accelerator-free."""
+"""What a route keeps and checks once per step, shared by every route and host: the plans of a group of layers
+(``DecodeGroupPlan``, ``ExtendGroupPlan``), the step's plans by key for the paths that plan per layer
+(``DecodePlanCache``, views of the route's workspace) and the check of an extend's keys (``check_extend_keys``).
+Host-free and accelerator-free."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,7 +9,7 @@ from typing import Callable, Hashable, Optional, Union
 
 import torch
 
-from sglang_inkling_backend.attention_inputs import PagedKV
+from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV
 from sglang_inkling_backend.checks import require_slots
 from sglang_inkling_backend.rails import KVPages, KVRails
 
@@ -29,6 +30,40 @@ class DecodeGroupPlan:
     num_slots: int
     keys: Union[KVRails, KVPages]
     kernel_plan: object  # the route's (GpuRoute: triton.DecodePlan)
+
+
+@dataclass(frozen=True)
+class ForwardRows:
+    """Where an extend's own new rows go among its keys when they are read from the forward's K/V
+    (``layer_step.forward_rows_keys``): ``positions`` of the new rows among the gathered keys (None: every key is
+    new, the forward's K/V are the keys) and ``dense``, the keys' order ``[0, nnz)``. Host-free tensors on the
+    pool's device, the same for every layer of the step with the same window."""
+
+    positions: Optional[torch.Tensor]
+    dense: torch.Tensor
+
+
+@dataclass(frozen=True)
+class ExtendGroupPlan:
+    """One step's extend for a group of layers that share everything its plan depends on (window, head counts,
+    head_dim, the pool's dtype, format and slots), made once per step where the host hands over the batch
+    (``Route.plan_extend_group``): the extend's rails and query offsets, checked against the pool
+    (``check_extend_keys``), where the new rows go when read from the forward (``forward_rows``, None where the
+    host reads them from the pool) and the route's kernel plan. A layer of the group then checks only its own
+    tensors and runs it (``Route.run_extend_group``)."""
+
+    window: Optional[int]
+    rows: int  # the extend's query rows
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    kv_dtype: torch.dtype
+    num_slots: int
+    rails: KVRails
+    qo_indptr: torch.Tensor
+    forward_rows: Optional[ForwardRows]
+    kernel_plan: object  # the route's (GpuRoute: flashinfer.FlashInferExtendPlan, or triton.ExtendBlocks)
+    params: AttentionParams  # the planning layer's: a layer with others (scale, cap, bias) plans for itself
 
 
 class DecodePlanCache:
@@ -72,6 +107,33 @@ class DecodePlanCache:
     def plans(self) -> list:
         return list(self._plans.values())
 
+
+
+def forward_rows_layout(rails: KVRails, qo_indptr: torch.Tensor, rows: int) -> ForwardRows:
+    """Where an extend's ``rows`` new rows go among its keys (``ForwardRows``; one device read where the step has a
+    cached prefix). The rails and offsets are checked by the caller (``check_extend_keys``)."""
+    device = qo_indptr.device
+    r = torch.arange(rows, device=device)
+    if rails.indptr.shape == qo_indptr.shape and bool(torch.equal(rails.indptr, qo_indptr)):
+        return ForwardRows(None, r)  # every key is new
+    b = torch.searchsorted(qo_indptr[1:].contiguous(), r, right=True)
+    nnz = int(rails.indptr[-1])
+    return ForwardRows(rails.indptr[b + 1] - qo_indptr[b + 1] + r, torch.arange(nnz, device=device))
+
+
+def keys_with_forward_rows(gather_keys: Callable, kv: PagedKV, rails: KVRails, qo_indptr: torch.Tensor,
+                           layout: ForwardRows, new_k: torch.Tensor, new_v: torch.Tensor
+                           ) -> tuple[PagedKV, KVRails]:
+    """An extend's keys with its own new rows taken from the forward's K/V ``new_k``/``new_v [rows, Hkv, D]``
+    (float) and the cached prefix from the pool, as dense rails over new K/V buffers. Without a prefix the
+    forward's K/V are the keys, nothing is gathered; else the rails' rows are gathered (``gather_keys(kv, slots)``,
+    a route's ``gather_keys``) and the new rows written over theirs."""
+    if layout.positions is None:  # contiguous rows (a split of a fused qkv is a strided view): what every kernel reads
+        return PagedKV(new_k.contiguous(), new_v.contiguous()), KVRails(qo_indptr, layout.dense, dense=True)
+    k, v = gather_keys(kv, rails.indices[:layout.dense.numel()])
+    k[layout.positions] = new_k.to(k.dtype)
+    v[layout.positions] = new_v.to(v.dtype)
+    return PagedKV(k, v), KVRails(rails.indptr, layout.dense, dense=True)
 
 
 def check_extend_keys(kv: PagedKV, rails: KVRails, qo_indptr: torch.Tensor, rows: int) -> bool:

@@ -14,9 +14,10 @@ from sglang_inkling_backend.route_protocol import Route
 
 MEMBERS = ("name", "graph_capturable", "reads_page_tables", "query_in_model_dtype", "runs_triton", "fused_store",
            "gather_rail_slots", "serves_verify", "decode_prologue", "make_workspace", "decode", "extend",
-           "gather_keys", "plan_graph_step", "plan_decode_group", "run_decode_group")
+           "gather_keys", "plan_graph_step", "plan_decode_group", "run_decode_group", "plan_extend_group",
+           "run_extend_group")
 METHODS = ("make_workspace", "decode", "extend", "gather_keys", "plan_graph_step", "plan_decode_group",
-           "run_decode_group")
+           "run_decode_group", "plan_extend_group", "run_extend_group")
 
 
 def concrete_routes() -> list:

@@ -9,7 +9,7 @@ hands the extend family the K/V gather it reads through. This package imports no
 """
 
 from .decode import DECODE_KERNEL_ENV, FlashInferDecode, decode_family
-from .extend import EXTEND_KERNEL_ENV, FlashInferExtend, extend_family
+from .extend import EXTEND_KERNEL_ENV, FlashInferExtend, FlashInferExtendPlan, effective_scales, extend_family
 
-__all__ = ["DECODE_KERNEL_ENV", "EXTEND_KERNEL_ENV", "FlashInferDecode", "FlashInferExtend", "decode_family",
-           "extend_family"]
+__all__ = ["DECODE_KERNEL_ENV", "EXTEND_KERNEL_ENV", "FlashInferDecode", "FlashInferExtend", "FlashInferExtendPlan",
+           "decode_family", "effective_scales", "extend_family"]

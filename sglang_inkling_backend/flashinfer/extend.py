@@ -21,6 +21,7 @@ route runs its Triton kernel for other layers (``why_not`` says why, the route l
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
@@ -47,6 +48,25 @@ def extend_family(device: torch.device, workspace: Optional[torch.Tensor] = None
     return family, f"FlashInfer {family.version} ragged prefill"
 
 
+@dataclass(frozen=True)
+class FlashInferExtendPlan:
+    """A step's ragged prefill for a group of layers: the planned wrapper, the step's key count (a host int), the
+    dtype the keys are read in and their per-tensor scales (``effective_scales``: the K scale is in the wrapper's
+    softmax scale, the V scale goes onto the output)."""
+
+    wrapper: object
+    nnz: int
+    dtype: torch.dtype
+    k_scale: float
+    v_scale: float
+
+
+def effective_scales(kv: PagedKV) -> tuple[float, float]:
+    """The per-tensor scales FlashInfer's plan and output take for ``kv``: a per-tensor fp8 pool's, else 1.0 (the
+    gathered keys of every other format are the values themselves)."""
+    return (kv.k_scale, kv.v_scale) if kv.kv_format.tensor_scaled else (1.0, 1.0)
+
+
 class FlashInferExtend:
     """The family. The route's float workspace (``install.float_workspace``, allocated at the route's construction)
     and one FlashInfer wrapper per plan key, shared by every step; each step plans each key once."""
@@ -62,14 +82,18 @@ class FlashInferExtend:
 
     def why_not(self, q: torch.Tensor, kv: PagedKV, params: AttentionParams) -> str:
         """"" when this family serves the layer, else the reason (a phrase for a log line)."""
+        return self.layer_why_not(q.dtype, kv, params)
+
+    def layer_why_not(self, q_dtype: torch.dtype, kv: PagedKV, params: AttentionParams) -> str:
+        """``why_not`` from the query's dtype alone: a step plans its layer groups before it has their queries."""
         if params.rel_bias is not None:
             return "a relative bias (FlashInfer's ragged prefill adds none)"
         if params.sinks is not None:
             return "attention sinks"
         if kv.head_dim not in HEAD_DIMS:
             return f"head_dim {kv.head_dim} (FlashInfer's prefill serves {HEAD_DIMS})"
-        if kv.k_buffer.dtype == torch.float32 or q.dtype not in QUERY_DTYPES:
-            return f"a {kv.k_buffer.dtype} pool with a {q.dtype} query (FlashInfer's prefill is 16-bit)"
+        if kv.k_buffer.dtype == torch.float32 or q_dtype not in QUERY_DTYPES:
+            return f"a {kv.k_buffer.dtype} pool with a {q_dtype} query (FlashInfer's prefill is 16-bit)"
         return ""
 
     def _plan(self, key, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, hq: int, hkv: int, d: int,
@@ -87,24 +111,46 @@ class FlashInferExtend:
             q_data_type=dtype, kv_data_type=dtype))
         return wrapper, int(kv_host[-1])
 
-    def extend(self, q: torch.Tensor, kv: PagedKV, rails: KVRails, qo_indptr: torch.Tensor,
-               params: AttentionParams, plans, *, gather_kv: Callable, gather_dtype: Callable) -> torch.Tensor:
-        """``q [rows, Hq, D]`` -> ``[rows, Hq, D]`` in ``gather_dtype(kv)``. The caller has checked the inputs
-        (``why_not`` is "", rails and qo_indptr are the host's, validated where it builds them). ``gather_kv(kv,
-        slots, validate=False)``: the rail's K/V rows, contiguous, in ``gather_dtype(kv)``."""
-        dtype = gather_dtype(kv)
-        per_tensor = kv.kv_format.tensor_scaled
-        sm_scale = params.softmax_scale * (kv.k_scale if per_tensor else 1.0)
-        hq, d = q.shape[1], q.shape[2]
-        key = ("flashinfer_extend", hq, kv.num_kv_heads, d, dtype, params.window, params.logit_cap, sm_scale)
-        wrapper, nnz = plans.get(key, lambda: self._plan(key, qo_indptr, rails.indptr, hq, kv.num_kv_heads, d,
-                                                         dtype, params.window, params.logit_cap, sm_scale))
-        if rails.dense and kv.k_buffer.dtype == dtype:  # already contiguous in order (layer_step's forward rows)
+    def plan(self, num_q_heads: int, kv: PagedKV, rails: KVRails, qo_indptr: torch.Tensor,
+             params: AttentionParams, plans, *, gather_dtype: Callable) -> FlashInferExtendPlan:
+        """The step's plan for layers of ``num_q_heads`` over ``kv`` (its keys gathered in ``gather_dtype(kv)``)
+        and ``params`` (one sync where the step has not planned this key yet; shared through ``plans``)."""
+        k_scale, v_scale = effective_scales(kv)
+        return self.plan_keys(num_q_heads, kv.num_kv_heads, kv.head_dim, gather_dtype(kv), k_scale, v_scale, rails,
+                              qo_indptr, params, plans)
+
+    def plan_keys(self, num_q_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, k_scale: float,
+                  v_scale: float, rails: KVRails, qo_indptr: torch.Tensor, params: AttentionParams,
+                  plans) -> FlashInferExtendPlan:
+        """``plan`` for keys described by their shape, the ``dtype`` FlashInfer reads them in and their per-tensor
+        scales (1.0 where they carry none): ``k_scale`` goes into the softmax scale, ``v_scale`` onto the output."""
+        sm_scale = params.softmax_scale * k_scale
+        key = ("flashinfer_extend", num_q_heads, num_kv_heads, head_dim, dtype, params.window, params.logit_cap,
+               sm_scale)
+        wrapper, nnz = plans.get(key, lambda: self._plan(key, qo_indptr, rails.indptr, num_q_heads, num_kv_heads,
+                                                         head_dim, dtype, params.window, params.logit_cap,
+                                                         sm_scale))
+        return FlashInferExtendPlan(wrapper, nnz, dtype, k_scale, v_scale)
+
+    def run(self, plan: FlashInferExtendPlan, q: torch.Tensor, kv: PagedKV, rails: KVRails, *,
+            gather_kv: Callable) -> torch.Tensor:
+        """``q [rows, Hq, D]`` -> ``[rows, Hq, D]`` in the plan's dtype, over ``rails`` (the plan's key count of
+        them). ``gather_kv(kv, slots, validate=False)``: the rail's K/V rows, contiguous, in that dtype."""
+        nnz = plan.nnz
+        if rails.dense and kv.k_buffer.dtype == plan.dtype:  # already contiguous in order (the forward's rows)
             k, v = kv.k_buffer[:nnz], kv.v_buffer[:nnz]
         else:
             k, v = gather_kv(kv, rails.indices[:nnz], validate=False)
-        out = wrapper.run(q.to(dtype), k, v)
-        if per_tensor and kv.v_scale != 1.0:
-            out.mul_(kv.v_scale)
+        out = plan.wrapper.run(q.to(plan.dtype), k, v)
+        if plan.v_scale != 1.0:
+            out.mul_(plan.v_scale)
         self.served = True
         return out
+
+    def extend(self, q: torch.Tensor, kv: PagedKV, rails: KVRails, qo_indptr: torch.Tensor,
+               params: AttentionParams, plans, *, gather_kv: Callable, gather_dtype: Callable) -> torch.Tensor:
+        """``q [rows, Hq, D]`` -> ``[rows, Hq, D]`` in ``gather_dtype(kv)``: ``plan`` then ``run``. The caller has
+        checked the inputs (``why_not`` is "", rails and qo_indptr are the host's, validated where it builds
+        them)."""
+        plan = self.plan(q.shape[1], kv, rails, qo_indptr, params, plans, gather_dtype=gather_dtype)
+        return self.run(plan, q, kv, rails, gather_kv=gather_kv)

@@ -30,7 +30,8 @@ from sglang_inkling_backend.checks import stream_capturing, triton_head_dim_ok
 from sglang_inkling_backend.layer_plan import LayerSpec, attention_params
 from sglang_inkling_backend.rails import KVPages, KVRails, check_host_lengths
 from sglang_inkling_backend.route_protocol import Route
-from sglang_inkling_backend.step_plans import DecodeGroupPlan, DecodePlanCache, check_extend_keys
+from sglang_inkling_backend.step_plans import (DecodeGroupPlan, DecodePlanCache, ExtendGroupPlan, check_extend_keys,
+                                               forward_rows_layout, keys_with_forward_rows)
 from sglang_inkling_backend.triton.gather_kv import gather_dtype, gather_kv
 from sglang_inkling_backend.triton.plan import route_note
 
@@ -311,13 +312,97 @@ class GpuRoute(Route):
             elif why not in self._extend_notes:
                 self._extend_notes.add(why)
                 logger.info("inkling: extend: the Triton kernel for layers with %s", why)
-        blocks = None
-        if plans is not None:  # the step's grid, laid out once for its layers of this head grouping
-            blocks = plans.value(("extend blocks", qo_indptr.data_ptr(), qo_indptr.numel(), q.shape[1],
-                                  kv.num_kv_heads),
-                                 lambda: self.kernels.extend_blocks(qo_indptr, q.shape[1], kv.num_kv_heads))
+        blocks = None if plans is None else self._extend_blocks(qo_indptr, q.shape[1], kv.num_kv_heads, plans)
         return self.kernels.paged_extend_attention(q, kv, rails.indptr, rails.indices, qo_indptr, params,
                                                    validate=False, blocks=blocks)
+
+    def _extend_blocks(self, qo_indptr: torch.Tensor, num_q_heads: int, num_kv_heads: int, plans: DecodePlanCache):
+        """The step's Triton extend grid, laid out once for its layers of this head grouping (one sync)."""
+        return plans.value(("extend blocks", qo_indptr.data_ptr(), qo_indptr.numel(), num_q_heads, num_kv_heads),
+                           lambda: self.kernels.extend_blocks(qo_indptr, num_q_heads, num_kv_heads))
+
+    def plan_extend_group(self, kv: PagedKV, rails: KVRails, qo_indptr: torch.Tensor, params: AttentionParams, *,
+                          num_q_heads: int, rows: int, q_dtype: torch.dtype, forward_rows: bool,
+                          plans: DecodePlanCache) -> Optional[ExtendGroupPlan]:
+        """An eager step's extend for the layers shaped like ``kv`` and ``params`` (``Route.plan_extend_group``):
+        the keys checked once (``check_extend_keys``), where the forward's rows go, and FlashInfer's ragged prefill
+        planned where the family serves these layers, else the Triton kernel's grid. A FlashInfer plan that fails
+        before the family ever served leaves the Triton kernel to serve every extend, as ``extend`` does."""
+        plans.once(("extend keys", params.window, kv.num_slots),
+                   lambda: check_extend_keys(kv, rails, qo_indptr, rows))
+        layout = None
+        if forward_rows:
+            layout = plans.value(("extend rows from the forward", params.window, rows),
+                                 lambda: forward_rows_layout(rails, qo_indptr, rows))
+        kernel_plan = None
+        family = self.extend_family
+        if family is not None:
+            why = family.layer_why_not(q_dtype, kv, params)
+            if not why:
+                try:
+                    if layout is None:
+                        kernel_plan = family.plan(num_q_heads, kv, rails, qo_indptr, params, plans,
+                                                  gather_dtype=gather_dtype)
+                    else:  # the keys the layers build (keys_with_forward_rows): the forward's, or gathered ones
+                        dtype = q_dtype if layout.positions is None else gather_dtype(kv)
+                        kernel_plan = family.plan_keys(num_q_heads, kv.num_kv_heads, kv.head_dim, dtype, 1.0, 1.0,
+                                                       rails, qo_indptr, params, plans)
+                except Exception as err:
+                    if family.served:
+                        raise
+                    self.extend_family = None
+                    logger.warning("inkling: extend: %s failed to plan on its first step (%s: %s); the Triton "
+                                   "extend kernel serves every extend from now on", family.name, type(err).__name__,
+                                   err)
+            elif why not in self._extend_notes:
+                self._extend_notes.add(why)
+                logger.info("inkling: extend: the Triton kernel for layers with %s", why)
+        if kernel_plan is None:
+            kernel_plan = self._extend_blocks(qo_indptr, num_q_heads, kv.num_kv_heads, plans)
+        return ExtendGroupPlan(window=params.window, rows=rows, num_q_heads=num_q_heads, num_kv_heads=kv.num_kv_heads,
+                               head_dim=kv.head_dim, kv_dtype=kv.k_buffer.dtype, num_slots=kv.num_slots,
+                               rails=rails, qo_indptr=qo_indptr, forward_rows=layout, kernel_plan=kernel_plan,
+                               params=params)
+
+    def run_extend_group(self, group: ExtendGroupPlan, q: torch.Tensor, kv: PagedKV, params: AttentionParams, *,
+                         forward_kv: Optional[tuple[torch.Tensor, torch.Tensor]],
+                         plans: DecodePlanCache) -> torch.Tensor:
+        """One layer's extend with its group's plan. ``q`` and the pool are checked against the plan (shape, dtype,
+        device, window); a call whose parameters are not the plan's (a relative bias, sinks, another scale or cap:
+        what FlashInfer's plan holds) runs ``extend``, which plans for it."""
+        k_buffer = kv.k_buffer
+        if (type(q) is not torch.Tensor or q.shape != (group.rows, group.num_q_heads, group.head_dim)
+                or q.dtype not in _QUERY_DTYPES or q.device != k_buffer.device
+                or k_buffer.shape != (group.num_slots, group.num_kv_heads, group.head_dim)
+                or k_buffer.dtype != group.kv_dtype or params.window != group.window):
+            got = (tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__, tuple(k_buffer.shape),
+                   k_buffer.dtype, params.window)
+            want = ((group.rows, group.num_q_heads, group.head_dim), (group.num_slots, group.num_kv_heads,
+                                                                      group.head_dim), group.kv_dtype, group.window)
+            raise ValueError(f"this step's extend plan for the layer's group was made for q {want[0]}, a pool of "
+                             f"{want[1]} of {want[2]}, window {want[3]}; got q {got[0]} "
+                             f"({q.dtype if isinstance(q, torch.Tensor) else ''} on "
+                             f"{q.device if isinstance(q, torch.Tensor) else '?'}), a pool of {got[1]} of {got[2]}, "
+                             f"window {got[3]}")
+        rails = group.rails
+        if forward_kv is not None and group.forward_rows is not None:
+            kv, rails = keys_with_forward_rows(self.gather_keys, kv, rails, group.qo_indptr, group.forward_rows,
+                                               *forward_kv)
+        elif forward_kv is not None:
+            raise ValueError("forward_kv is given but the step's extend plan reads every key from the pool")
+        plan = group.kernel_plan
+        if isinstance(plan, flashinfer_families.FlashInferExtendPlan):
+            leader = group.params
+            # FlashInfer's plan holds the scale, the cap and the keys' dtype: the keys read here (the pool, or the
+            # forward's rows over it) must be those it was planned for
+            if (params.rel_bias is not None or params.sinks is not None or params.softmax_scale
+                    != leader.softmax_scale or params.logit_cap != leader.logit_cap
+                    or flashinfer_families.effective_scales(kv) != (plan.k_scale, plan.v_scale)
+                    or gather_dtype(kv) != plan.dtype or self.extend_family is None):
+                return self.extend(q, kv, rails, group.qo_indptr, params, plans=plans)
+            return self.extend_family.run(plan, q, kv, rails, gather_kv=gather_kv)
+        return self.kernels.paged_extend_attention(q, kv, rails.indptr, rails.indices, group.qo_indptr, params,
+                                                   validate=False, blocks=plan)
 
 
     def _verify_partials(self, q: torch.Tensor, kv: PagedKV, draft_len: int, workspace):

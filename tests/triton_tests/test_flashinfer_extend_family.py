@@ -240,3 +240,75 @@ def test_extend_rows_from_the_forward_match_the_torch_route(fmt, family, prefixe
     assert rel_err(from_pool, want) > 3 * TOL
     if family:
         assert RaggedPrefill.plans == 1
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8", "fp8", "bf16"])
+@pytest.mark.parametrize("family", [False, True])
+@pytest.mark.parametrize("forward, prefixes", [(False, (0, 30, 9)), (True, (0, 30, 9)), (True, (0, 0, 0))])
+def test_a_group_plan_gives_each_layer_the_bytes_of_its_own_extend(fmt, family, forward, prefixes):
+    """``plan_extend_group`` once, ``run_extend_group`` per layer (what SGLang's eager extend step does) against
+    each layer's own ``layer_step.attend`` without a group plan: the same bytes, for layers like the planning one
+    and for one with another softmax scale (and, per-tensor fp8, another K scale), which FlashInfer's plan holds.
+    The group plans FlashInfer once (the stand-in counts); the other layer plans for itself."""
+    from sglang_inkling_backend import layer_step
+    from sglang_inkling_backend.layer_plan import LayerSpec, attention_params
+    gen = torch.Generator().manual_seed(11)
+    kv = make_pool(fmt, gen)
+    q, rails, qo = make_batch(gen, prefixes=prefixes)
+    rows = q.shape[0]
+    new_kv = tuple((torch.randn(rows, HKV, D, generator=gen) * 2).bfloat16().to(DEV) for _ in range(2))
+    forward_kv = new_kv if forward else None
+    spec = LayerSpec(window=11, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D, softmax_scale=D ** -0.5)
+    other_spec = LayerSpec(window=11, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D, softmax_scale=0.75 * D ** -0.5)
+    other_kv = PagedKV(kv.k_buffer, kv.v_buffer, kv.k_scales, kv.v_scales, kv.layout,
+                       k_scale=2 * kv.k_scale if fmt == "fp8" else kv.k_scale, v_scale=kv.v_scale)
+
+    class Keys:
+        num_decode_rows, max_seq_len = 0, None
+
+        def __init__(self):
+            self.plans = DecodePlanCache()
+
+        def extend_keys(self, window):
+            return rails, qo
+
+    fi = fake_flashinfer()
+
+    def route():
+        return GpuRoute(kernels, fi_extend.FlashInferExtend(fi, torch.device(DEV)) if family else None)
+
+    grouped, keys = route(), Keys()
+    group = grouped.plan_extend_group(kv, rails, qo, attention_params(spec, rows=rows), num_q_heads=HQ, rows=rows,
+                                      q_dtype=q.dtype, forward_rows=forward, plans=keys.plans)
+    assert RaggedPrefill.plans == (1 if family else 0)
+    for layer_spec, layer_kv in ((spec, kv), (spec, kv), (other_spec, other_kv)):
+        params_of = lambda first, last, s=layer_spec: attention_params(s, rows=last - first)  # noqa: E731
+        before = RaggedPrefill.plans
+        got = layer_step.attend(grouped, layer_spec, q, layer_kv, keys, params_of, None, forward_kv=forward_kv,
+                                extend_group=group)
+        if layer_spec is spec:
+            assert RaggedPrefill.plans == before  # the group's plan, not a new one
+        want = layer_step.attend(route(), layer_spec, q, layer_kv, Keys(), params_of, None, forward_kv=forward_kv)
+        assert torch.equal(got, want), (layer_spec.softmax_scale, float((got.float() - want.float()).abs().max()))
+    # the other layer's output is not the planning layer's: a plan misused across scales would be caught above
+    assert not torch.equal(
+        layer_step.attend(route(), spec, q, kv, Keys(), lambda f, l: attention_params(spec, rows=l - f), None,
+                          forward_kv=forward_kv),
+        layer_step.attend(route(), other_spec, q, other_kv, Keys(),
+                          lambda f, l: attention_params(other_spec, rows=l - f), None, forward_kv=forward_kv))
+
+
+def test_a_group_plan_refuses_a_layer_unlike_it_naming_both():
+    gen = torch.Generator().manual_seed(12)
+    kv = make_pool("mxfp8", gen)
+    q, rails, qo = make_batch(gen)
+    route, step = GpuRoute(kernels, None), DecodePlanCache()
+    params = AttentionParams(D ** -0.5)
+    group = route.plan_extend_group(kv, rails, qo, params, num_q_heads=HQ, rows=q.shape[0], q_dtype=q.dtype,
+                                    forward_rows=False, plans=step)
+    with pytest.raises(ValueError, match=r"made for q \(23, 4, 64\).*got q \(22, 4, 64\)"):
+        route.run_extend_group(group, q[1:], kv, params, forward_kv=None, plans=step)
+    with pytest.raises(ValueError, match="window None; got .* window 11"):
+        route.run_extend_group(group, q, kv, AttentionParams(D ** -0.5, window=11), forward_kv=None, plans=step)
+    with pytest.raises(ValueError, match="forward_kv is given but the step's extend plan reads every key"):
+        route.run_extend_group(group, q, kv, params, forward_kv=(q[:, :HKV], q[:, :HKV]), plans=step)

@@ -187,9 +187,13 @@ class InklingAttnBackend(AttentionBackend):
         self.attention_specs = [self.layer_plan.spec(i) for i in self.layer_plan.attention_layer_ids]
         # Layers that plan their decode alike (window, heads, head_dim, the pool's slots), planned once per eager
         # decode step (init_forward_metadata): each group's first layer, and each layer's group by layer id
+        # and extend step; an extend's plan (FlashInfer's) also holds the softmax scale, cap and per-tensor scales
         groups: dict = {}
+        extend_groups: dict = {}
         self.decode_group_of_layer: list = [None] * (max(self.layer_plan.attention_layer_ids, default=-1) + 1)
         self.decode_group_leaders: list = []
+        self.extend_group_of_layer: list = list(self.decode_group_of_layer)
+        self.extend_group_leaders: list = []
         for spec, layer_id in zip(self.attention_specs, self.layer_plan.attention_layer_ids):
             slots = self.token_to_kv_pool.get_key_buffer(layer_id).shape[0]
             key = (spec.window, spec.num_q_heads, spec.num_kv_heads, spec.head_dim, slots)
@@ -197,6 +201,11 @@ class InklingAttnBackend(AttentionBackend):
                 groups[key] = len(self.decode_group_leaders)
                 self.decode_group_leaders.append(layer_id)
             self.decode_group_of_layer[layer_id] = groups[key]
+            key += (spec.scale, spec.logit_cap, spec.k_scale, spec.v_scale)
+            if key not in extend_groups:
+                extend_groups[key] = len(self.extend_group_leaders)
+                self.extend_group_leaders.append(layer_id)
+            self.extend_group_of_layer[layer_id] = extend_groups[key]
         self.workspace = self.route.make_workspace(
             max_batch=self.req_to_token_pool.req_to_token.shape[0], max_seq_len=self.max_context_len,
             geometries={(s.num_q_heads, s.num_kv_heads, s.head_dim) for s in self.attention_specs},
@@ -261,6 +270,8 @@ class InklingAttnBackend(AttentionBackend):
             md.built_for = (md.batch_size, forward_batch.out_cache_loc.numel())
         if md.is_decode and not md.graph and verify is None:
             md.decode_groups = self._plan_decode_groups(md)
+        elif not md.is_decode and verify is None and md.built_for is not None:
+            md.extend_groups = self._plan_extend_groups(md, rows=md.built_for[1])
         self.forward_metadata = md
 
     def _plan_decode_groups(self, md: InklingForwardMetadata) -> list:
@@ -273,6 +284,20 @@ class InklingAttnBackend(AttentionBackend):
                 self._paged_kv(layer_id, spec), md.decode_keys(spec.window, self.route.reads_page_tables),
                 attention_params(spec, rows=md.batch_size), num_q_heads=spec.num_q_heads, batch=md.batch_size,
                 max_seq_len=md.max_seq_len, plans=md.plans, workspace=self.workspace))
+        return plans
+
+    def _plan_extend_groups(self, md: InklingForwardMetadata, rows: int) -> list:
+        """An eager extend step's plan per layer group (``Route.plan_extend_group``; None for a group whose calls
+        plan themselves), made here once instead of by each group's first layer."""
+        plans = []
+        forward_rows = self.extend_new_keys == "forward"
+        for layer_id in self.extend_group_leaders:
+            spec = self.layer_plan.attention_spec(layer_id)
+            rails, qo_indptr = md.extend_keys(spec.window)
+            plans.append(self.route.plan_extend_group(
+                self._paged_kv(layer_id, spec), rails, qo_indptr, attention_params(spec, rows=rows),
+                num_q_heads=spec.num_q_heads, rows=rows, q_dtype=self.model_dtype, forward_rows=forward_rows,
+                plans=md.plans))
         return plans
 
     # --- CUDA graphs (decode) -----------------------------------------------------------------------------------
@@ -498,10 +523,11 @@ class InklingAttnBackend(AttentionBackend):
         # read them (the same values over a 16-bit pool; over an 8-bit one, what decoding those tokens would read)
         if not decode and self.extend_new_keys == "forward" and md.verify is None:
             forward_kv = self._forward_kv(k, v, rows, spec)
-        group = md.decode_groups[self.decode_group_of_layer[layer.layer_id]] if md.decode_groups else None
+        decode_group = md.decode_groups[self.decode_group_of_layer[layer.layer_id]] if md.decode_groups else None
+        extend_group = md.extend_groups[self.extend_group_of_layer[layer.layer_id]] if md.extend_groups else None
         out = layer_step.attend(self.route, spec, q3, self._paged_kv(layer.layer_id, spec), md,
                                 lambda first, last: params, self.workspace, forward_kv=forward_kv,
-                                verify=md.verify, decode_group=group)
+                                verify=md.verify, decode_group=decode_group, extend_group=extend_group)
         return out.to(self.model_dtype).reshape(rows, spec.num_q_heads * spec.head_dim)
 
     def _forward_kv(self, k, v, rows: int, spec: LayerSpec):

@@ -57,6 +57,9 @@ class InklingForwardMetadata:
     # An eager decode step's plans, one per group of layers that plan alike (the backend's decode_group_of_layer
     # indexes them; None for a group whose calls plan themselves), made in init_forward_metadata
     decode_groups: Optional[list] = None
+    # An eager extend step's plans, the same per group of layers that plan alike (the backend's
+    # extend_group_of_layer), made in init_forward_metadata; None for a verify step (its layers plan themselves)
+    extend_groups: Optional[list] = None
     # The batch this metadata was built for, as host ints: an eager layer call checks its batch against them before
     # it stores (metadata of another batch would store at its slots, then be refused by the kernels' checks)
     built_for: Optional[tuple] = None  # (batch_size, new tokens: out_cache_loc's length)

@@ -858,6 +858,9 @@ def triton_backend(h, per_layer_plans=False):
         def plan_decode_group(self, kv, keys, params, **kwargs):
             return None  # no step plans: each layer's decode plans itself
 
+        def plan_extend_group(self, kv, rails, qo_indptr, params, **kwargs):
+            return None  # each layer's extend plans itself (sharing the step's cache by key)
+
         def decode(self, q, kv, keys, params, *, max_seq_len, plans, workspace):
             return super().decode(q, kv, keys, params, max_seq_len=max_seq_len, plans=DecodePlanCache(),
                                   workspace=workspace)
@@ -926,6 +929,54 @@ def test_triton_route_plans_decode_once_per_step_and_window(monkeypatch):
             assert counts == [0, 0] and len(ours.forward_metadata.decode_plans) == 0  # extend does not plan
     assert decode_steps == 3
     assert worst <= 2e-2, worst  # the Triton routes' tolerance against the reference (test_sglang_graph_gpu.py)
+
+
+def test_triton_route_plans_extend_once_per_step_and_group(monkeypatch):
+    """Four layers of two windows over a bf16 pool and an MXFP8 one, extend steps (prefill, a prefix hit, a chunk):
+    init_forward_metadata makes one extend plan per layer group (its keys checked, the Triton kernel's grid laid
+    out), the layers make none, and each layer's output has the bytes of the same layer planning for itself."""
+    from sglang_inkling_backend import triton as kernels
+    from sglang_inkling_backend.triton import extend_attention
+
+    blocks = []
+    real = extend_attention.extend_blocks
+    monkeypatch.setattr(kernels, "extend_blocks", lambda *a, **k: blocks.append(1) or real(*a, **k))
+    layers = make_layers(windows=MIXED)
+    size = 4 * 128 * 4  # whole pages of 128 per request (an MXFP8 pool's)
+    mxfp8 = lambda: inkling_pool_class("mxfp8")(size, 128, torch.float8_e4m3fn, HKV, D, len(MIXED), "cpu", False)  # noqa: E731
+    for pool in (bf16_pool(layers=len(MIXED)), mxfp8):
+        h = (Harness(layers, pool) if pool is not mxfp8 else
+             WholePagesHarness(layers, mxfp8, size=size, page_size=128, kv_cache_dtype=torch.float8_e4m3fn))
+        ours = triton_backend(h)
+        other_runner = SimpleNamespace(**vars(h.runner))
+        other_runner.token_to_kv_pool = pool()
+        per_layer = triton_backend(SimpleNamespace(runner=other_runner), per_layer_plans=True)
+        extend_steps = 0
+        for fb in serving_script(h):
+            inputs = []
+            for layer in layers:
+                q, k, v = h.qkv(fb, layer)
+                h.record(fb, layer, k, v)
+                inputs.append((q, k, v))
+            outs = []
+            for backend in (ours, per_layer):
+                backend.init_forward_metadata(fb)
+                planned = len(blocks)
+                outs.append([backend.forward(q, k, v, layer, fb) for layer, (q, k, v) in zip(layers, inputs)])
+                if backend is ours and not fb.forward_mode.is_decode():
+                    assert len(blocks) == planned, "a layer laid out the extend grid again"
+            if not fb.forward_mode.is_decode():
+                # (decode is test_triton_route_plans_decode_once_per_step_and_window's; the script's 9-key prefix
+                # hit is not whole pages, which an MXFP8 pool's decode page table assumes)
+                for mine, theirs in zip(*outs):
+                    assert torch.equal(mine, theirs)
+                extend_steps += 1
+                groups = ours.forward_metadata.extend_groups
+                assert len(groups) == 2 and {g.window for g in groups} == {WINDOW_SIZE + 1, None}
+                assert per_layer.forward_metadata.extend_groups == [None, None]
+            else:
+                assert ours.forward_metadata.extend_groups is None
+        assert extend_steps >= 2
 
 
 def test_triton_graph_plans_are_views_of_the_backend_workspace(monkeypatch):
