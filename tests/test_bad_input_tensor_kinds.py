@@ -1,7 +1,7 @@
-"""Bad input, round four (issue #58): the classes behind the last wrong exception types and the silent no-op that
-the bad-input probe found, each closed by one check in ``checks.py`` used at every entry the class reaches. Every
-refusal is a ValueError/TypeError naming the argument, raised before any buffer is written (buffers are compared
-byte for byte). Each test here fails on the code before the fix (wrong exception type, a write, or no error).
+"""Arguments of the wrong kind: a tensor where it cannot be used, something else where a tensor goes, a value object
+built around its checks, extents and counts that disagree. Each class is one check in ``checks.py`` used at every
+entry it reaches; every refusal is a ValueError/TypeError naming the argument, raised before any buffer is written
+(buffers are compared byte for byte).
 
 - device: a tensor on the meta device, a device torch cannot reach here (``require_tensor``, ``require_device``,
   ``require_pin_memory``);
@@ -29,8 +29,8 @@ from sglang_inkling_backend.reference.attention import paged_decode_attention, p
 from sglang_inkling_backend.routes import TorchRoute
 from sglang_inkling_backend.scale_layout import ScaleLayout
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # round two's SGLang pool builder
-from test_bad_input_round_two import _sglang_pool  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # test_bad_input_values' SGLang pool builder
+from test_bad_input_values import _sglang_pool  # noqa: E402
 
 T = torch.tensor
 META = "on the meta device"
@@ -313,7 +313,7 @@ def test_a_decode_context_needs_one_cache_per_request_in_every_layer():
         BatchedDecodeContext([3], [None])  # was: TypeError from len() naming nothing
 
 
-# --- the SGLang host: its pool (skips without SGLang; round two's builder) and its host-free metadata -----------------
+# --- the SGLang host: its pool (skips without SGLang; test_bad_input_values' builder) and its host-free metadata -----------------
 @pytest.mark.parametrize("fmt, entry", [("bf16", 0), ("mxfp8", 0), ("mxfp8", 2)])
 def test_sglang_load_cpu_copy_refuses_a_meta_tensor_before_layer_0_is_written(fmt, entry):
     """Was: layer 0 restored, then NotImplementedError at layer 1's copy (a partial write)."""

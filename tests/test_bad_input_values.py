@@ -1,8 +1,8 @@
-"""Bad input found by probing the core's less-used entry points as a demanding user would (the reliability issue's
-second round): each raises a ValueError/TypeError naming what is wrong, where it was silently accepted before
-(a string or bool scale used as a number, a window of 2.5 rounded up, -5 read as full attention, a config whose
-sliding layers have no window size served as full attention, extra or unknown layer types, a query offset that
-does not start at 0 leaving rows uninitialised, a "finite" scale past float32's range)."""
+"""Values that are not what they claim, at the core's less-used entry points: each raises a ValueError/TypeError
+naming what is wrong where it would otherwise be used as it came (a string or bool scale used as a number, a window
+of 2.5 rounded up, -5 read as full attention, a config whose sliding layers have no window size served as full
+attention, extra or unknown layer types, a query offset that does not start at 0 leaving rows uninitialised, a
+"finite" scale past float32's range)."""
 
 from types import SimpleNamespace
 
@@ -98,7 +98,7 @@ def test_decode_context_refuses_a_bad_full_pool_map(full_map, match):
         BatchedDecodeContext([4], caches, full_kv_pool_index_by_layer=full_map)
 
 
-# --- round two, after the re-probe (bench/results/current/bad-input-probe/) ------------------------------------
+# --- scales that vanish or overflow in float32, offsets and ranges (bench/results/current/bad-input-probe/) -------
 
 def test_a_scale_that_is_zero_in_float32_is_refused():
     from sglang_inkling_backend import mxfp8
@@ -174,7 +174,7 @@ def test_quantizer_saturates_rather_than_overflowing_float32():
     assert mxfp8.dequantize(data, scales, torch.float32)[0, 0].item() == mxfp8.LARGEST_ROUND_TRIP
 
 
-# --- round three: what the re-probe found still accepted (bench/results/current/bad-input-probe/) ---------------
+# --- values the probe found accepted as they came (bench/results/current/bad-input-probe/) -----------------------
 
 @pytest.mark.parametrize("kwargs, error, match", [
     (dict(rope_theta="1e4"), TypeError, r"LayerSpec.rope_theta must be a finite number > 0, got '1e4'"),

@@ -94,8 +94,8 @@ def test_the_classifier(probe):
                      kind="construct") == "deferred"
 
 
-# Issue #58's findings (round four), each a case of the probe next to the other members of its class
-ROUND_FOUR_EXAMPLES = [
+# The tensor-kind classes' examples, each a case of the probe next to the other members of its class
+TENSOR_KIND_EXAMPLES = [
     "core.InklingKVPool.set.meta_cache_k", "core.InklingKVPool.set.meta_loc", "vllm.store.meta_slot_mapping",
     "vllm.store.meta_key", "vllm.store.meta_value", "core.InklingKVPool.init.device_unreachable",
     "core.InklingKVPool.host.backup_list_device_pages", "core.PagedKV.layout_direct_interleaved",
@@ -104,9 +104,9 @@ ROUND_FOUR_EXAMPLES = [
 ]
 
 
-def test_the_round_four_examples_are_cases(probe):
+def test_the_tensor_kind_examples_are_cases(probe):
     ids = {c.id for c in _all_cases(probe)}
-    assert not [i for i in ROUND_FOUR_EXAMPLES if i not in ids]
+    assert not [i for i in TENSOR_KIND_EXAMPLES if i not in ids]
 
 
 def test_the_classifier_takes_meta_buffers_and_results(probe):

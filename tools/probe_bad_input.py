@@ -1,5 +1,5 @@
-"""Probe the backend's entry points with bad input, as a demanding user of the API would (issue #33, "Reliability,
-round two"), and classify what each call does.
+"""Probe the backend's entry points with bad input, as a demanding user of the API would, and classify what each call
+does.
 
 Every case builds valid inputs, applies one defect, snapshots every output / cache buffer the call may write
 (cloned), runs the call and classifies the outcome:
@@ -16,7 +16,7 @@ Every case builds valid inputs, applies one defect, snapshots every output / cac
     deferred       accepted at construction, clean error only at first use
     crash          the process died (a signal) or the call hung
 
-Round four (issue #58, ``define_round_four_cases``) probes five classes at every public entry each reaches: a tensor
+``define_tensor_kind_cases`` probes five classes at every public entry each reaches: a tensor
 on the meta device and a device torch cannot reach (``checks.require_tensor`` / ``require_device``), a list where
 a tensor goes, a value object built without its checking factory, an extent of 0 or K/V shapes that differ, and a
 per-request array shorter than its count (also when set after construction). A buffer on the meta device is not
@@ -2202,7 +2202,7 @@ def define_verify_graph_cases():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Round four (issue #58): the classes behind the last wrong exception types and silent no-op. Each class is probed
+# Arguments of the wrong kind: the classes behind wrong exception types and a silent no-op. Each class is probed
 # at every public entry it reaches, not only where the issue met it:
 #   device   a tensor on the meta device (shapes, no data), a device torch cannot reach here (a constructor's
 #            device, pinned memory without an accelerator): checks.require_tensor / checks.require_device
@@ -2219,7 +2219,7 @@ def _unreachable_cuda() -> str:
     return f"cuda:{torch.cuda.device_count() if torch.cuda.is_available() else 0}"
 
 
-def define_round_four_cases():
+def define_tensor_kind_cases():
     torch = _torch()
     from sglang_inkling_backend import checks, kv_views, layer_step, mxfp8, rails
     from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV, SpecVerify
@@ -2656,7 +2656,7 @@ def all_cases() -> list[Case]:
     define_sglang_pool_cases()
     define_sglang_forward_cases()
     define_verify_graph_cases()
-    define_round_four_cases()
+    define_tensor_kind_cases()
     return CASES
 
 

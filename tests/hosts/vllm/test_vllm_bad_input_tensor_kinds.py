@@ -1,4 +1,4 @@
-"""Bad input, round four (issue #58), at the vLLM adapter: tensors on the meta device (the store, the forward, the
+"""Arguments of the wrong kind at the vLLM adapter (as tests/test_bad_input_tensor_kinds.py at the core): tensors on the meta device (the store, the forward, the
 batch), a device torch cannot reach, and a batch whose per-request arrays no longer cover ``num_reqs`` (a field set
 after construction). Host-free except the ``InklingVllmImpl`` test, which needs vLLM (skipped without it). Every
 refusal names the argument and leaves the cache as it was; each test fails on the code before the fix."""
