@@ -27,8 +27,7 @@ from sglang_inkling_backend.checks import require_tensor, UnsupportedFeature
 from sglang_inkling_backend.layer_plan import LayerSpec
 from sglang_inkling_backend.rails import KVPages, KVRails
 from sglang_inkling_backend.route_protocol import Route
-from sglang_inkling_backend.step_plans import (DecodeGroupPlan, ExtendGroupPlan, check_extend_keys,
-                                               forward_rows_layout, keys_with_forward_rows)
+from sglang_inkling_backend.step_plans import DecodeGroupPlan, ExtendGroupPlan, keys_with_forward_rows
 
 
 class StepKeys(Protocol):
@@ -76,8 +75,7 @@ def forward_rows_keys(route: Route, kv: PagedKV, rails: KVRails, qo_indptr: torc
     Without a prefix the forward's K/V are the keys, nothing is gathered; else the rails' rows are gathered
     (``route.gather_keys``) and the new rows written over theirs. Where the rows go is worked out once per step and
     window (one sync) and shared by the layers."""
-    layout = plans.value(("extend rows from the forward", window, new_k.shape[0]),
-                         lambda: forward_rows_layout(rails, qo_indptr, new_k.shape[0]))
+    layout = plans.forward_rows(rails, qo_indptr, new_k.shape[0], window)
     return keys_with_forward_rows(route.gather_keys, kv, rails, qo_indptr, layout, new_k, new_v)
 
 
@@ -129,7 +127,7 @@ def attend(route: Route, spec: LayerSpec, q3: torch.Tensor, kv: PagedKV, keys: S
     if rows > nd and extend_group is None:
         rails, qo_indptr = keys.extend_keys(spec.window)
         if verify is not None:  # the step's query offsets are every layer's: checked once per step and window
-            keys.plans.once(("verify queries", spec.window), lambda: verify.check_queries(qo_indptr))
+            keys.plans.check_verify_queries_once(verify, qo_indptr, spec.window)
     decoded = extended = None
     if nd and decode_group is not None:
         decoded = route.run_decode_group(decode_group, q3[:nd], kv, params_of(0, nd))
@@ -144,8 +142,7 @@ def attend(route: Route, spec: LayerSpec, q3: torch.Tensor, kv: PagedKV, keys: S
         extend_kv = kv
         if forward_kv is not None:
             # the pool's rails are read here, before the route sees them: checked as the route would (same key)
-            keys.plans.once(("extend keys", spec.window, kv.num_slots),
-                            lambda: check_extend_keys(kv, rails, qo_indptr, rows - nd))
+            keys.plans.check_extend_keys_once(kv, rails, qo_indptr, rows - nd, spec.window)
             extend_kv, rails = forward_rows_keys(route, kv, rails, qo_indptr, forward_kv[0][nd:], forward_kv[1][nd:],
                                                  keys.plans, spec.window)
         # a route without verify takes neither argument; a split verify launch keeps its partials in the workspace

@@ -41,7 +41,6 @@ import torch
 
 from sglang_inkling_backend.attention_inputs import AttentionParams, PagedKV, SpecVerify
 from sglang_inkling_backend.rails import KVPages, KVRails
-from sglang_inkling_backend.reference import prologue as reference_prologue
 from sglang_inkling_backend.step_plans import DecodeGroupPlan, DecodePlanCache, ExtendGroupPlan
 
 
@@ -128,5 +127,7 @@ class Route(abc.ABC):
     @property
     def decode_prologue(self):
         """The Inkling model's fused decode prologue, with SGLang's ``inkling_attn_prologue_decode`` signature (plus
-        ``quantize_q``): here the torch reference."""
+        ``quantize_q``): here the torch reference, imported at its first use (only the Inkling model asks)."""
+        from sglang_inkling_backend.reference import prologue as reference_prologue
+
         return reference_prologue.inkling_attn_prologue_decode

@@ -101,6 +101,23 @@ class DecodePlanCache:
             check()
             self._checked.add(key)
 
+    # The step's checks and layouts that several rooms ask for (the layer step, the routes): each key spelled here.
+    def check_extend_keys_once(self, kv: PagedKV, rails: KVRails, qo_indptr: torch.Tensor, rows: int,
+                               window: Optional[int]) -> None:
+        """``check_extend_keys`` once per step, window and pool size."""
+        self.once(("extend keys", window, kv.num_slots), lambda: check_extend_keys(kv, rails, qo_indptr, rows))
+
+    def check_verify_queries_once(self, verify, qo_indptr: torch.Tensor, window: Optional[int]) -> None:
+        """A verify step's query offsets against its trees (``SpecVerify.check_queries``), once per step and
+        window."""
+        self.once(("verify queries", window), lambda: verify.check_queries(qo_indptr))
+
+    def forward_rows(self, rails: KVRails, qo_indptr: torch.Tensor, rows: int,
+                     window: Optional[int]) -> ForwardRows:
+        """``forward_rows_layout``, made once per step, window and row count."""
+        return self.value(("extend rows from the forward", window, rows),
+                          lambda: forward_rows_layout(rails, qo_indptr, rows))
+
     def __len__(self) -> int:
         return len(self._plans)
 

@@ -31,7 +31,7 @@ from sglang_inkling_backend.layer_plan import LayerSpec, attention_params
 from sglang_inkling_backend.rails import KVPages, KVRails, check_host_lengths
 from sglang_inkling_backend.route_protocol import Route
 from sglang_inkling_backend.step_plans import (DecodeGroupPlan, DecodePlanCache, ExtendGroupPlan, check_extend_keys,
-                                               forward_rows_layout, keys_with_forward_rows)
+                                               keys_with_forward_rows)
 from sglang_inkling_backend.triton.gather_kv import gather_dtype, gather_kv
 from sglang_inkling_backend.triton.plan import route_note
 
@@ -284,8 +284,7 @@ class GpuRoute(Route):
         if plans is None:
             check_extend_keys(kv, rails, qo_indptr, q.shape[0])
         elif not stream_capturing(q.device):
-            plans.once(("extend keys", params.window, kv.num_slots),
-                       lambda: check_extend_keys(kv, rails, qo_indptr, q.shape[0]))
+            plans.check_extend_keys_once(kv, rails, qo_indptr, q.shape[0], params.window)
         family = self.extend_family
         if verify is not None:
             draft_len = self._uniform_draft_len(q, qo_indptr, params, plans, verify)
@@ -328,12 +327,8 @@ class GpuRoute(Route):
         the keys checked once (``check_extend_keys``), where the forward's rows go, and FlashInfer's ragged prefill
         planned where the family serves these layers, else the Triton kernel's grid. A FlashInfer plan that fails
         before the family ever served leaves the Triton kernel to serve every extend, as ``extend`` does."""
-        plans.once(("extend keys", params.window, kv.num_slots),
-                   lambda: check_extend_keys(kv, rails, qo_indptr, rows))
-        layout = None
-        if forward_rows:
-            layout = plans.value(("extend rows from the forward", params.window, rows),
-                                 lambda: forward_rows_layout(rails, qo_indptr, rows))
+        plans.check_extend_keys_once(kv, rails, qo_indptr, rows, params.window)
+        layout = plans.forward_rows(rails, qo_indptr, rows, params.window) if forward_rows else None
         kernel_plan = None
         family = self.extend_family
         if family is not None:
@@ -437,7 +432,7 @@ class GpuRoute(Route):
                 or verify.depths.dtype != torch.int64 \
                 or any(t.device != q.device for t in (verify.tree_mask, verify.mask_indptr, verify.depths)):
             return 0
-        plans.once(("verify queries", params.window), lambda: verify.check_queries(qo_indptr))
+        plans.check_verify_queries_once(verify, qo_indptr, params.window)
         return lens.pop()
 
 
