@@ -156,6 +156,8 @@ class InklingKVPool:
         for name, t in (("cache_k", cache_k), ("cache_v", cache_v)):
             if t.dtype not in FLOAT_KV_DTYPES:  # float64 too: the kernels and the adapters take these three
                 raise TypeError(f"{name} must be a bf16/fp16/fp32 tensor, got {t.dtype}")
+        # named as the caller passed them (the store below checks the same, naming its own k and v)
+        kv_views.refuse_views_of_pool(buf.tensors(), cache_k=cache_k, cache_v=cache_v)
         scales = {}
         for name, value, default in (("k_scale", k_scale, self.k_scale), ("v_scale", v_scale, self.v_scale)):
             scales[name] = default if value is None else require_positive_real(value, name)

@@ -42,7 +42,8 @@ def test_k_or_v_viewing_the_pool_is_refused_before_any_write(fmt, side):
     view = (buf.k if side == "k" else buf.v)[10:12]  # the stored rows themselves
     k = k.to(buf.k.dtype)
     args = (view, k.clone()) if side == "k" else (k.clone(), view)
-    untouched(p, lambda: p.set_kv_buffer(0, SLOTS[fmt][1], *args), f"{side} is a view of the KV pool's own buffers")
+    untouched(p, lambda: p.set_kv_buffer(0, SLOTS[fmt][1], *args),
+              f"cache_{side} is a view of the KV pool's own buffers")  # set_kv_buffer's own argument names
 
 
 @pytest.mark.parametrize("side", ["k_data", "v_data"])

@@ -2279,6 +2279,24 @@ def define_tensor_kind_cases():
     pool_case("host.backup_none", "HostKVTier.backup: device_pages None", lambda p, k: HostKVTier(p, 2).backup(
         None, T([0])), "device_pages")
     pool_case("set.list_loc", "set_kv_buffer: loc a Python list", lambda p, k: p.set_kv_buffer(0, [5, 6], k, k), "loc")
+    # writes before checks (issue #65): K/V of a dtype the pool cannot take, K/V that are views of the pool's own
+    # buffers, and K/V that require grad (valid: the pool stays out of the caller's autograd graph)
+    for fmt, loc in (("bf16", [5, 6]), ("mxfp8", [130, 131])):
+        pool_case("set.float64_cache_k", "set_kv_buffer: cache_k in float64", lambda p, k, loc=loc: p.set_kv_buffer(
+            0, T(loc), k.double(), k), "cache_k", fmt=fmt)
+        pool_case("set.int_cache_v", "set_kv_buffer: cache_v an int32 tensor", lambda p, k, loc=loc: p.set_kv_buffer(
+            0, T(loc), k, k.int()), "cache_v", fmt=fmt)
+        pool_case("set.requires_grad_control", "set_kv_buffer: K/V that require grad (valid)",
+                  lambda p, k, loc=loc: p.set_kv_buffer(0, T(loc), k.float().requires_grad_(), k), "cache_k",
+                  kind="control", fmt=fmt)
+    pool_case("set.cache_k_view_of_pool", "set_kv_buffer: cache_k a view of the pool's own K buffer",
+              lambda p, k: p.set_kv_buffer(0, T([5, 6]), p.get_key_buffer(0)[3:5], k), "cache_k")
+    pool_case("set.cache_v_view_of_pool", "set_kv_buffer: cache_v a view of the pool's own V buffer",
+              lambda p, k: p.set_kv_buffer(0, T([5, 6]), k, p.get_value_buffer(0)[3:5]), "cache_v")
+    pool_case("set.cache_v_from_another_layer_control", "set_kv_buffer: cache_v read from layer 2's V buffer "
+              "(valid: another layer's storage, not the one written)",
+              lambda p, k: p.set_kv_buffer(0, T([5, 6]), k, p.get_value_buffer(2)[3:5]), "cache_v",
+              kind="control")
     accelerator = getattr(torch, "accelerator", None)
     if not (accelerator.is_available() if accelerator is not None else torch.cuda.is_available()):
         pool_case("host.pin_memory_without_accelerator", "HostKVTier(pin_memory=True) where torch has no "
