@@ -177,3 +177,24 @@ def test_mxfp8_writes_go_through_a_routes_fused_store_after_the_checks():
     with pytest.raises(ValueError, match="loc must be slots"):
         pool.set_kv_buffer(SimpleLayer(1), torch.tensor([5, 9999]), k, k)
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp16", "fp32", "fp8_e4m3", "mxfp8"])
+def test_kv_that_require_grad_store_the_same_bytes_and_leave_the_pool_out_of_autograd(fmt):
+    """A caller's K/V that require grad: the pool's buffers never join its autograd graph (an indexed write of a
+    value that requires grad would make the buffer require grad) and hold the bytes of the same K/V without grad."""
+    from sglang_inkling_backend.layer_plan import LayerPlan, LayerSpec
+
+    def stored(requires_grad):
+        p = InklingKVPool(LayerPlan([LayerSpec(num_q_heads=4, num_kv_heads=2, head_dim=32)]), size=256,
+                          page_size=128 if fmt == "mxfp8" else 1, kv_format=fmt)
+        k = torch.randn(3, 2, 32, generator=torch.Generator().manual_seed(5))
+        v = 2 * k
+        if requires_grad:
+            k, v = k.requires_grad_(), v.requires_grad_()
+        p.set_kv_buffer(0, torch.tensor([130, 131, 132]), k, v)
+        return p.layers[0].tensors()
+
+    with_grad, without = stored(True), stored(False)
+    assert all(not t.requires_grad and t.grad_fn is None for t in with_grad)
+    assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(with_grad, without))
