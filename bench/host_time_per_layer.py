@@ -1,10 +1,12 @@
-"""Host time per attention-layer call of the SGLang host on the GPU route, on this CPU, kernels stubbed.
+"""Host time per attention-layer call of the SGLang and vLLM hosts on the GPU route, on this CPU, kernels stubbed.
 
 What an eager step pays on the host that a CUDA graph does not: ``InklingAttnBackend.init_forward_metadata`` once
 per step and ``forward_decode`` / ``forward_extend`` once per layer, with everything the call runs in Python (checks,
 the store's and the decode's plans, launch arguments) but the Triton kernels themselves replaced by no-ops
 (``triton.runtime.jit.JITFunction.run``: nothing is compiled or launched; a GPU adds each launch's own cost). The
 shapes are llama-gqa4-l16's (16 layers, 8/2 heads, head_dim 128) with an MXFP8 pool of page 128 and a bf16 pool.
+The vLLM rows time the host's layer code (``hosts/vllm/attention.LayerAttention``: a layer's ``do_kv_cache_update``
+and ``forward``, host-free, so vLLM itself is not needed) and the metadata builder's per-step ``VllmBatch``.
 
     .venv/bin/python bench/host_time_per_layer.py [--repo PATH] [--json OUT]
 
@@ -101,6 +103,75 @@ def time_steps(backend, layers, fb, shape, steps: int) -> dict:
             "layer_us_median": round(statistics.median(per_layer), 1)}
 
 
+def build_vllm(fmt: str, batch: int, context: int, new: int, layers_n: int = 16):
+    """The vLLM host's layer code (host-free: ``hosts/vllm/attention.LayerAttention`` over vLLM's block layout,
+    ``VllmBatch`` as its metadata builder makes it) on the GPU route, llama-gqa4-l16's geometry; blocks of 128
+    (an MXFP8 cache's) for both formats. Returns ``(step, layer_call)``: the builder's per-step work and one layer's
+    ``do_kv_cache_update`` + ``forward``."""
+    import torch
+    from sglang_inkling_backend import triton as kernels
+    from sglang_inkling_backend.gpu.route import GpuRoute
+    from sglang_inkling_backend.hosts.vllm.attention import LayerAttention
+    from sglang_inkling_backend.hosts.vllm.batch import VllmBatch
+    from sglang_inkling_backend.hosts.vllm.block_cache import BlockCacheLayout, vllm_layer_view
+    from sglang_inkling_backend.layer_plan import LayerSpec
+
+    hq, hkv, d, block = 8, 2, 128, 128
+    spec = LayerSpec(window=None, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, softmax_scale=1 / math.sqrt(d))
+    attentions = [LayerAttention(spec, fmt, torch.bfloat16) for _ in range(layers_n)]
+    layout = BlockCacheLayout(fmt, hkv, d, block)
+    per_req = -(-context // block)
+    num_blocks = batch * per_req + 1
+    caches = [vllm_layer_view(layout, num_blocks, dtype=torch.bfloat16 if fmt == "bf16" else torch.uint8)
+              for _ in range(layers_n)]
+    table = (torch.arange(batch * per_req, dtype=torch.int32) + 1).view(batch, per_req)
+    decode = new == 1
+    qlens = torch.full((batch,), new, dtype=torch.int32)
+    qsl = torch.cat([torch.zeros(1, dtype=torch.int32), qlens.cumsum(0).to(torch.int32)])
+    seq_lens = torch.full((batch,), context, dtype=torch.int32)
+    rows = int(qsl[-1])
+    slots = torch.cat([table[r, (context - new + torch.arange(new)) // block].long() * block
+                       + (context - new + torch.arange(new)) % block for r in range(batch)])
+    route = GpuRoute(kernels)
+    workspace = route.make_workspace(max_batch=batch, geometries={(hq, hkv, d)}, max_seq_len=context,
+                                     device=torch.device("cpu"))
+    q = torch.randn(rows, hq * d, dtype=torch.bfloat16)
+    k = torch.randn(rows, hkv * d, dtype=torch.bfloat16)
+    v = torch.randn(rows, hkv * d, dtype=torch.bfloat16)
+    out = torch.empty(rows, hq * d, dtype=torch.bfloat16)
+    state = {}
+
+    def step():
+        LayerAttention.new_step()
+        state["batch"] = VllmBatch(num_reqs=batch, num_actual_tokens=rows, num_decodes=batch if decode else 0,
+                                   num_decode_tokens=batch if decode else 0, query_start_loc=qsl, seq_lens=seq_lens,
+                                   block_table=table, slot_mapping=slots, block_size=block, max_seq_len=context,
+                                   workspace=workspace, route=route)
+
+    def layer_call(i):
+        attentions[i].store(k, v, caches[i], slots, fused_store=route.fused_store)
+        attentions[i].forward(q, caches[i], state["batch"], out, k, v)
+
+    return step, layer_call, layers_n
+
+
+def time_vllm_steps(step, layer_call, layers_n: int, steps: int) -> dict:
+    metadata, per_layer = [], []
+    for n in range(steps + 2):
+        tic = time.perf_counter()
+        step()
+        mid = time.perf_counter()
+        for i in range(layers_n):
+            layer_call(i)
+        end = time.perf_counter()
+        if n >= 2:
+            metadata.append(1e6 * (mid - tic))
+            per_layer.append(1e6 * (end - mid) / layers_n)
+    return {"metadata_us": round(min(metadata), 1), "layer_us": round(min(per_layer), 1),
+            "metadata_us_median": round(statistics.median(metadata), 1),
+            "layer_us_median": round(statistics.median(per_layer), 1)}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repo", type=Path, default=Path(__file__).resolve().parents[1])
@@ -121,9 +192,21 @@ def main(argv=None) -> int:
             backend, layers, r2t, shape = build(fmt, batch, context)
             fb = forward_batch(r2t, batch, context, new, decode=what == "decode")
             result = time_steps(backend, layers, fb, shape, args.steps)
-            rows.append({"format": fmt, "step": what, "batch": batch, "context": context, "new": new, **result})
+            rows.append({"host": "sglang", "format": fmt, "step": what, "batch": batch, "context": context, "new": new, **result})
             print(f"{fmt:6s} {what:16s} B={batch:4d} ctx={context} new={new:5d}: metadata {result['metadata_us']:8.1f} "
                   f"us/step, {result['layer_us']:7.1f} us/layer call", flush=True)
+    for fmt in ("mxfp8", "bf16"):
+        for what, batch, context, new in (("decode", 64, 768, 1), ("extend", 8, 1024, 1024)):
+            try:
+                step, layer_call, layers_n = build_vllm(fmt, batch, context, new)
+            except ImportError as err:  # an older checkout without this module layout
+                print(f"vllm {fmt} {what}: skipped ({err})")
+                continue
+            result = time_vllm_steps(step, layer_call, layers_n, args.steps)
+            rows.append({"host": "vllm", "format": fmt, "step": what, "batch": batch, "context": context, "new": new,
+                         **result})
+            print(f"vllm {fmt:6s} {what:11s} B={batch:4d} ctx={context} new={new:5d}: metadata "
+                  f"{result['metadata_us']:8.1f} us/step, {result['layer_us']:7.1f} us/layer call", flush=True)
     record = {"repo": str(args.repo), "package": sglang_inkling_backend.__file__, "rows": rows}
     if args.json:
         args.json.write_text(json.dumps(record, indent=1))

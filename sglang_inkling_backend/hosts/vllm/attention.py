@@ -64,6 +64,7 @@ class LayerAttention:
         self.sinks = sinks
         self.extend_new_keys = layer_step.extend_new_keys_setting()  # a prefill's own keys from the forward
         self._layouts: dict[int, BlockCacheLayout] = {}
+        self._paged: Optional[tuple] = None  # (the kv_cache view's key, its PagedKV): the last view seen
 
     def bind_fp8_scales(self, k_scale: float, v_scale: float) -> None:
         """The checkpoint's per-tensor fp8 scales, known once weights are loaded (``LayerSpec`` checks them)."""
@@ -78,12 +79,21 @@ class LayerAttention:
         if not isinstance(kv_cache, torch.Tensor) or kv_cache.dim() != 4:
             desc = tuple(kv_cache.shape) if isinstance(kv_cache, torch.Tensor) else type(kv_cache).__name__
             raise ValueError(f"kv_cache must be vLLM's 4-D per-layer view [num_blocks, H, N, C], got {desc}")
+        # vLLM hands a layer the same view every step: its PagedKV (views of it, checked) is made once. The key
+        # holds everything the PagedKV depends on; the PagedKV keeps the view's storage alive, so an equal pointer
+        # is the same storage, not a reallocation at the same address.
+        key = (kv_cache.data_ptr(), kv_cache.shape, kv_cache.stride(), kv_cache.dtype, kv_cache.device,
+               self.spec.k_scale, self.spec.v_scale)
+        if self._paged is not None and self._paged[0] == key:
+            return self._paged[1]
         block_size = kv_cache.shape[2]
         layout = self._layouts.get(block_size)
         if layout is None:
             layout = self._layouts[block_size] = BlockCacheLayout(self.kv_format, self.spec.num_kv_heads,
                                                                   self.spec.head_dim, block_size)
-        return layout.paged_kv(kv_cache, k_scale=self.spec.k_scale, v_scale=self.spec.v_scale)
+        kv = layout.paged_kv(kv_cache, k_scale=self.spec.k_scale, v_scale=self.spec.v_scale)
+        self._paged = (key, kv)
+        return kv
 
     def store(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
               fused_store=None) -> None:

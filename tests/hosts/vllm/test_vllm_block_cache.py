@@ -107,3 +107,25 @@ def test_a_view_of_every_other_block_of_a_larger_buffer_is_refused(every):
     with pytest.raises(ValueError, match=rf"kv_cache's block stride is {every * layout.page_bytes} bytes, two pages"):
         layout.paged_kv(view)
     layout.paged_kv(vllm_view(2, layout, pad=layout.page_bytes - 1))  # padding under a page: the layer's own
+
+
+def test_a_layers_pagedkv_is_made_once_per_view_and_again_for_another():
+    """vLLM hands a layer the same kv_cache view every step: LayerAttention builds (and checks) its PagedKV once.
+    Another view, even of the same buffer (every other block: refused), or another per-tensor scale, is built and
+    checked again."""
+    from sglang_inkling_backend.hosts.vllm.attention import LayerAttention
+    from sglang_inkling_backend.layer_plan import LayerSpec
+
+    attention = LayerAttention(LayerSpec(num_q_heads=4, num_kv_heads=HKV, head_dim=D), "fp8_e4m3", torch.bfloat16)
+    layout = BlockCacheLayout("fp8_e4m3", HKV, D, 16)
+    larger = vllm_view(4, layout)
+    view = larger[:2]
+    first = attention.paged_kv(view)
+    assert attention.paged_kv(view) is first and attention.paged_kv(larger[:2]) is first  # an equal view, too
+    with pytest.raises(ValueError, match="block stride"):
+        attention.paged_kv(larger[::2])
+    other = attention.paged_kv(larger[2:])  # the other half of the buffer: its own PagedKV
+    assert other is not first and other.k_buffer.data_ptr() != first.k_buffer.data_ptr()
+    attention.bind_fp8_scales(0.5, 0.25)  # the checkpoint's scales, bound after loading
+    scaled = attention.paged_kv(larger[2:])
+    assert scaled is not other and (scaled.k_scale, scaled.v_scale) == (0.5, 0.25)
