@@ -154,7 +154,23 @@ class LayerAttention:
             forward_kv = (key[:n].reshape(shape), value[:n].reshape(shape))
         # the weights themselves (every kernel reads sinks as float32): AttentionParams checks them finite once per
         # tensor and version; not here at construction, where vLLM has not loaded them yet
-        layer_step.attend(route, spec, q, kv, batch,
-                          lambda first, last: attention_params(spec, rows=last - first, sinks=self.sinks),
-                          batch.workspace, output[:n].view(n, spec.num_q_heads, spec.head_dim), forward_kv=forward_kv)
+        params_of = lambda first, last: attention_params(spec, rows=last - first, sinks=self.sinks)  # noqa: E731
+        decode_group = None
+        if batch.num_decodes and not checks.stream_capturing(query.device):  # eager: the step's group plan
+            nd = batch.num_decodes
+            decode_group = batch.decode_group(self.decode_group_key(kv), lambda: route.plan_decode_group(
+                kv, batch.decode_keys(spec.window, route.reads_page_tables), params_of(0, nd),
+                num_q_heads=spec.num_q_heads, batch=nd, max_seq_len=batch.max_seq_len, plans=batch.plans,
+                workspace=batch.workspace))
+        layer_step.attend(route, spec, q, kv, batch, params_of, batch.workspace,
+                          output[:n].view(n, spec.num_q_heads, spec.head_dim), forward_kv=forward_kv,
+                          decode_group=decode_group)
         return output
+
+    def decode_group_key(self, kv: PagedKV) -> tuple:
+        """What a decode plan of this layer depends on (window, heads, head_dim, the pool's slots, dtype and
+        format) and what decides whether FlashInfer's decode may serve it (sinks, cap): layers with equal keys
+        share the step's plan."""
+        spec = self.spec
+        return (spec.window, spec.num_q_heads, spec.num_kv_heads, spec.head_dim, kv.num_slots, kv.k_buffer.dtype,
+                kv.kv_format, self.sinks is not None, spec.logit_cap)
