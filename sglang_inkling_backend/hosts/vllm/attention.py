@@ -162,15 +162,22 @@ class LayerAttention:
                 kv, batch.decode_keys(spec.window, route.reads_page_tables), params_of(0, nd),
                 num_q_heads=spec.num_q_heads, batch=nd, max_seq_len=batch.max_seq_len, plans=batch.plans,
                 workspace=batch.workspace))
+        extend_group = None
+        if batch.num_decodes < n and not checks.stream_capturing(query.device):
+            nd = batch.num_decodes
+            key = self.decode_group_key(kv) + (spec.scale, kv.k_scale, kv.v_scale, forward_kv is not None)
+            extend_group = batch.extend_group(key, lambda: route.plan_extend_group(
+                kv, *batch.extend_keys(spec.window), params_of(nd, n), num_q_heads=spec.num_q_heads, rows=n - nd,
+                q_dtype=q.dtype, forward_rows=forward_kv is not None, plans=batch.plans))
         layer_step.attend(route, spec, q, kv, batch, params_of, batch.workspace,
                           output[:n].view(n, spec.num_q_heads, spec.head_dim), forward_kv=forward_kv,
-                          decode_group=decode_group)
+                          decode_group=decode_group, extend_group=extend_group)
         return output
 
     def decode_group_key(self, kv: PagedKV) -> tuple:
         """What a decode plan of this layer depends on (window, heads, head_dim, the pool's slots, dtype and
         format) and what decides whether FlashInfer's decode may serve it (sinks, cap): layers with equal keys
-        share the step's plan."""
+        share the step's plan. An extend plan also holds the softmax scale and per-tensor scales (FlashInfer's)."""
         spec = self.spec
         return (spec.window, spec.num_q_heads, spec.num_kv_heads, spec.head_dim, kv.num_slots, kv.k_buffer.dtype,
                 kv.kv_format, self.sinks is not None, spec.logit_cap)

@@ -38,6 +38,7 @@ class VllmBatch:
     # the step's decode plans per group of layers that plan alike (LayerAttention.decode_group_key), made by the
     # first layer of each group that runs (vLLM's builder sees the layers' specs, not their caches)
     _decode_groups: dict = field(default_factory=dict)
+    _extend_groups: dict = field(default_factory=dict)  # the same for the extend rows (Route.plan_extend_group)
 
     def __post_init__(self):
         # Structure only (no device read: vLLM builds a batch every step, CUDA-graph replays included); the values
@@ -128,6 +129,14 @@ class VllmBatch:
             return self._decode_groups[key]
         except KeyError:
             plan = self._decode_groups[key] = make()
+            return plan
+
+    def extend_group(self, key: tuple, make):
+        """``decode_group`` for the extend rows (``Route.plan_extend_group``)."""
+        try:
+            return self._extend_groups[key]
+        except KeyError:
+            plan = self._extend_groups[key] = make()
             return plan
 
     @property

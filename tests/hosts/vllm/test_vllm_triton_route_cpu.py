@@ -54,15 +54,18 @@ def test_triton_route_matches_torch_route_on_vllms_layout(kv_format, block_size,
     assert outs["torch"].abs().max() > 0.05  # the comparison is over real outputs, not zeros
 
 
-def test_decode_rows_plan_once_per_step_and_group_with_the_bytes_of_per_layer_plans(monkeypatch):
+def test_decode_and_extend_rows_plan_once_per_step_and_group_with_the_bytes_of_per_layer_plans(monkeypatch):
     """Three layers (two full, one windowed) over vLLM's block layout, a mixed batch, on the Triton route: the step's
-    decode is planned once per layer group (two plans, by each group's first layer) and every layer's output has
-    the bytes of the same layer planning its own decode."""
+    decode and extend rows are planned once per layer group (two groups, by each group's first layer) and every
+    layer's output has the bytes of the same layer planning for itself."""
     from sglang_inkling_backend import triton as kernels
     from sglang_inkling_backend.gpu.route import GpuRoute
 
     class PerLayerPlans(GpuRoute):
         def plan_decode_group(self, *args, **kwargs):
+            return None
+
+        def plan_extend_group(self, *args, **kwargs):
             return None
 
     plans = []
@@ -103,5 +106,9 @@ def test_decode_rows_plan_once_per_step_and_group_with_the_bytes_of_per_layer_pl
     groups = batches["GpuRoute"]._decode_groups  # made by each group's first layer, run by the others
     assert len(groups) == 2 and {plan.window for plan in groups.values()} == {None, 24}
     assert list(batches["PerLayerPlans"]._decode_groups.values()) == [None, None]
+    groups = batches["GpuRoute"]._extend_groups  # the prefill rows' plans, the same way
+    assert len(groups) == 2 and {plan.window for plan in groups.values()} == {None, 24}
+    assert all(plan.rows == 5 for plan in groups.values())
+    assert list(batches["PerLayerPlans"]._extend_groups.values()) == [None, None]
     assert all(torch.equal(a, b) for a, b in zip(outs["GpuRoute"], outs["PerLayerPlans"]))
     assert not torch.equal(outs["GpuRoute"][0][:2], outs["GpuRoute"][2][:2])  # the window changes the decode rows
