@@ -305,15 +305,25 @@ class GpuRoute(Route):
                     if family.served:
                         raise  # it has served before: a real failure, not an install that cannot build its kernel
                     # It writes none of our buffers, so the Triton kernel can still serve this call.
-                    self.extend_family = None
-                    logger.warning("inkling: extend: %s failed on its first call (%s: %s); the Triton extend "
-                                   "kernel serves every extend from now on", family.name, type(err).__name__, err)
-            elif why not in self._extend_notes:
-                self._extend_notes.add(why)
-                logger.info("inkling: extend: the Triton kernel for layers with %s", why)
+                    self._drop_extend_family(family, err, "failed on its first call")
+            else:
+                self._note_triton_extend(why)
         blocks = None if plans is None else self._extend_blocks(qo_indptr, q.shape[1], kv.num_kv_heads, plans)
         return self.kernels.paged_extend_attention(q, kv, rails.indptr, rails.indices, qo_indptr, params,
                                                    validate=False, blocks=blocks)
+
+    def _drop_extend_family(self, family, err: Exception, what: str) -> None:
+        """The extend family raised before it ever served (an install that cannot build its kernel): dropped for
+        good, with one warning; the Triton kernel serves every extend."""
+        self.extend_family = None
+        logger.warning("inkling: extend: %s %s (%s: %s); the Triton extend kernel serves every extend from now on",
+                       family.name, what, type(err).__name__, err)
+
+    def _note_triton_extend(self, why: str) -> None:
+        """Say once per reason why layers run the Triton extend kernel where the family is installed."""
+        if why not in self._extend_notes:
+            self._extend_notes.add(why)
+            logger.info("inkling: extend: the Triton kernel for layers with %s", why)
 
     def _extend_blocks(self, qo_indptr: torch.Tensor, num_q_heads: int, num_kv_heads: int, plans: DecodePlanCache):
         """The step's Triton extend grid, laid out once for its layers of this head grouping (one sync)."""
@@ -345,13 +355,9 @@ class GpuRoute(Route):
                 except Exception as err:
                     if family.served:
                         raise
-                    self.extend_family = None
-                    logger.warning("inkling: extend: %s failed to plan on its first step (%s: %s); the Triton "
-                                   "extend kernel serves every extend from now on", family.name, type(err).__name__,
-                                   err)
-            elif why not in self._extend_notes:
-                self._extend_notes.add(why)
-                logger.info("inkling: extend: the Triton kernel for layers with %s", why)
+                    self._drop_extend_family(family, err, "failed to plan on its first step")
+            else:
+                self._note_triton_extend(why)
         if kernel_plan is None:
             kernel_plan = self._extend_blocks(qo_indptr, num_q_heads, kv.num_kv_heads, plans)
         return ExtendGroupPlan(window=params.window, rows=rows, num_q_heads=num_q_heads, num_kv_heads=kv.num_kv_heads,

@@ -185,31 +185,35 @@ class InklingAttnBackend(AttentionBackend):
         # The split-KV scratch of every decode plan, allocated once for the largest batch and context (plans are
         # views of it, so capture and replay need nothing else).
         self.attention_specs = [self.layer_plan.spec(i) for i in self.layer_plan.attention_layer_ids]
-        # Layers that plan their decode alike (window, heads, head_dim, the pool's slots), planned once per eager
-        # decode step (init_forward_metadata): each group's first layer, and each layer's group by layer id
-        # and extend step; an extend's plan (FlashInfer's) also holds the softmax scale, cap and per-tensor scales
-        groups: dict = {}
-        extend_groups: dict = {}
-        self.decode_group_of_layer: list = [None] * (max(self.layer_plan.attention_layer_ids, default=-1) + 1)
-        self.decode_group_leaders: list = []
-        self.extend_group_of_layer: list = list(self.decode_group_of_layer)
-        self.extend_group_leaders: list = []
-        for spec, layer_id in zip(self.attention_specs, self.layer_plan.attention_layer_ids):
-            slots = self.token_to_kv_pool.get_key_buffer(layer_id).shape[0]
-            key = (spec.window, spec.num_q_heads, spec.num_kv_heads, spec.head_dim, slots)
-            if key not in groups:
-                groups[key] = len(self.decode_group_leaders)
-                self.decode_group_leaders.append(layer_id)
-            self.decode_group_of_layer[layer_id] = groups[key]
-            key += (spec.scale, spec.logit_cap, spec.k_scale, spec.v_scale)
-            if key not in extend_groups:
-                extend_groups[key] = len(self.extend_group_leaders)
-                self.extend_group_leaders.append(layer_id)
-            self.extend_group_of_layer[layer_id] = extend_groups[key]
+        # Layers that plan alike, planned once per eager step (init_forward_metadata): each group's first layer, and
+        # each layer's group by layer id. A decode plan depends on the window, heads, head_dim and the pool's slots;
+        # an extend plan (FlashInfer's) also holds the softmax scale, cap and per-tensor scales.
+        def decode_key(spec, layer_id):
+            return (spec.window, spec.num_q_heads, spec.num_kv_heads, spec.head_dim,
+                    self.token_to_kv_pool.get_key_buffer(layer_id).shape[0])
+
+        self.decode_group_of_layer, self.decode_group_leaders = self._group_layers(decode_key)
+        self.extend_group_of_layer, self.extend_group_leaders = self._group_layers(
+            lambda spec, layer_id: decode_key(spec, layer_id) + (spec.scale, spec.logit_cap, spec.k_scale,
+                                                                 spec.v_scale))
         self.workspace = self.route.make_workspace(
             max_batch=self.req_to_token_pool.req_to_token.shape[0], max_seq_len=self.max_context_len,
             geometries={(s.num_q_heads, s.num_kv_heads, s.head_dim) for s in self.attention_specs},
             device=self.device, verify_draft_len=self.verify_draft_len)
+
+    def _group_layers(self, key_of) -> tuple[list, list]:
+        """``(group_of_layer, leaders)``: the attention layers grouped by ``key_of(spec, layer_id)``, each layer's
+        group index by layer id (None for a layer without attention) and each group's first layer."""
+        groups: dict = {}
+        group_of_layer: list = [None] * (max(self.layer_plan.attention_layer_ids, default=-1) + 1)
+        leaders: list = []
+        for spec, layer_id in zip(self.attention_specs, self.layer_plan.attention_layer_ids):
+            key = key_of(spec, layer_id)
+            if key not in groups:
+                groups[key] = len(leaders)
+                leaders.append(layer_id)
+            group_of_layer[layer_id] = groups[key]
+        return group_of_layer, leaders
 
     # --- metadata ----------------------------------------------------------------------------------------------
     def _full_to_swa(self) -> Optional[torch.Tensor]:

@@ -155,20 +155,22 @@ class LayerAttention:
         # the weights themselves (every kernel reads sinks as float32): AttentionParams checks them finite once per
         # tensor and version; not here at construction, where vLLM has not loaded them yet
         params_of = lambda first, last: attention_params(spec, rows=last - first, sinks=self.sinks)  # noqa: E731
-        decode_group = None
-        if batch.num_decodes and not checks.stream_capturing(query.device):  # eager: the step's group plan
-            nd = batch.num_decodes
-            decode_group = batch.decode_group(self.decode_group_key(kv), lambda: route.plan_decode_group(
-                kv, batch.decode_keys(spec.window, route.reads_page_tables), params_of(0, nd),
-                num_q_heads=spec.num_q_heads, batch=nd, max_seq_len=batch.max_seq_len, plans=batch.plans,
-                workspace=batch.workspace))
-        extend_group = None
-        if batch.num_decodes < n and not checks.stream_capturing(query.device):
-            nd = batch.num_decodes
-            key = self.decode_group_key(kv) + (spec.scale, kv.k_scale, kv.v_scale, forward_kv is not None)
-            extend_group = batch.extend_group(key, lambda: route.plan_extend_group(
-                kv, *batch.extend_keys(spec.window), params_of(nd, n), num_q_heads=spec.num_q_heads, rows=n - nd,
-                q_dtype=q.dtype, forward_rows=forward_kv is not None, plans=batch.plans))
+        # Eager: the step's plan per group of layers that plan alike, made by the group's first layer (vLLM's
+        # builder sees the layers' specs, not their caches) and shared through the step's plan cache
+        decode_group = extend_group = None
+        nd = batch.num_decodes
+        if not checks.stream_capturing(query.device):
+            group_key = self.decode_group_key(kv)
+            if nd:
+                decode_group = batch.plans.value(("decode group", group_key), lambda: route.plan_decode_group(
+                    kv, batch.decode_keys(spec.window, route.reads_page_tables), params_of(0, nd),
+                    num_q_heads=spec.num_q_heads, batch=nd, max_seq_len=batch.max_seq_len, plans=batch.plans,
+                    workspace=batch.workspace))
+            if nd < n:
+                group_key += (spec.scale, kv.k_scale, kv.v_scale, forward_kv is not None)
+                extend_group = batch.plans.value(("extend group", group_key), lambda: route.plan_extend_group(
+                    kv, *batch.extend_keys(spec.window), params_of(nd, n), num_q_heads=spec.num_q_heads,
+                    rows=n - nd, q_dtype=q.dtype, forward_rows=forward_kv is not None, plans=batch.plans))
         layer_step.attend(route, spec, q, kv, batch, params_of, batch.workspace,
                           output[:n].view(n, spec.num_q_heads, spec.head_dim), forward_kv=forward_kv,
                           decode_group=decode_group, extend_group=extend_group)

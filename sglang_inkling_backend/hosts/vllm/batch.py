@@ -35,10 +35,6 @@ class VllmBatch:
     route: object = None  # a route_protocol.Route (routes.TorchRoute, gpu.route.GpuRoute), chosen by the builder
     plans: DecodePlanCache = field(default_factory=DecodePlanCache)
     _rails: dict = field(default_factory=dict)
-    # the step's decode plans per group of layers that plan alike (LayerAttention.decode_group_key), made by the
-    # first layer of each group that runs (vLLM's builder sees the layers' specs, not their caches)
-    _decode_groups: dict = field(default_factory=dict)
-    _extend_groups: dict = field(default_factory=dict)  # the same for the extend rows (Route.plan_extend_group)
 
     def __post_init__(self):
         # Structure only (no device read: vLLM builds a batch every step, CUDA-graph replays included); the values
@@ -121,23 +117,6 @@ class VllmBatch:
             bad = ((ids < 0) | (ids >= num_blocks)).nonzero()[0].item()
             raise ValueError(f"block_table entries that seq_lens reach{'' if window is None else ' in the window'} "
                              f"must be blocks of the cache in [0, {num_blocks}), got {int(ids[bad])}")
-
-    def decode_group(self, key: tuple, make):
-        """The step's decode plan for the layer group ``key`` (``Route.plan_decode_group``; None where the route
-        leaves the group's layers to plan per call), made with ``make()`` by the group's first layer."""
-        try:
-            return self._decode_groups[key]
-        except KeyError:
-            plan = self._decode_groups[key] = make()
-            return plan
-
-    def extend_group(self, key: tuple, make):
-        """``decode_group`` for the extend rows (``Route.plan_extend_group``)."""
-        try:
-            return self._extend_groups[key]
-        except KeyError:
-            plan = self._extend_groups[key] = make()
-            return plan
 
     @property
     def num_prefills(self) -> int:
