@@ -102,6 +102,17 @@ def make_batch(gen, qlens=(5, 17, 1), prefixes=(0, 30, 9)):
     return q, rails, qo
 
 
+class ExtendKeys:
+    """A step of extend rows only over ``rails``/``qo`` (``layer_step.StepKeys``), with its own plan cache."""
+    num_decode_rows, max_seq_len = 0, None
+
+    def __init__(self, rails, qo):
+        self.rails, self.qo, self.plans = rails, qo, DecodePlanCache()
+
+    def extend_keys(self, window):
+        return self.rails, self.qo
+
+
 def rel_err(got, want):
     return float((got.float() - want.float()).norm() / want.float().norm())
 
@@ -222,21 +233,12 @@ def test_extend_rows_from_the_forward_match_the_torch_route(fmt, family, prefixe
     new_v = (torch.randn(rows, HKV, D, generator=gen) * 2).bfloat16().to(DEV)
     spec = LayerSpec(window=None, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D, softmax_scale=D ** -0.5)
 
-    class Keys:
-        num_decode_rows, max_seq_len = 0, None
-
-        def __init__(self):
-            self.plans = DecodePlanCache()
-
-        def extend_keys(self, window):
-            return rails, qo
-
     route = GpuRoute(kernels, fi_extend.FlashInferExtend(fake_flashinfer(), torch.device(DEV)) if family else None)
     params_of = lambda first, last: attention_params(spec, rows=last - first)  # noqa: E731
-    got = layer_step.attend(route, spec, q, kv, Keys(), params_of, None, forward_kv=(new_k, new_v))
-    want = layer_step.attend(TorchRoute(), spec, q.float(), kv, Keys(), params_of, None, forward_kv=(new_k, new_v))
+    got = layer_step.attend(route, spec, q, kv, ExtendKeys(rails, qo), params_of, None, forward_kv=(new_k, new_v))
+    want = layer_step.attend(TorchRoute(), spec, q.float(), kv, ExtendKeys(rails, qo), params_of, None, forward_kv=(new_k, new_v))
     assert rel_err(got, want) < TOL
-    from_pool = layer_step.attend(TorchRoute(), spec, q.float(), kv, Keys(), params_of, None)
+    from_pool = layer_step.attend(TorchRoute(), spec, q.float(), kv, ExtendKeys(rails, qo), params_of, None)
     assert rel_err(from_pool, want) > 3 * TOL
     if family:
         assert RaggedPrefill.plans == 1
@@ -263,21 +265,12 @@ def test_a_group_plan_gives_each_layer_the_bytes_of_its_own_extend(fmt, family, 
     other_kv = PagedKV(kv.k_buffer, kv.v_buffer, kv.k_scales, kv.v_scales, kv.layout,
                        k_scale=2 * kv.k_scale if fmt == "fp8" else kv.k_scale, v_scale=kv.v_scale)
 
-    class Keys:
-        num_decode_rows, max_seq_len = 0, None
-
-        def __init__(self):
-            self.plans = DecodePlanCache()
-
-        def extend_keys(self, window):
-            return rails, qo
-
     fi = fake_flashinfer()
 
     def route():
         return GpuRoute(kernels, fi_extend.FlashInferExtend(fi, torch.device(DEV)) if family else None)
 
-    grouped, keys = route(), Keys()
+    grouped, keys = route(), ExtendKeys(rails, qo)
     group = grouped.plan_extend_group(kv, rails, qo, attention_params(spec, rows=rows), num_q_heads=HQ, rows=rows,
                                       q_dtype=q.dtype, forward_rows=forward, plans=keys.plans)
     assert RaggedPrefill.plans == (1 if family else 0)
@@ -288,13 +281,13 @@ def test_a_group_plan_gives_each_layer_the_bytes_of_its_own_extend(fmt, family, 
                                 extend_group=group)
         if layer_spec is spec:
             assert RaggedPrefill.plans == before  # the group's plan, not a new one
-        want = layer_step.attend(route(), layer_spec, q, layer_kv, Keys(), params_of, None, forward_kv=forward_kv)
+        want = layer_step.attend(route(), layer_spec, q, layer_kv, ExtendKeys(rails, qo), params_of, None, forward_kv=forward_kv)
         assert torch.equal(got, want), (layer_spec.softmax_scale, float((got.float() - want.float()).abs().max()))
     # the other layer's output is not the planning layer's: a plan misused across scales would be caught above
     assert not torch.equal(
-        layer_step.attend(route(), spec, q, kv, Keys(), lambda f, l: attention_params(spec, rows=l - f), None,
+        layer_step.attend(route(), spec, q, kv, ExtendKeys(rails, qo), lambda f, l: attention_params(spec, rows=l - f), None,
                           forward_kv=forward_kv),
-        layer_step.attend(route(), other_spec, q, other_kv, Keys(),
+        layer_step.attend(route(), other_spec, q, other_kv, ExtendKeys(rails, qo),
                           lambda f, l: attention_params(other_spec, rows=l - f), None, forward_kv=forward_kv))
 
 

@@ -870,6 +870,25 @@ def triton_backend(h, per_layer_plans=False):
     return backend
 
 
+def grouped_and_per_layer_backends(h, pool_factory):
+    """The Triton-route backend on h's runner (its step's group plans), and one on a copy of the runner with a pool
+    of its own from ``pool_factory`` whose layers plan for themselves."""
+    ours = triton_backend(h)
+    other_runner = SimpleNamespace(**vars(h.runner))
+    other_runner.token_to_kv_pool = pool_factory()
+    return ours, triton_backend(SimpleNamespace(runner=other_runner), per_layer_plans=True)
+
+
+def step_inputs(h, fb, layers) -> list:
+    """Each layer's (q, k, v) for the batch ``fb``, recorded in h's history."""
+    inputs = []
+    for layer in layers:
+        q, k, v = h.qkv(fb, layer)
+        h.record(fb, layer, k, v)
+        inputs.append((q, k, v))
+    return inputs
+
+
 def count_plans(monkeypatch):
     """Count plan_decode calls, whichever name they go through (the package's, or decode_attention's own, which
     paged_decode_attention uses)."""
@@ -895,17 +914,10 @@ def test_triton_route_plans_decode_once_per_step_and_window(monkeypatch):
     calls = count_plans(monkeypatch)
     layers = make_layers(windows=MIXED)
     h = Harness(layers, bf16_pool(layers=len(MIXED)))
-    ours = triton_backend(h)
-    other_runner = SimpleNamespace(**vars(h.runner))
-    other_runner.token_to_kv_pool = bf16_pool(layers=len(MIXED))()
-    per_layer = triton_backend(SimpleNamespace(runner=other_runner), per_layer_plans=True)
+    ours, per_layer = grouped_and_per_layer_backends(h, bf16_pool(layers=len(MIXED)))
     decode_steps, worst = 0, 0.0
     for fb in serving_script(h):
-        inputs = []
-        for layer in layers:
-            q, k, v = h.qkv(fb, layer)
-            h.record(fb, layer, k, v)
-            inputs.append((q, k, v))
+        inputs = step_inputs(h, fb, layers)
         counts, outs = [], []
         for backend in (ours, per_layer):
             before = len(calls)  # plans are made in init_forward_metadata (ours) or by the layers (per_layer)
@@ -947,17 +959,10 @@ def test_triton_route_plans_extend_once_per_step_and_group(monkeypatch):
     for pool in (bf16_pool(layers=len(MIXED)), mxfp8):
         h = (Harness(layers, pool) if pool is not mxfp8 else
              WholePagesHarness(layers, mxfp8, size=size, page_size=128, kv_cache_dtype=torch.float8_e4m3fn))
-        ours = triton_backend(h)
-        other_runner = SimpleNamespace(**vars(h.runner))
-        other_runner.token_to_kv_pool = pool()
-        per_layer = triton_backend(SimpleNamespace(runner=other_runner), per_layer_plans=True)
+        ours, per_layer = grouped_and_per_layer_backends(h, pool)
         extend_steps = 0
         for fb in serving_script(h):
-            inputs = []
-            for layer in layers:
-                q, k, v = h.qkv(fb, layer)
-                h.record(fb, layer, k, v)
-                inputs.append((q, k, v))
+            inputs = step_inputs(h, fb, layers)
             outs = []
             for backend in (ours, per_layer):
                 backend.init_forward_metadata(fb)
