@@ -106,6 +106,17 @@ def test_engine_check_record_is_compare_py_format():
     assert result["requests_diverged"] == 1 and result["divergences_not_near_tie"] == 1
 
 
+def test_engine_check_teacher_forced_record():
+    check = load("engine_check")
+    lp = lambda value, rank: SimpleNamespace(logprob=value, rank=rank)  # noqa: E731
+    # vLLM's prompt_logprobs: None for the first token, then each position's top-2 and the prompt's own token
+    out = SimpleNamespace(prompt_token_ids=[4, 7, 9], prompt_logprobs=[
+        None, {7: lp(-0.2, 1), 3: lp(-2.0, 2)}, {2: lp(-0.1, 1), 5: lp(-2.5, 2), 9: lp(-4.0, 6)}])
+    record = check.teacher_forced_of(out)
+    assert record == {"prompt_ids": [4, 7, 9], "logprobs": [-0.2, -4.0],
+                      "top2": [[[7, -0.2], [3, -2.0]], [[2, -0.1], [5, -2.5]]]}
+
+
 def test_engine_check_workload_and_server_arguments():
     check = load("engine_check")
     concurrent, prefix = check.workload()
@@ -113,12 +124,13 @@ def test_engine_check_workload_and_server_arguments():
     assert prefix[:check.PREFIX_TOKENS] == base[:check.PREFIX_TOKENS] and len(prefix) == check.PREFIX_TOKENS + 37
     assert check.PREFIX_TOKENS % 128 == 0  # whole MXFP8 blocks
     args = SimpleNamespace(model=Path("/m"), backend="CUSTOM", kv_cache_dtype="mxfp8", eager=False, compilation="{}",
-                           max_model_len=4096, gpu_memory_utilization=0.2, kv_cache_gib=4.0)
+                           max_model_len=4096, gpu_memory_utilization=0.2, kv_cache_gib=4.0, dtype="float16")
     flags = check.serve_args(args)
     assert flags[0] == "/m"
     value = lambda flag: flags[flags.index(flag) + 1]  # noqa: E731
     assert value("--attention-backend") == "CUSTOM" and value("--kv-cache-dtype") == "mxfp8"
-    assert value("--kv-cache-memory-bytes") == str(4 * 2**30)
+    assert value("--kv-cache-memory-bytes") == str(4 * 2**30) and value("--dtype") == "float16"
+    assert check.engine_kwargs(args)["dtype"] == "float16"
     assert "--enforce-eager" not in flags and "--enable-prompt-tokens-details" in flags
     assert check.engine_kwargs(args)["compilation_config"]["cudagraph_capture_sizes"] == check.CAPTURE_SIZES
     eager = check.serve_args(SimpleNamespace(**{**vars(args), "eager": True}))
@@ -131,3 +143,69 @@ def test_latency_points_parse():
     for bad in ("32", "0x4096", "ax1", "32x"):
         with pytest.raises(ValueError, match="BATCHxCONTEXT"):
             points.parse_points(bad)
+
+
+def parity_record(label, rng, noise, base, prompts=3, positions=400, greedy_tokens=12):
+    """An engine_check record whose logprobs are ``base``'s moved by N(0, noise) per position (noise 0: identical)."""
+    import random
+
+    teacher = [{"prompt_ids": p["prompt_ids"], "logprobs": [x + rng.gauss(0, noise) if noise else x
+                                                             for x in p["logprobs"]], "top2": []}
+               for p in base["teacher_forced"]]
+    answer = lambda r: dict(r, logprobs=[x + rng.gauss(0, noise) if noise else x for x in r["logprobs"]])  # noqa
+    return {"label": label, "concurrent": [answer(r) for r in base["concurrent"]], "text": answer(base["text"]),
+            "prefix_hit": answer(base["prefix_hit"]), "teacher_forced": teacher}
+
+
+def parity_base(rng, prompts=3, positions=400, greedy_tokens=12):
+    request = lambda: {"output_ids": [rng.randrange(100) for _ in range(greedy_tokens)],  # noqa: E731
+                       "logprobs": [-rng.random() for _ in range(greedy_tokens)], "top2": []}
+    return {"concurrent": [request() for _ in range(prompts)], "text": request(), "prefix_hit": request(),
+            "teacher_forced": [{"prompt_ids": list(range(i, i + positions + 1)),
+                                "logprobs": [-3 * rng.random() for _ in range(positions)], "top2": []}
+                               for i in range(prompts)]}
+
+
+def test_parity_rule_fails_the_control_and_passes_correct_engines():
+    import random
+
+    parity = load("parity")
+    rng = random.Random(7)
+    base = parity_base(rng)
+    floor_noise = 0.0235  # the float16 floor of gemma3-swa in bench/results/current/vllm-parity-rule-cpu
+    runs = {"m_TRITON_ATTN_auto_fp16": dict(base, label="ref"),
+            "m_TRITON_ATTN_auto_fp16+again": parity_record("again", rng, 0.0, base),
+            "m_FLASHINFER_auto_fp16": parity_record("floor", rng, floor_noise, base),
+            "m_CUSTOM_auto_fp16": parity_record("ours", rng, floor_noise * 1.1, base),
+            "m_CUSTOM_auto_fp16+broken": parity_record("broken", rng, floor_noise * 5, base),  # there: 5.0x
+            "m_CUSTOM_mxfp8_fp16": parity_record("mxfp8", rng, floor_noise * 6, base),
+            "m_TRITON_ATTN_auto": dict(base, label="bf16 ref")}  # another dtype: its own group, no floor there
+    groups = {g["reference"]: g for g in parity.judge_all(runs)}
+    rows = {r["run"]: r for r in groups["m_TRITON_ATTN_auto_fp16"]["rows"]}
+    assert groups["m_TRITON_ATTN_auto_fp16"]["floor_runs"] == ["m_FLASHINFER_auto_fp16"]
+    assert rows["m_CUSTOM_auto_fp16+broken"]["verdict"] == "FAIL"
+    assert rows["m_CUSTOM_auto_fp16+broken"]["tf_over_floor"] > 3
+    assert rows["m_CUSTOM_auto_fp16"]["verdict"] == "pass" and rows["m_TRITON_ATTN_auto_fp16+again"]["verdict"] == "pass"
+    assert rows["m_TRITON_ATTN_auto_fp16+again"]["tf_mean_abs_dlogprob"] == 0.0
+    assert rows["m_TRITON_ATTN_auto_fp16+again"]["tf_positions"] == 3 * 400
+    assert rows["m_CUSTOM_mxfp8_fp16"]["verdict"] == "drift" and rows["m_FLASHINFER_auto_fp16"]["verdict"] == "floor"
+    assert groups["m_TRITON_ATTN_auto"]["rows"] == []  # the fp16 runs are not in the bf16 group
+    # without a floor run nothing is judged (a rule without its floor would pass or fail by accident)
+    del runs["m_FLASHINFER_auto_fp16"]
+    rows = {r["run"]: r for r in parity.judge_all(runs)[1]["rows"]}
+    assert rows["m_CUSTOM_auto_fp16+broken"]["verdict"] == "NO FLOOR"
+
+
+def test_parity_rule_refuses_runs_that_scored_different_prompts():
+    import random
+
+    parity = load("parity")
+    rng = random.Random(3)
+    base = parity_base(rng, prompts=2, positions=10)
+    other = parity_record("other", rng, 0.0, base)
+    other["teacher_forced"][1]["prompt_ids"] = [9] * 11
+    with pytest.raises(ValueError, match="scored different prompts"):
+        parity.teacher_forced_distance(base, other)
+    assert parity.split_name("llama-gqa4_TRITON_ATTN_auto_fp16+again", "llama-gqa4") == \
+        ("TRITON_ATTN_auto", ("fp16", "again"))
+    assert parity.split_name("gemma3-swa_CUSTOM_mxfp8", "gemma3-swa") == ("CUSTOM_mxfp8", ())

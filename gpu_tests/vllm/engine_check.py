@@ -6,7 +6,9 @@ Workload (seeded, the same for every backend; the prompts are ``gpu_tests/sglang
 tokens each; with ``max_num_batched_tokens`` 512 the long prompts are prefilled in chunks while the short ones
 decode, so steps mix decodes and prefill chunks (``mixed_steps`` counts them where the engine runs in-process);
 ``text``: a text prompt through the real tokenizer; ``prefix_hit``: the first ``PREFIX_TOKENS`` tokens of a
-concurrent prompt and a new tail (vLLM's prefix cache hands back whole blocks: ``cached_tokens``).
+concurrent prompt and a new tail (vLLM's prefix cache hands back whole blocks: ``cached_tokens``);
+``teacher_forced`` (offline): the concurrent prompts scored with ``prompt_logprobs``, the same token ids for every
+engine, for the parity rule (``parity.py``). Every request records its ``prompt_ids``.
 
     python gpu_tests/vllm/engine_check.py --model DIR --backend CUSTOM --kv-cache-dtype mxfp8 --out run.json
     python gpu_tests/vllm/engine_check.py --serve --model DIR --backend FLASHINFER --out run.json --log server.log
@@ -34,7 +36,7 @@ TOP = 2
 
 
 def engine_kwargs(args) -> dict:
-    kwargs = dict(model=str(args.model), dtype="bfloat16", max_model_len=args.max_model_len, seed=0,
+    kwargs = dict(model=str(args.model), dtype=args.dtype, max_model_len=args.max_model_len, seed=0,
                   gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=16,
                   max_num_batched_tokens=MAX_BATCHED_TOKENS, enable_prefix_caching=True,
                   enforce_eager=args.eager, kv_cache_dtype=args.kv_cache_dtype,
@@ -55,8 +57,21 @@ def record_of(output) -> dict:
         chosen.append(position[token].logprob)
         ranked = sorted(position.items(), key=lambda kv: kv[1].rank)
         top2.append([[t, lp.logprob] for t, lp in ranked if lp.rank is not None and lp.rank <= TOP][:TOP])
+    prompt_ids = list(output.prompt_token_ids or [])
     return {"output_ids": ids, "logprobs": chosen, "top2": top2, "cached_tokens": output.num_cached_tokens,
-            "prompt_len": len(output.prompt_token_ids or [])}
+            "prompt_len": len(prompt_ids), "prompt_ids": prompt_ids}
+
+
+def teacher_forced_of(output) -> dict:
+    """A prompt scored with ``prompt_logprobs``: the logprob of each prompt token after the ones before it (from the
+    second token on) and the top-2 there."""
+    ids = list(output.prompt_token_ids)
+    logprobs, top2 = [], []
+    for token, position in zip(ids[1:], (output.prompt_logprobs or [None])[1:]):
+        logprobs.append(position[token].logprob)
+        ranked = sorted(position.items(), key=lambda kv: kv[1].rank)
+        top2.append([[t, lp.logprob] for t, lp in ranked if lp.rank is not None and lp.rank <= TOP][:TOP])
+    return {"prompt_ids": ids, "logprobs": logprobs, "top2": top2}
 
 
 def workload() -> tuple[list[list[int]], list[int]]:
@@ -79,7 +94,12 @@ def run_offline(args) -> dict:
     concurrent_s = time.time() - t0
     text = llm.generate([TEXT_PROMPT], params, use_tqdm=False)[0]
     hit = llm.generate([{"prompt_token_ids": prefix_prompt}], params, use_tqdm=False)[0]
+    # teacher-forced: every engine scores the same token ids, so the parity rule compares them position by position
+    # (chunked prefill, extends reading the cache); after the rest, so the greedy requests saw the same cache states
+    scoring = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=TOP)
+    scored = llm.generate([{"prompt_token_ids": p} for p in concurrent], scoring, use_tqdm=False)
     return {"concurrent": [record_of(o) for o in outs], "text": record_of(text), "prefix_hit": record_of(hit),
+            "teacher_forced": [teacher_forced_of(o) for o in scored],
             "engine": {"start_s": start_s, "concurrent_s": concurrent_s,
                        "num_gpu_blocks": config.cache_config.num_gpu_blocks,
                        "block_size": config.cache_config.block_size,
@@ -91,7 +111,7 @@ def run_offline(args) -> dict:
 
 def serve_args(args) -> list[str]:
     kw = engine_kwargs(args)
-    out = [str(args.model), "--dtype", "bfloat16", "--max-model-len", str(kw["max_model_len"]), "--seed", "0",
+    out = [str(args.model), "--dtype", args.dtype, "--max-model-len", str(kw["max_model_len"]), "--seed", "0",
            "--gpu-memory-utilization", str(kw["gpu_memory_utilization"]), "--max-num-seqs", "16",
            "--max-num-batched-tokens", str(MAX_BATCHED_TOKENS), "--enable-prefix-caching",
            "--kv-cache-dtype", args.kv_cache_dtype, "--max-logprobs", str(TOP),
@@ -130,6 +150,10 @@ def run_served(args) -> dict:
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
         model = client.models.list().data[0].id
 
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.model)
+
         def complete(prompt):
             response = client.completions.create(
                 model=model, prompt=prompt, max_tokens=NEW_TOKENS, temperature=0.0, logprobs=TOP,
@@ -140,9 +164,13 @@ def run_served(args) -> dict:
             top2 = [sorted(([int(k.split(":", 1)[1]), v] for k, v in (d or {}).items()), key=lambda kv: -kv[1])[:TOP]
                     for d in lp.top_logprobs]
             details = getattr(response.usage, "prompt_tokens_details", None)
+            # the parity rule's oracle scores the prompt's ids: a text prompt is tokenized here as the server does
+            # (the completions API's default, special tokens added), and kept only where the counts agree
+            prompt_ids = list(prompt) if isinstance(prompt, list) else tokenizer(prompt)["input_ids"]
             return {"output_ids": ids, "logprobs": list(lp.token_logprobs), "top2": top2,
                     "cached_tokens": getattr(details, "cached_tokens", None) if details else None,
-                    "prompt_len": response.usage.prompt_tokens}
+                    "prompt_len": response.usage.prompt_tokens,
+                    "prompt_ids": prompt_ids if len(prompt_ids) == response.usage.prompt_tokens else None}
 
         concurrent, prefix_prompt = workload()
         results = [None] * len(concurrent)
@@ -184,6 +212,8 @@ def main(argv=None) -> int:
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--backend", default="CUSTOM", help="vLLM's --attention-backend (CUSTOM is this backend)")
     parser.add_argument("--kv-cache-dtype", default="auto")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"],
+                        help="the model's dtype (float16: the parity rule's engines, gpu_tests/vllm/parity.py)")
     parser.add_argument("--eager", action="store_true", help="enforce_eager: no torch.compile, no CUDA graphs")
     parser.add_argument("--compilation", default="{}", help="more compilation_config keys, as JSON")
     parser.add_argument("--serve", action="store_true", help="vllm serve and the OpenAI client")

@@ -3,7 +3,9 @@
 # then one engine per entry MODEL:BACKEND:KV[:TAGS] (gpu_tests/vllm/engine_check.py), in VLLM_LANES parallel lanes
 # (default 3: each engine has a fixed 4 GiB pool and 0.2 of the GPU, so they share it), while VLLM_BUDGET_S lasts.
 # TAGS, joined by "+": eager (enforce_eager), broken (softmax scale x1.01: patches/sitecustomize.py), serve (vllm serve
-# and the OpenAI client instead of the offline LLM), nocompile (compilation mode NONE, FULL decode graphs only).
+# and the OpenAI client instead of the offline LLM), nocompile (compilation mode NONE, FULL decode graphs only),
+# fp16 (the model in float16: the parity rule's engines, gpu_tests/vllm/parity.py), again (no change: a second run
+# of the entry under its own name, the reference against itself).
 # Entries speed:BACKEND:KV time decode steps on llama-gqa4-l16 instead (latency_points.py, VLLM_POINTS), one at a
 # time after the parity lanes have ended, alone on the GPU.
 # Everything lands in $OUT/runs.tgz (runs/*.json, logs/*.log, env.txt, ops.json), refreshed as entries end.
@@ -21,7 +23,11 @@ python3 gpu_tests/vllm/check_ops_gpu.py --out $W/ops.json > $W/logs/ops.log 2>&1
 MODELS=$(for e in "$@"; do m=${e%%:*}; [ "$m" = speed ] && m=llama-gqa4-l16; echo "$m"; done | sort -u | paste -sd,)
 mkdir -p tok && [ -f tok/tokenizer.json ] || xz -dc .vgpu/tokenizer.json.xz > tok/tokenizer.json
 cp .vgpu/tokenizer_config.json tok/ 2>/dev/null
-python3 gpu_tests/sglang/make_models.py --tokenizer tok --out /tmp/models --device cuda --models "$MODELS" > $W/logs/models.log 2>&1
+# the parity rule's models (gpu_tests/vllm/parity.py MODEL_ARGS: sharper attention, 64 strong output rows); summarize
+# rebuilds the same checkpoints on a CPU for the float32 oracle
+MODEL_ARGS=$(python3 -c "import sys; sys.path.insert(0, 'gpu_tests/vllm'); import parity; print(' '.join(parity.MODEL_ARGS))")
+echo "$MODEL_ARGS" > $W/model_args.txt
+python3 gpu_tests/sglang/make_models.py --tokenizer tok --out /tmp/models --device cuda --models "$MODELS" $MODEL_ARGS > $W/logs/models.log 2>&1
 echo "models rc=$? ($MODELS) at $((SECONDS - START)) s"
 pack
 run_entry() {
@@ -36,6 +42,8 @@ run_entry() {
       broken) envs+=(INKLING_TEST_BREAK_SCALE=0.01) ;;
       serve) extra+=(--serve --log $W/logs/${name}.server.log) ;;
       nocompile) extra+=(--compilation '{"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}') ;;
+      fp16) extra+=(--dtype float16) ;;  # the parity rule's engines (gpu_tests/vllm/parity.py)
+      again) ;;  # the same engine a second time, under its own name (the reference against itself)
     esac
   done
   local t0=$SECONDS
