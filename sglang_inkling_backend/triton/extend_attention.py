@@ -38,81 +38,22 @@ from .plan import MAX_VERIFY_SPLITS, VERIFY_MIN_SPLIT_KEYS, DecodeWorkspace, cho
 
 
 @triton.jit
-def extend_kernel(
-    q_ptr, k_ptr, v_ptr, ksf_ptr, vsf_ptr,
-    lens_ptr, index_ptr, stride_index_row, qo_indptr_ptr, block_req_ptr, block_row_ptr,
-    rel_bias_ptr, sinks_ptr, out_ptr, tree_mask_ptr, mask_indptr_ptr, depth_ptr,
-    stride_qt, stride_qh,
-    stride_k_slot, stride_k_head, stride_v_slot, stride_v_head,
-    stride_rb_row, stride_rb_head, rel_extent,
-    stride_ot, stride_oh,
-    sm_scale, k_scale, v_scale, logit_cap, window,
-    part_o_ptr, part_lse_ptr, split_min,
-    G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, D: tl.constexpr, HKV: tl.constexpr,
-    BLOCK_N: tl.constexpr, KV_FORMAT: tl.constexpr, PAGE: tl.constexpr, INTERLEAVED: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, HAS_REL_BIAS: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr,
-    HAS_SINKS: tl.constexpr, PAGE_TABLE: tl.constexpr, KV_PAGE: tl.constexpr, HAS_TREE: tl.constexpr,
-    UNIFORM_QLEN: tl.constexpr = 0, NUM_SPLITS: tl.constexpr = 1,
+def attend_key_tiles(
+    q, tok, pos, heads, mask_r, mask_row, prefix, q_start, first_pos, first_key, lo, hi, h, idx_ptr,
+    k_ptr, v_ptr, ksf_ptr, vsf_ptr, rel_bias_ptr, tree_mask_ptr, depth_ptr,
+    stride_k_slot, stride_k_head, stride_v_slot, stride_v_head, stride_rb_row, stride_rb_head, rel_extent,
+    qk_scale, logit_cap, window,
+    BLOCK_R: tl.constexpr, D: tl.constexpr, HKV: tl.constexpr, BLOCK_N: tl.constexpr, KV_FORMAT: tl.constexpr,
+    PAGE: tl.constexpr, INTERLEAVED: tl.constexpr, DOT_DTYPE: tl.constexpr, HAS_REL_BIAS: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr, PAGE_TABLE: tl.constexpr, KV_PAGE: tl.constexpr,
+    HAS_TREE: tl.constexpr, GUARDED: tl.constexpr,
 ):
-    # lens_ptr / index_ptr: kv_indptr / kv_indices (CSR), or seq_lens / page_table (PAGE_TABLE: page ids of
-    # KV_PAGE slots, a row every stride_index_row entries)
-    blk = tl.program_id(0)
-    h = tl.program_id(1)
-    if UNIFORM_QLEN > 0:  # every request has UNIFORM_QLEN rows: the block's request and rows follow from its index
-        blocks_per_req = (UNIFORM_QLEN + BLOCK_M - 1) // BLOCK_M
-        b = blk // blocks_per_req
-        q_start = tl.load(qo_indptr_ptr + b)
-        row_begin = q_start + (blk % blocks_per_req) * BLOCK_M
-    else:
-        b = tl.load(block_req_ptr + blk)
-        row_begin = tl.load(block_row_ptr + blk)  # first query row (token index into q) of this block
-        q_start = tl.load(qo_indptr_ptr + b)
-    q_end = tl.load(qo_indptr_ptr + b + 1)
-    if PAGE_TABLE:
-        seq_len = tl.load(lens_ptr + b).to(tl.int32)
-        idx_ptr = index_ptr + b.to(tl.int64) * stride_index_row
-    else:
-        seq_len = (tl.load(lens_ptr + b + 1) - tl.load(lens_ptr + b)).to(tl.int32)
-        idx_ptr = index_ptr + tl.load(lens_ptr + b).to(tl.int64)
-    prefix = seq_len - (q_end - q_start).to(tl.int32)
-
-    r = tl.arange(0, BLOCK_R)
-    m = r // G
-    g = r % G
-    tok = row_begin + m
-    mask_r = (r < BLOCK_M * G) & (tok < q_end)
-    pos = prefix + (tok - q_start).to(tl.int32)  # query positions
-    if HAS_TREE:  # a verify step: draft i sits at prefix + depth_i and sees the drafts its tree row marks
-        pos = prefix + tl.load(depth_ptr + tok, mask=mask_r, other=0).to(tl.int32)
-        n_drafts = (q_end - q_start).to(tl.int32)
-        mask_row = tl.load(mask_indptr_ptr + b) + (tok - q_start).to(tl.int64) * n_drafts
-    heads = h * G + g
-    offs_d = tl.arange(0, D)
-    q = tl.load(q_ptr + tok.to(tl.int64)[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=mask_r[:, None], other=0.0).to(DOT_DTYPE)
-    qk_scale = sm_scale * log2e()
-    if KV_FORMAT == 1:
-        qk_scale = qk_scale * k_scale
-
-    first_pos = prefix + (row_begin - q_start).to(tl.int32)
-    last_pos = tl.minimum(first_pos + BLOCK_M, seq_len) - 1
-    if HAS_TREE:  # depths >= 0: no draft sits before the prefix's end; any draft may be visible
-        first_pos = prefix
-        last_pos = seq_len - 1
-    lo = 0
-    first_key = 0  # the block's first query sees keys from here
-    if HAS_WINDOW:
-        first_key = tl.maximum(first_pos - window + 1, 0)
-        lo = (first_key // BLOCK_N) * BLOCK_N
-    hi = last_pos + 1
-    if NUM_SPLITS > 1:  # split program_id(2) of the request's keys [lo, hi): whole tiles, >= split_min keys each
-        split = tl.program_id(2)
-        per = (hi - lo + NUM_SPLITS - 1) // NUM_SPLITS
-        per = tl.maximum(((per + BLOCK_N - 1) // BLOCK_N) * BLOCK_N, split_min)
-        split_lo = lo + split * per
-        hi = tl.minimum(split_lo + per, hi)
-        lo = split_lo  # past hi for a split the request's keys do not reach: no tile, an empty partial
-
+    # The online softmax over key tiles [lo, hi) of one block: (acc, l_i, m_i), unnormalized. GUARDED: each V tile
+    # is checked for NaN/inf, and one that holds any takes the reference's per-channel semantics (below). The check
+    # in every tile costs 2.0-3.5x the kernel's time on an H100 (bench/results/current/2026-12-07-extend-guard), so
+    # extend_kernel runs the loop unguarded, and again guarded only for a block whose accumulator came out
+    # non-finite, which any non-finite V it read makes it: in p @ v a NaN reaches every row and an inf every row
+    # (0 x inf is NaN), and no later tile makes either finite again.
     m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_R], tl.float32)
     acc = tl.zeros([BLOCK_R, D], tl.float32)
@@ -160,22 +101,118 @@ def extend_kernel(
         v = load_kv_tile(v_ptr, vsf_ptr, slots, mask_n, h, stride_v_slot, stride_v_head,
                          HKV, D, BLOCK_N, KV_FORMAT, PAGE, INTERLEAVED, DOT_DTYPE)
         pv = tl.dot(p.to(DOT_DTYPE), v)
-        vf = v.to(tl.float32)
-        nonfinite = (vf != vf) | (tl.abs(vf) == float("inf"))
-        if tl.max(tl.max(nonfinite.to(tl.int32), 1), 0) > 0:
-            # A key's non-finite V reaches only the rows that keep it (a 0 weight times NaN would reach every row
-            # of the tile): the finite values as they are, a kept non-finite one as a positive weight times it
-            # (inf stays inf; inf + -inf and NaN give NaN), channel by channel, as the torch reference does.
-            pv = tl.dot(p.to(DOT_DTYPE), tl.where(nonfinite, 0.0, vf).to(DOT_DTYPE))
-            kept = keep.to(tl.float32)
-            nan = tl.dot(kept, (vf != vf).to(tl.float32))
-            pinf = tl.dot(kept, (vf == float("inf")).to(tl.float32))
-            ninf = tl.dot(kept, (vf == -float("inf")).to(tl.float32))
-            pv = tl.where(pinf > 0, float("inf"), pv)
-            pv = tl.where(ninf > 0, -float("inf"), pv)
-            pv = tl.where((nan > 0) | ((pinf > 0) & (ninf > 0)), float("nan"), pv)
+        if GUARDED:
+            vf = v.to(tl.float32)
+            nonfinite = (vf != vf) | (tl.abs(vf) == float("inf"))
+            if tl.max(tl.max(nonfinite.to(tl.int32), 1), 0) > 0:
+                # A key's non-finite V reaches only the rows that keep it (a 0 weight times NaN would reach every
+                # row of the tile): the finite values as they are, a kept non-finite one as a positive weight times
+                # it (inf stays inf; inf + -inf and NaN give NaN), channel by channel, as the torch reference does.
+                pv = tl.dot(p.to(DOT_DTYPE), tl.where(nonfinite, 0.0, vf).to(DOT_DTYPE))
+                kept = keep.to(tl.float32)
+                nan = tl.dot(kept, (vf != vf).to(tl.float32))
+                pinf = tl.dot(kept, (vf == float("inf")).to(tl.float32))
+                ninf = tl.dot(kept, (vf == -float("inf")).to(tl.float32))
+                pv = tl.where(pinf > 0, float("inf"), pv)
+                pv = tl.where(ninf > 0, -float("inf"), pv)
+                pv = tl.where((nan > 0) | ((pinf > 0) & (ninf > 0)), float("nan"), pv)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def extend_kernel(
+    q_ptr, k_ptr, v_ptr, ksf_ptr, vsf_ptr,
+    lens_ptr, index_ptr, stride_index_row, qo_indptr_ptr, block_req_ptr, block_row_ptr,
+    rel_bias_ptr, sinks_ptr, out_ptr, tree_mask_ptr, mask_indptr_ptr, depth_ptr,
+    stride_qt, stride_qh,
+    stride_k_slot, stride_k_head, stride_v_slot, stride_v_head,
+    stride_rb_row, stride_rb_head, rel_extent,
+    stride_ot, stride_oh,
+    sm_scale, k_scale, v_scale, logit_cap, window,
+    part_o_ptr, part_lse_ptr, split_min,
+    G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, D: tl.constexpr, HKV: tl.constexpr,
+    BLOCK_N: tl.constexpr, KV_FORMAT: tl.constexpr, PAGE: tl.constexpr, INTERLEAVED: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, HAS_REL_BIAS: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr, PAGE_TABLE: tl.constexpr, KV_PAGE: tl.constexpr, HAS_TREE: tl.constexpr,
+    UNIFORM_QLEN: tl.constexpr = 0, NUM_SPLITS: tl.constexpr = 1,
+):
+    # lens_ptr / index_ptr: kv_indptr / kv_indices (CSR), or seq_lens / page_table (PAGE_TABLE: page ids of
+    # KV_PAGE slots, a row every stride_index_row entries)
+    blk = tl.program_id(0)
+    h = tl.program_id(1)
+    if UNIFORM_QLEN > 0:  # every request has UNIFORM_QLEN rows: the block's request and rows follow from its index
+        blocks_per_req = (UNIFORM_QLEN + BLOCK_M - 1) // BLOCK_M
+        b = blk // blocks_per_req
+        q_start = tl.load(qo_indptr_ptr + b)
+        row_begin = q_start + (blk % blocks_per_req) * BLOCK_M
+    else:
+        b = tl.load(block_req_ptr + blk)
+        row_begin = tl.load(block_row_ptr + blk)  # first query row (token index into q) of this block
+        q_start = tl.load(qo_indptr_ptr + b)
+    q_end = tl.load(qo_indptr_ptr + b + 1)
+    if PAGE_TABLE:
+        seq_len = tl.load(lens_ptr + b).to(tl.int32)
+        idx_ptr = index_ptr + b.to(tl.int64) * stride_index_row
+    else:
+        seq_len = (tl.load(lens_ptr + b + 1) - tl.load(lens_ptr + b)).to(tl.int32)
+        idx_ptr = index_ptr + tl.load(lens_ptr + b).to(tl.int64)
+    prefix = seq_len - (q_end - q_start).to(tl.int32)
+
+    r = tl.arange(0, BLOCK_R)
+    m = r // G
+    g = r % G
+    tok = row_begin + m
+    mask_r = (r < BLOCK_M * G) & (tok < q_end)
+    pos = prefix + (tok - q_start).to(tl.int32)  # query positions
+    mask_row = tok.to(tl.int64)  # read only with HAS_TREE (the tree mask's row of each query row)
+    if HAS_TREE:  # a verify step: draft i sits at prefix + depth_i and sees the drafts its tree row marks
+        pos = prefix + tl.load(depth_ptr + tok, mask=mask_r, other=0).to(tl.int32)
+        n_drafts = (q_end - q_start).to(tl.int32)
+        mask_row = tl.load(mask_indptr_ptr + b) + (tok - q_start).to(tl.int64) * n_drafts
+    heads = h * G + g
+    offs_d = tl.arange(0, D)
+    q = tl.load(q_ptr + tok.to(tl.int64)[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=mask_r[:, None], other=0.0).to(DOT_DTYPE)
+    qk_scale = sm_scale * log2e()
+    if KV_FORMAT == 1:
+        qk_scale = qk_scale * k_scale
+
+    first_pos = prefix + (row_begin - q_start).to(tl.int32)
+    last_pos = tl.minimum(first_pos + BLOCK_M, seq_len) - 1
+    if HAS_TREE:  # depths >= 0: no draft sits before the prefix's end; any draft may be visible
+        first_pos = prefix
+        last_pos = seq_len - 1
+    lo = 0
+    first_key = 0  # the block's first query sees keys from here
+    if HAS_WINDOW:
+        first_key = tl.maximum(first_pos - window + 1, 0)
+        lo = (first_key // BLOCK_N) * BLOCK_N
+    hi = last_pos + 1
+    if NUM_SPLITS > 1:  # split program_id(2) of the request's keys [lo, hi): whole tiles, >= split_min keys each
+        split = tl.program_id(2)
+        per = (hi - lo + NUM_SPLITS - 1) // NUM_SPLITS
+        per = tl.maximum(((per + BLOCK_N - 1) // BLOCK_N) * BLOCK_N, split_min)
+        split_lo = lo + split * per
+        hi = tl.minimum(split_lo + per, hi)
+        lo = split_lo  # past hi for a split the request's keys do not reach: no tile, an empty partial
+
+    acc, l_i, m_i = attend_key_tiles(
+        q, tok, pos, heads, mask_r, mask_row, prefix, q_start, first_pos, first_key, lo, hi, h, idx_ptr,
+        k_ptr, v_ptr, ksf_ptr, vsf_ptr, rel_bias_ptr, tree_mask_ptr, depth_ptr,
+        stride_k_slot, stride_k_head, stride_v_slot, stride_v_head, stride_rb_row, stride_rb_head, rel_extent,
+        qk_scale, logit_cap, window,
+        BLOCK_R, D, HKV, BLOCK_N, KV_FORMAT, PAGE, INTERLEAVED, DOT_DTYPE, HAS_REL_BIAS, HAS_WINDOW, HAS_CAP,
+        PAGE_TABLE, KV_PAGE, HAS_TREE, False)
+    if tl.max(tl.max(((acc != acc) | (tl.abs(acc) == float("inf"))).to(tl.int32), 1), 0) > 0:
+        acc, l_i, m_i = attend_key_tiles(
+            q, tok, pos, heads, mask_r, mask_row, prefix, q_start, first_pos, first_key, lo, hi, h, idx_ptr,
+            k_ptr, v_ptr, ksf_ptr, vsf_ptr, rel_bias_ptr, tree_mask_ptr, depth_ptr,
+            stride_k_slot, stride_k_head, stride_v_slot, stride_v_head, stride_rb_row, stride_rb_head, rel_extent,
+            qk_scale, logit_cap, window,
+            BLOCK_R, D, HKV, BLOCK_N, KV_FORMAT, PAGE, INTERLEAVED, DOT_DTYPE, HAS_REL_BIAS, HAS_WINDOW, HAS_CAP,
+            PAGE_TABLE, KV_PAGE, HAS_TREE, True)
 
     if KV_FORMAT == 1:
         acc = acc * v_scale
