@@ -1002,14 +1002,6 @@ def test_triton_graph_plans_are_views_of_the_backend_workspace(monkeypatch):
     def inside_workspace(plan):
         return plan.part_o is not None and start <= plan.part_o.data_ptr() < stop
 
-    def step_inputs(fb):
-        inputs = []
-        for layer in layers:
-            q, k, v = h.qkv(fb, layer)
-            h.record(fb, layer, k, v)
-            inputs.append((q, k, v))
-        return inputs
-
     def decode_step(fb, inputs):  # a run writes its tokens' K/V to the same slots, so runs may repeat
         for layer, (q, k, v) in zip(layers, inputs):
             out = ours.forward(q, k, v, layer, fb)
@@ -1020,7 +1012,7 @@ def test_triton_graph_plans_are_views_of_the_backend_workspace(monkeypatch):
     ours.init_forward_metadata_out_graph(fb, in_capture=True)
     md = ours.forward_metadata
     assert md.graph and md.max_seq_len == 600
-    inputs = step_inputs(fb)
+    inputs = step_inputs(h, fb, layers)
     n = len(calls)
     for _ in range(3):  # two warm-up runs and the captured one, on the same metadata
         decode_step(fb, inputs)
@@ -1035,7 +1027,7 @@ def test_triton_graph_plans_are_views_of_the_backend_workspace(monkeypatch):
         fb = h.batch(rows, [1, 1], decode=True)
         ours.init_forward_metadata_out_graph(fb)
         assert len(ours.forward_metadata.decode_plans) == 0
-        decode_step(fb, step_inputs(fb))
+        decode_step(fb, step_inputs(h, fb, layers))
         new_full = next(p for p in ours.forward_metadata.decode_plans.plans() if p.window is None)
         assert new_full.part_o.shape == (2, HQ, 3, D) and new_full.part_o.data_ptr() == ws.part_o.data_ptr()
 
