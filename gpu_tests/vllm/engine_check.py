@@ -49,14 +49,20 @@ def engine_kwargs(args) -> dict:
     return kwargs
 
 
+def top_of(position: dict) -> list[list]:
+    """One position's ``TOP`` most likely tokens, ``[[token, logprob], ...]`` by vLLM's rank (the position's dict
+    also holds the chosen token, whatever its rank)."""
+    ranked = sorted(position.items(), key=lambda kv: kv[1].rank)
+    return [[t, lp.logprob] for t, lp in ranked if lp.rank is not None and lp.rank <= TOP][:TOP]
+
+
 def record_of(output) -> dict:
     completion = output.outputs[0]
     ids = list(completion.token_ids)
     chosen, top2 = [], []
     for token, position in zip(ids, completion.logprobs or []):
         chosen.append(position[token].logprob)
-        ranked = sorted(position.items(), key=lambda kv: kv[1].rank)
-        top2.append([[t, lp.logprob] for t, lp in ranked if lp.rank is not None and lp.rank <= TOP][:TOP])
+        top2.append(top_of(position))
     prompt_ids = list(output.prompt_token_ids or [])
     return {"output_ids": ids, "logprobs": chosen, "top2": top2, "cached_tokens": output.num_cached_tokens,
             "prompt_len": len(prompt_ids), "prompt_ids": prompt_ids}
@@ -69,8 +75,7 @@ def teacher_forced_of(output) -> dict:
     logprobs, top2 = [], []
     for token, position in zip(ids[1:], (output.prompt_logprobs or [None])[1:]):
         logprobs.append(position[token].logprob)
-        ranked = sorted(position.items(), key=lambda kv: kv[1].rank)
-        top2.append([[t, lp.logprob] for t, lp in ranked if lp.rank is not None and lp.rank <= TOP][:TOP])
+        top2.append(top_of(position))
     return {"prompt_ids": ids, "logprobs": logprobs, "top2": top2}
 
 

@@ -32,6 +32,10 @@ import statistics
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from summarize import load_runs, markdown as markdown_table  # noqa: E402  (puts gpu_tests/sglang on the path)
+from compare import requests_of  # noqa: E402
+
 # run_call.sh makes the call's models with these (make_models.py's flags): q/k x2 (attention logits x4), so a
 # softmax-scale error moves them; sharper attention grows the models' rounding noise faster than the control's
 # effect (gemma3-swa in float16, two prompts teacher-forced: the control at 2.3x the floor with q/k x3, 3.3x with
@@ -71,9 +75,8 @@ def teacher_forced_distance(ref: dict, other: dict) -> dict:
 
 def greedy_distance(ref: dict, other: dict) -> dict:
     """Mean |delta logprob| of the chosen tokens before each request's first divergence, and how many diverged."""
-    requests = lambda r: list(r["concurrent"]) + [r["text"], r["prefix_hit"]]  # noqa: E731
     deltas, diverged = [], 0
-    for a, b in zip(requests(ref), requests(other)):
+    for a, b in zip(requests_of(ref), requests_of(other)):
         n = min(len(a["output_ids"]), len(b["output_ids"]))
         agree = next((j for j in range(n) if a["output_ids"][j] != b["output_ids"][j]), n)
         diverged += agree < max(len(a["output_ids"]), len(b["output_ids"]))
@@ -127,15 +130,6 @@ def judge_group(runs: dict[str, dict], model: str, tags: tuple[str, ...]) -> dic
     return {"reference": ref_name, "floor_runs": floor_names, "floor": floors, "factor": FACTOR, "rows": rows}
 
 
-def load_records(folder: Path) -> dict[str, dict]:
-    runs = {}
-    for path in sorted(folder.glob("*.json")):
-        record = json.loads(path.read_text())
-        if not path.stem.startswith("speed") and record.get("concurrent"):
-            runs[path.stem] = record
-    return runs
-
-
 def judge_all(runs: dict[str, dict]) -> list[dict]:
     """One group per model and dtype tag that has its reference run."""
     groups = []
@@ -150,10 +144,7 @@ def judge_all(runs: dict[str, dict]) -> list[dict]:
 def markdown(rows: list[dict]) -> str:
     keys = ["run", "judged_as", "verdict", "tf_positions", "tf_mean_abs_dlogprob", "tf_over_floor",
             "greedy_positions", "greedy_mean_abs_dlogprob", "greedy_over_floor", "requests_diverged"]
-    fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)  # noqa: E731
-    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    lines += ["| " + " | ".join(fmt(r[k]) for k in keys) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
+    return markdown_table([{k: r[k] for k in keys} for r in rows])
 
 
 def report(groups: list[dict]) -> str:
@@ -170,7 +161,7 @@ def main(argv=None) -> int:
     parser.add_argument("runs", type=Path, help="the call's runs/ folder (engine_check.py records)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    groups = judge_all(load_records(args.runs))
+    groups = judge_all(load_runs(args.runs))  # speed_* runs have no reference: not judged
     print(report(groups))
     if args.json:
         args.json.write_text(json.dumps({"model_args": list(MODEL_ARGS), "groups": groups}, indent=1))
