@@ -32,7 +32,7 @@ for rep in 1 2; do
     echo "== $(date +%T) ${SECONDS}s $side rep $rep" | tee -a $R/call.log
     left=$((570 - SECONDS))
     [ $left -lt 30 ] && { echo "skip $side rep $rep: the call's time" | tee -a $R/call.log; continue; }
-    BENCH_PACKAGE_ROOT=$root timeout $(( left < 150 ? left : 150 )) \
+    BENCH_PACKAGE_ROOT=$root timeout $(( left < 200 ? left : 200 )) \
       python3 bench/bench_extend.py --kernels triton --out $R/$side-$rep > $R/$side-$rep.log 2>&1
     echo "rc=$?" | tee -a $R/$side-$rep.log $R/call.log
   done
