@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Here, on a CPU: the vLLM bundle (.vgpu/vllm_site.tar.xz) as the GPU machine will see it, up to the GPU. A Python
 # 3.12 venv of the GPU image's torch 2.11.0+cu130 and the image's packages this path uses (numpy, transformers 5.17,
-# tokenizers, safetensors, huggingface_hub, pillow); the bundle appended after its site-packages by a .pth file, as
-# gpu_env.sh does; a stub libcuda.so.1 (vLLM's _C links the driver, absent here). Checks: vLLM's compiled ops load on
+# tokenizers, safetensors, huggingface_hub, pillow, make_bundle.IMAGE_PACKAGES); the bundle appended after its
+# site-packages by a .pth file, as gpu_env.sh does; a stub libcuda.so.1 (vLLM's _C links the driver, absent here). Checks: vLLM's compiled ops load on
 # torch 2.11 and register their schemas; vLLM's engine, GPU worker and model runner, models, attention backends,
-# sampler, OpenAI server, CLI and benchmarks import; the plugin registers CUSTOM and mxfp8 through its entry point.
+# sampler, OpenAI server, CLI and benchmarks import; the plugin registers CUSTOM and mxfp8 through its entry point;
+# `vllm serve`'s HTTP app is built with all its routers and served, short of the engine.
 #   PYTHON312=python3.12 bash gpu_tests/vllm/check_bundle_cpu.sh
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -12,11 +13,11 @@ PYTHON312=${PYTHON312:-python3.12}
 VENV=${VENV:-$HOME/.cache/sglang-inkling-backend/venv-torch211}
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
-if [ ! -x "$VENV/bin/python" ]; then
-  "$PYTHON312" -m venv "$VENV"
-  "$VENV/bin/pip" install -q torch==2.11.0 numpy==2.5.2 transformers==5.17.0 tokenizers==0.23.2 safetensors==0.8.0 \
-    huggingface_hub==1.33.0 pillow 2>&1 | grep -v "is ignored" || true
-fi
+[ -x "$VENV/bin/python" ] || "$PYTHON312" -m venv "$VENV"
+# the image's packages the bundle leaves to it (make_bundle.py IMAGE_PACKAGES); a no-op once installed
+"$VENV/bin/pip" install -q torch==2.11.0 numpy==2.5.2 transformers==5.17.0 tokenizers==0.23.2 safetensors==0.8.0 \
+  huggingface_hub==1.33.0 pillow $(python3 "$ROOT/gpu_tests/vllm/make_bundle.py" --print-image-packages) 2>&1 \
+  | grep -v "is ignored" || true
 tar -xJf "$ROOT/.vgpu/vllm_site.tar.xz" -C "$WORK"
 SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 echo "$WORK/vsite" > "$SITE/zz-inkling-vllm-bundle.pth"
@@ -50,7 +51,11 @@ modules = ["vllm", "vllm.platforms.cuda", "vllm.entrypoints.llm", "vllm.v1.engin
            "vllm.model_executor.models.llama", "vllm.model_executor.models.gemma3",
            "vllm.v1.attention.backends.triton_attn", "vllm.v1.attention.backends.flashinfer",
            "vllm.v1.sample.sampler", "vllm.entrypoints.openai.api_server", "vllm.entrypoints.cli.main",
-           "vllm.benchmarks.latency", "vllm.benchmarks.throughput", "vllm.compilation.backends", "openai"]
+           "vllm.benchmarks.latency", "vllm.benchmarks.throughput", "vllm.benchmarks.serve",
+           "vllm.entrypoints.cli.serve", "vllm.entrypoints.launchers.api_server.app_state",
+           "vllm.entrypoints.openai.chat_completion.serving", "vllm.entrypoints.openai.completion.serving",
+           "vllm.entrypoints.openai.responses.serving", "vllm.entrypoints.anthropic.serving",
+           "vllm.compilation.backends", "openai"]
 failed = 0
 for m in modules:
     try:
@@ -66,6 +71,37 @@ from vllm.v1.attention.backends.registry import AttentionBackendEnum
 from vllm.config.cache import get_kv_cache_dtype_handler
 print("vllm", vllm.__version__, "CUSTOM ->", AttentionBackendEnum.CUSTOM.get_path())
 print("--kv-cache-dtype mxfp8 ->", type(get_kv_cache_dtype_handler("mxfp8")).__name__)
+# `vllm serve`'s HTTP server as build_and_serve starts it, short of the engine (which needs the GPU): every router
+# and its imports (the sagemaker, LoRA and Anthropic ones among them), served over HTTP and asked for its routes.
+import asyncio, json, socket, urllib.request
+import uvicorn
+from vllm.entrypoints.common.cli_args import make_arg_parser
+from vllm.entrypoints.launchers.app import build_app
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+import vllm.platforms
+from vllm.platforms.cuda import CudaPlatform
+vllm.platforms._current_platform = CudaPlatform()  # the platform the GPU machine resolves (no GPU here to find)
+args = make_arg_parser(FlexibleArgumentParser()).parse_args(["--model", "/models/llama-gqa4"])
+app = build_app(args, ("generate",), None)
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+# lifespan off: its start-up reads the engine's state (init_app_state), which needs the engine
+server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+async def serve_and_ask():
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.05)
+    url = f"http://127.0.0.1:{port}/openapi.json"
+    spec = await asyncio.to_thread(lambda: json.load(urllib.request.urlopen(url, timeout=30)))
+    server.should_exit = True
+    await task
+    return spec
+paths = asyncio.run(serve_and_ask())["paths"]
+need = ["/v1/completions", "/v1/chat/completions", "/v1/models", "/health"]
+missing = [p for p in need if p not in paths]
+print(f"vllm serve's app served {len(paths)} routes on :{port}; missing of {need}: {missing}")
+failed += bool(missing)
 bundle = os.environ["BUNDLE"]
 used = sorted({m.__file__[len(bundle) + 1:].split("/")[0] for m in list(sys.modules.values())
                if (getattr(m, "__file__", None) or "").startswith(bundle + "/")})

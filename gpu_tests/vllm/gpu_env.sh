@@ -31,3 +31,16 @@ fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 export FLASHINFER_WORKSPACE_BASE=$ROOT
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# The packages the bundle leaves to the image (make_bundle.IMAGE_PACKAGES): named here if the image has lost one
+IMAGE_MISSING=$(python3 - $(python3 gpu_tests/vllm/make_bundle.py --print-image-packages) <<'PY'
+import importlib.metadata, sys
+missing = []
+for name in sys.argv[1:]:
+    try:
+        importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        missing.append(name)
+print(" ".join(missing))
+PY
+)
+[ -z "$IMAGE_MISSING" ] || echo "gpu_env.sh: the image lacks $IMAGE_MISSING, which the vLLM bundle expects of it (make_bundle.IMAGE_PACKAGES)"

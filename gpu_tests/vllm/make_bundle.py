@@ -50,28 +50,35 @@ def _sglang_bundle():
 build_project_wheel = _sglang_bundle().build_project_wheel  # this project's wheel, as the SGLang bundle builds it
 
 VLLM = "vllm==0.33.0"
-# What a vLLM 0.33 start imports that the GPU image (torch 2.11, transformers 5.17, numpy, ...) may lack, with what
-# each requires (versions as pip resolves vllm 0.33.0's requirements). Found by importing vLLM's engine, worker,
-# model runner, models, attention backends, sampler, OpenAI server, CLI and benchmarks on a CPU venv of torch 2.11
-# with these appended after its site-packages (gpu_tests/vllm/README.md).
+# What a vLLM 0.33 start imports that the GPU image lacks, with what each requires (versions as pip resolves vllm
+# 0.33.0's requirements). Found by importing vLLM's engine, worker, model runner, models, attention backends, sampler,
+# CLI and benchmarks, and building and serving `vllm serve`'s HTTP app, on a CPU venv of torch 2.11 and IMAGE_PACKAGES
+# with these appended after its site-packages (check_bundle_cpu.sh). vLLM's METADATA asks for more (anthropic, mcp,
+# mistral_common, opentelemetry-exporter-otlp, ...): a start with llama/gemma3 and the default server flags imports none.
 REQUIREMENTS = [
-    "aiohappyeyeballs==2.7.1", "aiohttp==3.14.5", "aiosignal==1.4.0", "attrs==26.1.0", "cachetools==8.0.3",
-    "cbor2==6.3.0", "cloudpickle==3.1.3", "py-cpuinfo==9.0.0", "dill==0.4.1", "einops==0.8.2",
-    "email-validator==2.4.0", "dnspython==2.9.2", "fastapi==0.136.3", "annotated-doc==0.0.7", "frozenlist==1.8.0",
-    "httpx2==2.17.0", "httpcore2==2.17.0", "truststore==0.10.5", "llguidance==1.7.6", "msgspec==0.23.0",
-    "multidict==7.2.1", "openai==3.63.0", "jiter==0.19.0", "oss-harmony==0.0.11", "orjson==3.13.0",
-    "partial-json-parser==0.2.1.1.post7", "prometheus-client==0.26.0", "prometheus-fastapi-instrumentator==8.1.0",
-    "propcache==0.5.4", "pybase64==1.5.1", "pydantic-extra-types==2.11.1", "python-multipart==0.0.34",
-    "sniffio==1.3.1", "starlette==1.10.0", "uvicorn==0.55.0", "uvloop==0.23.0", "watchfiles==1.3.0",
-    "xgrammar==0.2.8", "yarl==1.25.1", "pyzmq==27.3.0", "nvidia-ml-py==13.615.71", "setproctitle==1.3.8",
-    "blake3==1.0.11", "ijson==3.6.0", "python-json-logger==4.2.0", "depyf==0.20.0", "astor==0.8.1",
-    "lark==1.2.2", "outlines-core==0.2.14", "lm-format-enforcer==0.11.3", "interegular==0.3.3",
-    "compressed-tensors==0.17.0", "loguru==0.7.3", "partial-json-parser==0.2.1.1.post7",
-    "opentelemetry-api==1.45.2", "opentelemetry-sdk==1.45.2", "opentelemetry-semantic-conventions==0.66b2",
-    "opentelemetry-semantic-conventions-ai==0.5.1", "importlib-metadata==8.7.0", "zipp==3.23.0",
-    "pydantic==2.14.4", "pydantic-core==2.50.5", "annotated-types==0.8.0", "typing-inspection==0.4.5",
-    "anyio==4.16.0", "h11==0.16.0", "httptools==0.9.0", "sse-starlette==3.7.1", "jsonschema==4.26.0",
-    "jsonschema-specifications==2025.9.1", "referencing==0.37.0", "rpds-py==2026.9.1", "msgpack==1.1.2",
+    "annotated-types==0.8.0", "astor==0.8.1", "blake3==1.0.11", "cachetools==8.0.3", "cbor2==6.3.0",
+    "compressed-tensors==0.17.0", "depyf==0.20.0", "dill==0.4.1", "dnspython==2.9.2", "email-validator==2.4.0",
+    "fastapi==0.136.3", "httpcore2==2.17.0", "httptools==0.9.0", "httpx2==2.17.0", "ijson==3.6.0",
+    "importlib-metadata==8.7.0", "interegular==0.3.3", "jiter==0.19.0", "jmespath==1.1.0",
+    "jsonschema-specifications==2025.9.1", "jsonschema==4.26.0", "lark==1.2.2", "llguidance==1.7.6",
+    "lm-format-enforcer==0.11.3", "loguru==0.7.3", "model-hosting-container-standards==0.1.16", "msgspec==0.23.0",
+    "openai==3.63.0", "opentelemetry-api==1.45.2", "opentelemetry-sdk==1.45.2",
+    "opentelemetry-semantic-conventions-ai==0.5.1", "opentelemetry-semantic-conventions==0.66b2", "orjson==3.13.0",
+    "oss-harmony==0.0.11", "outlines-core==0.2.14", "partial-json-parser==0.2.1.1.post7",
+    "prometheus-fastapi-instrumentator==8.1.0", "pybase64==1.5.1", "pydantic-core==2.50.5",
+    "pydantic-extra-types==2.11.1", "pydantic==2.14.4", "python-json-logger==4.2.0", "python-multipart==0.0.34",
+    "pyzmq==27.3.0", "referencing==0.37.0", "rpds-py==2026.9.1", "setproctitle==1.3.8", "sniffio==1.3.1",
+    "sse-starlette==3.7.1", "starlette==1.10.0", "truststore==0.10.5", "typing-inspection==0.4.5", "uvicorn==0.55.0",
+    "watchfiles==1.3.0", "xgrammar==0.2.8",
+]
+# What the same path imports from the GPU image ('cuda'; /work/.library/device/KINDS.md lists its packages, read
+# 2026-11-17): the bundle's .pth comes after the image's site-packages, so a bundled copy of one of these would never
+# be imported. check_bundle_cpu.sh installs them in its venv to stand for the image; gpu_env.sh checks they import.
+IMAGE_PACKAGES = [
+    "aiohappyeyeballs", "aiohttp", "aiosignal", "annotated-doc", "anyio", "attrs", "certifi", "cloudpickle", "einops",
+    "frozenlist", "grpcio", "h11", "msgpack", "multidict", "nvidia-ml-py", "opencv-python-headless", "packaging",
+    "prometheus-client", "propcache", "protobuf", "psutil", "py-cpuinfo", "pyyaml", "regex", "requests", "rich",
+    "sentencepiece", "six", "tiktoken", "tqdm", "typer", "uvloop", "yarl", "zipp",
 ]
 # Removed from vLLM's tree: compiled parts this path never loads (the module docstring says why each).
 VLLM_DROP = ["vllm/vllm-rs", "vllm/_moe_C_stable_libtorch.abi3.so", "vllm/_qutlass_C.abi3.so",
@@ -114,9 +121,13 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, help="the .tar.xz to write")
     parser.add_argument("--arch", type=int, default=90, help="the GPU architecture whose code is kept (90: H100/H200)")
     parser.add_argument("--print-requirements", action="store_true")
+    parser.add_argument("--print-image-packages", action="store_true", help="what the bundle expects of the image")
     args = parser.parse_args(argv)
     if args.print_requirements:
         print(" ".join(sorted(set(REQUIREMENTS))))
+        return 0
+    if args.print_image_packages:
+        print(" ".join(IMAGE_PACKAGES))
         return 0
     if args.wheels is None or args.out is None:
         parser.error("--wheels and --out are required")

@@ -9,9 +9,13 @@
 # Entries speed:BACKEND:KV time decode steps on llama-gqa4-l16 instead (latency_points.py, VLLM_POINTS), one at a
 # time after the parity lanes have ended, alone on the GPU.
 # Everything lands in $OUT/runs.tgz (runs/*.json, logs/*.log, env.txt, ops.json), refreshed as entries end.
+# FlashInfer's JIT modules (gpu_tests/sglang/flashinfer_jit.sh): a carried .vfijit/flashinfer-jit.tar.xz is unpacked
+# first; FI_SAVE_JIT=1 packs what the call built into $OUT/flashinfer-jit.tar.xz (copy it to .vfijit/). Without them
+# an entry's first FlashInfer module is built at its start (gemma3-swa's head_dim 256 prefill ran past 240 s).
 #   bash gpu_tests/vllm/run_call.sh llama-gqa4:TRITON_ATTN:auto llama-gqa4:CUSTOM:mxfp8 ...
 set -uo pipefail
 . gpu_tests/vllm/gpu_env.sh || exit 1
+FI_JIT_TAR=.vfijit/flashinfer-jit.tar.xz . gpu_tests/sglang/flashinfer_jit.sh
 START=$SECONDS
 BUDGET=${VLLM_BUDGET_S:-540}
 W=/tmp/vrun && mkdir -p $W/runs $W/logs
@@ -78,4 +82,5 @@ wait
 # the speed entries after every parity engine has ended: alone on the GPU
 for entry in "${SPEED[@]}"; do run_entry "$entry"; done
 pack
+fi_jit_save
 echo "done at $((SECONDS - START)) s"
