@@ -264,9 +264,10 @@ def summary_row(record: dict) -> dict:
 
 
 def flashinfer_peer(row: dict) -> str | None:
-    if row["backend"] != "flashinfer" or row["tag"]:
+    """Which FlashInfer peer a row is (SGLang's ``flashinfer`` or vLLM's ``FLASHINFER``), untagged only."""
+    if row["backend"].lower() != "flashinfer" or row["tag"]:
         return None
-    return "bf16" if row["kv"] in FI_BF16_KV else "fp8" if row["kv"] == "fp8_e4m3" else None
+    return "bf16" if row["kv"] in FI_BF16_KV else "fp8" if row["kv"] in ("fp8_e4m3", "fp8") else None
 
 
 def summarize_run_dir(run_dir: Path) -> dict:
@@ -283,14 +284,17 @@ def summarize_run_dir(run_dir: Path) -> dict:
     order = list(dict.fromkeys(row["workload"] for row in rows))  # workloads in run order, configs within each
     rows.sort(key=lambda row: (row["workload"] is None, order.index(row["workload"])))  # skipped configs last
     head = records[0]
+    memory = head.get("memory") or (f"`--mem-fraction-static {head['mem_fraction_static']}` "
+                                     f"({head['static_gib']} GiB of the card)")
     return {"run_dir": str(run_dir), "device": head["device"], "label": head.get("label"),
-            "static_gib": head["static_gib"], "mem_fraction_static": head["mem_fraction_static"], "rows": rows}
+            "static_gib": head.get("static_gib"), "mem_fraction_static": head.get("mem_fraction_static"),
+            "memory": memory, "rows": rows}
 
 
 def table_markdown(table: dict) -> str:
     label = f", {table['label']}" if table["label"] else ""
     lines = [f"### {Path(table['run_dir']).name}: {table['device']}{label}",
-             "", f"`--mem-fraction-static {table['mem_fraction_static']}` ({table['static_gib']} GiB of the card)", "",
+             "", table["memory"], "",
              "| " + " | ".join(c[0] for c in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     notes = []
     for row in table["rows"]:

@@ -83,12 +83,18 @@ def prompt_logprobs(url: str, input_ids: list[int]) -> dict:
             "top2": [[[t[1], t[0]] for t in (pos or [])] for pos in meta["input_top_logprobs"]]}
 
 
+SGLANG_LAUNCHER = ["-m", "sglang.launch_server"]
+
+
 class Server:
-    def __init__(self, args_list: list[str], log_path: Path, env: dict, timeout_s: float):
+    """A server process in its own session, healthy when ``/health`` answers 200. ``launcher``: the interpreter's
+    arguments before the server's (SGLang's by default; ``["-m", "vllm.entrypoints.cli.main", "serve"]`` for vLLM)."""
+
+    def __init__(self, args_list: list[str], log_path: Path, env: dict, timeout_s: float,
+                 launcher: list[str] = SGLANG_LAUNCHER):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.cmd = [sys.executable, "-m", "sglang.launch_server", *args_list, "--host", "127.0.0.1",
-                    "--port", str(self.port)]
+        self.cmd = [sys.executable, *launcher, *args_list, "--host", "127.0.0.1", "--port", str(self.port)]
         self.log_path, self.env, self.timeout_s = log_path, env, timeout_s
         self.proc = None
 

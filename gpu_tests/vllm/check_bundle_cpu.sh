@@ -5,7 +5,8 @@
 # site-packages by a .pth file, as gpu_env.sh does; a stub libcuda.so.1 (vLLM's _C links the driver, absent here). Checks: vLLM's compiled ops load on
 # torch 2.11 and register their schemas; vLLM's engine, GPU worker and model runner, models, attention backends,
 # sampler, OpenAI server, CLI and benchmarks import; the plugin registers CUSTOM and mxfp8 through its entry point;
-# `vllm serve`'s HTTP app is built with all its routers and served, short of the engine.
+# `vllm serve`'s HTTP app is built with all its routers and served, short of the engine; serve_bench.py's server and
+# client arguments parse with `vllm serve`'s and `vllm bench serve`'s own parsers.
 #   PYTHON312=python3.12 bash gpu_tests/vllm/check_bundle_cpu.sh
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -37,7 +38,7 @@ missing=$(comm -23 "$WORK/needed.txt" "$WORK/exported.txt" | wc -l)
 echo "torch symbols vLLM's ops import: $(wc -l < "$WORK/needed.txt"); not exported by torch 2.11: $missing"
 [ "$missing" -eq 0 ] || { comm -23 "$WORK/needed.txt" "$WORK/exported.txt"; exit 1; }
 cd "$WORK"
-LD_LIBRARY_PATH=$WORK PYTHONPATH=$WORK/src:$WORK/fi BUNDLE=$WORK/vsite "$VENV/bin/python" - <<'PY' 2>&1 | grep -vE "Warning|warn\(|^\s*$"
+LD_LIBRARY_PATH=$WORK PYTHONPATH=$WORK/src:$WORK/fi BUNDLE=$WORK/vsite ROOT=$ROOT "$VENV/bin/python" - <<'PY' 2>&1 | grep -vE "Warning|warn\(|^\s*$"
 import importlib, os, sys
 import torch
 print("torch", torch.__version__)
@@ -102,6 +103,24 @@ need = ["/v1/completions", "/v1/chat/completions", "/v1/models", "/health"]
 missing = [p for p in need if p not in paths]
 print(f"vllm serve's app served {len(paths)} routes on :{port}; missing of {need}: {missing}")
 failed += bool(missing)
+# serve_bench.py's server arguments, per config, through `vllm serve`'s own parser (with the plugin's mxfp8), and its
+# client's, per workload, through `vllm bench serve`'s
+sys.path.insert(0, os.path.join(os.environ["ROOT"], "gpu_tests", "vllm"))
+import serve_bench
+from vllm.benchmarks.serve import add_cli_args
+from vllm.entrypoints.cli.serve import ServeSubcommand
+cli = FlexibleArgumentParser()
+ServeSubcommand().subparser_init(cli.add_subparsers(dest="subparser"))  # as `vllm` builds its serve command
+for spec in ("FLASHINFER:auto", "FLASHINFER:fp8", "CUSTOM:mxfp8", "CUSTOM:auto"):
+    parsed = cli.parse_args(["serve", *serve_bench.server_args(serve_bench.parse_config(spec), "/models/m", 2**32, [])])
+    print(f"vllm serve parses serve_bench {spec}: --attention-backend {parsed.attention_backend} "
+          f"--kv-cache-dtype {parsed.kv_cache_dtype} --kv-cache-memory-bytes {parsed.kv_cache_memory_bytes}")
+client = FlexibleArgumentParser()
+add_cli_args(client)
+for workload in [*serve_bench.WORKLOADS, "rate16"]:
+    parsed = client.parse_args(serve_bench.client_args(workload, "http://127.0.0.1:1", "/m", "/t", "/tmp", "r.json"))
+    print(f"vllm bench serve parses serve_bench {workload}: --dataset-name {parsed.dataset_name} "
+          f"--num-prompts {parsed.num_prompts} --request-rate {parsed.request_rate}")
 bundle = os.environ["BUNDLE"]
 used = sorted({m.__file__[len(bundle) + 1:].split("/")[0] for m in list(sys.modules.values())
                if (getattr(m, "__file__", None) or "").startswith(bundle + "/")})
