@@ -129,15 +129,18 @@ def attend(route: Route, spec: LayerSpec, q3: torch.Tensor, kv: PagedKV, keys: S
         if verify is not None:  # the step's query offsets are every layer's: checked once per step and window
             keys.plans.check_verify_queries_once(verify, qo_indptr, spec.window)
     decoded = extended = None
+    if out is None and 0 < nd < rows and decode_group is not None and extend_group is not None:
+        out = torch.empty_like(q3)  # a mixed step's one result, which both groups' kernels write into
     if nd and decode_group is not None:
-        decoded = route.run_decode_group(decode_group, q3[:nd], kv, params_of(0, nd))
+        decoded = route.run_decode_group(decode_group, q3[:nd], kv, params_of(0, nd),
+                                         out=None if out is None else out[:nd])
     elif nd:
         decoded = route.decode(q3[:nd], kv, keys.decode_keys(spec.window, route.reads_page_tables),
                                params_of(0, nd), max_seq_len=keys.max_seq_len, plans=keys.plans, workspace=workspace)
     if rows > nd and extend_group is not None:
         new_kv = None if forward_kv is None else (forward_kv[0][nd:], forward_kv[1][nd:])
         extended = route.run_extend_group(extend_group, q3[nd:], kv, params_of(nd, rows), forward_kv=new_kv,
-                                          plans=keys.plans)
+                                          plans=keys.plans, out=None if out is None else out[nd:])
     elif rows > nd:
         extend_kv = kv
         if forward_kv is not None:
@@ -156,8 +159,9 @@ def attend(route: Route, spec: LayerSpec, q3: torch.Tensor, kv: PagedKV, keys: S
         if decoded is None:
             return extended
         out = torch.empty_like(q3)
-    if decoded is not None:
+    # a route that wrote into out's rows returned them (same first element): nothing to copy
+    if decoded is not None and decoded.data_ptr() != out.data_ptr():
         out[:nd] = decoded
-    if extended is not None:
+    if extended is not None and extended.data_ptr() != out[nd:].data_ptr():
         out[nd:] = extended
     return out

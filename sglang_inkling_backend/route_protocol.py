@@ -89,8 +89,10 @@ class Route(abc.ABC):
         return None
 
     def run_decode_group(self, group: DecodeGroupPlan, q: torch.Tensor, kv: PagedKV,
-                         params: AttentionParams) -> torch.Tensor:
-        """One layer's decode with its group's plan (``plan_decode_group``): ``q [B, Hq, D]`` -> ``[B, Hq, D]``."""
+                         params: AttentionParams, *, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """One layer's decode with its group's plan (``plan_decode_group``): ``q [B, Hq, D]`` -> ``[B, Hq, D]``.
+        ``out`` (q's shape, a float dtype, contiguous in D): where the result may be written; the caller copies a
+        result returned elsewhere (a kernel that cannot write there)."""
         raise NotImplementedError(f"the {self.name} route makes no decode group plans")
 
     def plan_extend_group(self, kv: PagedKV, rails: KVRails, qo_indptr: torch.Tensor, params: AttentionParams, *,
@@ -105,10 +107,10 @@ class Route(abc.ABC):
 
     def run_extend_group(self, group: ExtendGroupPlan, q: torch.Tensor, kv: PagedKV, params: AttentionParams, *,
                          forward_kv: Optional[tuple[torch.Tensor, torch.Tensor]],
-                         plans: DecodePlanCache) -> torch.Tensor:
+                         plans: DecodePlanCache, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """One layer's extend with its group's plan (``plan_extend_group``): ``q [rows, Hq, D]`` -> ``[rows, Hq,
         D]``; ``forward_kv``: the layer's new K/V rows ``[rows, Hkv, D]`` where the plan reads them from the
-        forward."""
+        forward; ``out``: as ``run_decode_group``'s."""
         raise NotImplementedError(f"the {self.name} route makes no extend group plans")
 
     def gather_keys(self, kv: PagedKV, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -172,7 +172,7 @@ class GpuRoute(Route):
                                num_slots=kv.num_slots, keys=keys, kernel_plan=plan)
 
     def run_decode_group(self, group: DecodeGroupPlan, q: torch.Tensor, kv: PagedKV,
-                         params: AttentionParams) -> torch.Tensor:
+                         params: AttentionParams, *, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """One layer's decode with its group's plan. The layer's own inputs are checked: ``q`` against the plan
         (shape, dtype, device), the pool against the group (slots, heads, head_dim, dtype) and, the first time this
         ``PagedKV`` is seen, in full (strides, scale buffers); a call with per-call tensors (``rel_bias``,
@@ -197,8 +197,13 @@ class GpuRoute(Route):
             if len(self._checked_kv) > 4096:  # pools rebuilt many times: keep the newest only
                 self._checked_kv.clear()
             self._checked_kv[id(kv)] = kv  # kept alive: its id is not reused while it is here
-        return self.kernels.run_decode(group.kernel_plan, q, kv, *csr, params, check=False, page_table=table[0],
-                                       seq_lens=table[1])
+        if out is not None and (type(out) is not torch.Tensor or out.shape != q.shape or out.stride(-1) != 1
+                                or out.dtype not in _QUERY_DTYPES or out.device != q.device):
+            raise ValueError(f"out must be a bf16/fp16/fp32 tensor of q's shape {tuple(q.shape)} on {q.device}, "
+                             f"contiguous in its last dim")
+        # the kernel writes the caller's rows directly (no result buffer, no copy kernel per layer)
+        return self.kernels.run_decode(group.kernel_plan, q, kv, *csr, params, out=out, check=False,
+                                       page_table=table[0], seq_lens=table[1])
 
     def plan_graph_step(self, keys, layers, seq_lens_host: torch.Tensor, *, kv_format: str, max_bs: int,
                         max_seq_len: int) -> None:
@@ -367,7 +372,7 @@ class GpuRoute(Route):
 
     def run_extend_group(self, group: ExtendGroupPlan, q: torch.Tensor, kv: PagedKV, params: AttentionParams, *,
                          forward_kv: Optional[tuple[torch.Tensor, torch.Tensor]],
-                         plans: DecodePlanCache) -> torch.Tensor:
+                         plans: DecodePlanCache, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """One layer's extend with its group's plan. ``q`` and the pool are checked against the plan (shape, dtype,
         device, window); a call whose parameters are not the plan's (a relative bias, sinks, another scale or cap:
         what FlashInfer's plan holds) runs ``extend``, which plans for it."""
@@ -402,8 +407,10 @@ class GpuRoute(Route):
                     or gather_dtype(kv) != plan.dtype or self.extend_family is None):
                 return self.extend(q, kv, rails, group.qo_indptr, params, plans=plans)
             return self.extend_family.run(plan, q, kv, rails, gather_kv=gather_kv)
+        # the Triton kernel writes the caller's rows directly (checked there: shape, dtype, device); FlashInfer's
+        # result above is its own buffer, which the caller copies
         return self.kernels.paged_extend_attention(q, kv, rails.indptr, rails.indices, group.qo_indptr, params,
-                                                   validate=False, blocks=plan)
+                                                   out=out, validate=False, blocks=plan)
 
 
     def _verify_partials(self, q: torch.Tensor, kv: PagedKV, draft_len: int, workspace):

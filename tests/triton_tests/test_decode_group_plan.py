@@ -97,3 +97,19 @@ def test_the_torch_route_makes_no_group_plans():
 
     assert TorchRoute().plan_decode_group(pool(), pages(), AttentionParams(D ** -0.5), num_q_heads=HQ, batch=2,
                                           max_seq_len=32, plans=DecodePlanCache(), workspace=None) is None
+
+
+def test_a_layer_writes_its_decode_into_the_callers_rows():
+    """``out`` given: the kernel writes the caller's rows (the same storage comes back, no copy), byte for byte the
+    decode it returns without one; rows around them untouched; an ``out`` of another shape is refused."""
+    route, params = GpuRoute(kernels), AttentionParams(D ** -0.5)
+    group = route.plan_decode_group(pool(), pages(), params, num_q_heads=HQ, batch=2, max_seq_len=32,
+                                    plans=DecodePlanCache(), workspace=None)
+    q = torch.randn(2, HQ, D, generator=torch.Generator().manual_seed(3)).bfloat16().to(DEV)
+    rows = torch.full((5, HQ, D), 7.0, dtype=torch.bfloat16, device=DEV)  # a host's output: 2 of its 5 rows
+    got = route.run_decode_group(group, q, pool(), params, out=rows[1:3])
+    assert got.data_ptr() == rows[1].data_ptr()
+    assert torch.equal(rows[1:3], route.run_decode_group(group, q, pool(), params))
+    assert torch.all(rows[0] == 7.0) and torch.all(rows[3:] == 7.0)
+    with pytest.raises(ValueError, match=r"out must be a bf16/fp16/fp32 tensor of q's shape \(2, 4, 32\)"):
+        route.run_decode_group(group, q, pool(), params, out=rows[:3])

@@ -28,19 +28,17 @@ def _require_token_rows(t, name: str, n: int, counted_by: str, heads: int, head_
                          f"got {tuple(t.shape)}")
 
 
-def _reads_are_free(device: torch.device) -> bool:
-    """Whether reading a tensor's values back costs no device sync (a CPU tensor)."""
-    return device.type == "cpu"
-
-
 class LayerAttention:
-    # the slot mappings (pointer, version, length, cache slots, device) checked in this step, any layer; emptied by
-    # new_step, which the metadata builder calls once per step
-    _slots_checked: set = set()
+    # This step's slot mappings, checked (in the cache or -1, no slot twice) and padded (-1 -> the null block), by
+    # (pointer, version, length, cache slots, device): every layer of a step stores at its group's one mapping, so it
+    # is read back once per step (a device read is a sync) and padded once. Emptied by new_step, which the metadata
+    # builder calls first every step: vLLM refills its persistent mapping buffer in place, by a kernel on a GPU (no
+    # version bump), once per step. Class state because vLLM hands do_kv_cache_update no step metadata.
+    _step_slots: dict = {}
 
     @classmethod
     def new_step(cls) -> None:
-        cls._slots_checked = set()
+        cls._step_slots = {}
 
     def __init__(self, spec: LayerSpec, kv_format: kv_formats.KVFormat | str, model_dtype: torch.dtype,
                  sinks: Optional[torch.Tensor] = None):
@@ -109,21 +107,27 @@ class LayerAttention:
         for name, t in (("key", key), ("value", value)):
             _require_token_rows(t, name, n, "slot_mapping's entries", self.spec.num_kv_heads, self.spec.head_dim)
         kv = self.paged_kv(kv_cache)
-        # Every layer of a step stores at its group's slot_mapping: on an accelerator its values are read back once
-        # per step and tensor (a refill without a version bump, e.g. by a kernel, comes with a new step); on a CPU
-        # reading them costs no sync and every call checks.
+        # a mapping captured into a CUDA graph is neither read (nothing can be read back then) nor memoized (the
+        # padded slots must be the graph's own buffer, refilled on every replay)
+        capturing = checks.stream_capturing(slot_mapping.device)
         seen = (slot_mapping.data_ptr(), slot_mapping._version, n, kv.num_slots, slot_mapping.device)
-        if not checks.stream_capturing(slot_mapping.device) and n and (
-                _reads_are_free(slot_mapping.device) or seen not in LayerAttention._slots_checked):
-            lowest = int(slot_mapping.min())
-            if lowest < -1:
-                raise ValueError(f"slot_mapping entries must be slots in [0, {kv.num_slots}) or -1 (padding), got "
-                                 f"{lowest}")
-            # block 0, vLLM's null block, is the padding sink: never read
-            checks.require_slots(padded_slots(slot_mapping), "slot_mapping", kv.num_slots, distinct=True,
-                                 padding_slots=kv_cache.shape[2])
-            LayerAttention._slots_checked.add(seen)
-        kv_views.store_kv_unchecked(kv, padded_slots(slot_mapping), key[:n], value[:n], fused_store=fused_store)
+        memo = None if capturing else LayerAttention._step_slots.get(seen)
+        slots = None if memo is None else memo[1]
+        if slots is None:
+            slots = padded_slots(slot_mapping)
+            if not capturing and n:
+                lowest = int(slot_mapping.min())
+                if lowest < -1:
+                    raise ValueError(f"slot_mapping entries must be slots in [0, {kv.num_slots}) or -1 (padding), "
+                                     f"got {lowest}")
+                # block 0, vLLM's null block, is the padding sink: never read
+                checks.require_slots(slots, "slot_mapping", kv.num_slots, distinct=True,
+                                     padding_slots=kv_cache.shape[2])
+            if not capturing:  # the mapping is held: no other tensor takes its address while the step lasts
+                if len(LayerAttention._step_slots) >= 64:  # a caller without a metadata builder's new_step
+                    LayerAttention._step_slots.clear()
+                LayerAttention._step_slots[seen] = (slot_mapping, slots)
+        kv_views.store_kv_unchecked(kv, slots, key[:n], value[:n], fused_store=fused_store)
 
     def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, batch: VllmBatch,
                 output: torch.Tensor, key: Optional[torch.Tensor] = None,

@@ -174,20 +174,21 @@ def test_a_padding_decode_row_is_served_on_the_torch_route_without_changing_the_
 
 
 def test_a_slot_mapping_refilled_in_place_is_checked_again():
-    """A mapping refilled through its numpy view keeps its torch version: on a CPU every store checks anyway; on an
-    accelerator the once-per-step memo is emptied by ``new_step`` (the metadata builder's first act)."""
+    """A mapping refilled through its numpy view keeps its torch version, as vLLM's mapping buffer refilled by a
+    kernel does: the step's memo is emptied by ``new_step`` (the metadata builder's first act), and the next store
+    reads it again, refusing it before anything is written."""
     layer, cache = layer_cache()
     rows = torch.randn(3, HKV, D).bfloat16()
     mapping = torch.tensor([17, 18, 40])
     layer.store(rows, rows, cache, mapping)
     before = cache.clone()
     mapping.numpy()[1] = BLOCKS * BLOCK  # one past the cache, no version bump
+    assert LayerAttention._step_slots
+    LayerAttention.new_step()
+    assert not LayerAttention._step_slots
     with pytest.raises(ValueError, match=r"slot_mapping .* \[0, 128\)"):
         layer.store(rows, rows, cache, mapping)
     assert torch.equal(cache, before)
-    assert LayerAttention._slots_checked
-    LayerAttention.new_step()
-    assert not LayerAttention._slots_checked
 
 
 hypothesis = pytest.importorskip("hypothesis")

@@ -63,29 +63,29 @@ def test_padding_goes_to_the_null_block_and_padded_rows_are_not_written():
     assert torch.equal(kv.k_buffer[0], k[1])
 
 
-@pytest.mark.parametrize("reads_are_free, checks_per_step", [(False, 1), (True, 2)])
-def test_the_mapping_is_read_once_per_step_on_an_accelerator(monkeypatch, reads_are_free, checks_per_step):
-    """On an accelerator (reads are syncs) a step's mapping is read once for all layers; on a CPU every layer reads
-    it. The device kind is patched: the memo's logic is the same on every device."""
+def test_the_mapping_is_read_and_padded_once_per_step(monkeypatch):
+    """Every layer of a step stores at the step's one mapping: it is read (a device sync on an accelerator) and
+    padded once for all layers, on every device; a refill with a version bump, or any refill after ``new_step``
+    (the metadata builder's first act each step), is read again."""
     from sglang_inkling_backend import checks
     from sglang_inkling_backend.hosts.vllm import attention
-    monkeypatch.setattr(attention, "_reads_are_free", lambda device: reads_are_free)
-    calls = []
-    real = checks.require_slots
+    calls, pads = [], []
+    real, real_pad = checks.require_slots, attention.padded_slots
     monkeypatch.setattr(checks, "require_slots", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(attention, "padded_slots", lambda m: pads.append(1) or real_pad(m))
     LayerAttention.new_step()
     layer, cache = layer_and_cache()
     other, cache2 = layer_and_cache()
     mapping = torch.tensor([3, 4])
     for each, c in ((layer, cache), (other, cache2)):  # two layers of one step, one mapping tensor
         each.store(rows(2), rows(2), c, mapping)
-    assert len(calls) == checks_per_step
-    mapping.copy_(torch.tensor([5, 48]))  # the next step, in place (a version bump): checked again
+    assert (len(calls), len(pads)) == (1, 1)
+    assert torch.equal(layer.paged_kv(cache).k_buffer[3:5], other.paged_kv(cache2).k_buffer[3:5])
+    mapping.copy_(torch.tensor([5, 48]))  # refilled in place with a version bump: checked again
     with pytest.raises(ValueError, match="slot_mapping"):
         layer.store(rows(2), rows(2), cache, mapping)
-    mapping.numpy()[1] = 48  # refilled without a version bump: on an accelerator, read again after new_step
-    if not reads_are_free:
-        LayerAttention.new_step()  # what the metadata builder does first every step
+    mapping.numpy()[1] = 48  # refilled without a version bump (a kernel's write): read again after new_step
+    LayerAttention.new_step()
     with pytest.raises(ValueError, match="slot_mapping"):
         layer.store(rows(2), rows(2), cache, mapping)
 

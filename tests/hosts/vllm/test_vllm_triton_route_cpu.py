@@ -118,3 +118,35 @@ def test_decode_and_extend_rows_plan_once_per_step_and_group_with_the_bytes_of_p
     assert all(plan.rows == 5 for plan in grouped.made["extend"])
     assert all(torch.equal(a, b) for a, b in zip(outs[grouped], outs[per_layer]))
     assert not torch.equal(outs[grouped][0][:2], outs[grouped][2][:2])  # the window changes the decode rows
+
+
+@pytest.mark.parametrize("kv_format,block_size", [("bf16", 16), ("mxfp8", 128)])
+def test_a_mixed_steps_kernels_write_the_hosts_output_rows(kv_format, block_size):
+    """With the step's group plans the decode and extend kernels write vLLM's output rows themselves (what they
+    return is those rows: no result buffer, no copy kernel per layer); rows past num_actual_tokens untouched."""
+    from sglang_inkling_backend.gpu.route import GpuRoute
+
+    class Returned(GpuRoute):
+        results = {}
+
+        def run_decode_group(self, *args, **kwargs):
+            self.results["decode"] = super().run_decode_group(*args, **kwargs)
+            return self.results["decode"]
+
+        def run_extend_group(self, *args, **kwargs):
+            self.results["extend"] = super().run_extend_group(*args, **kwargs)
+            return self.results["extend"]
+
+    g = torch.Generator().manual_seed(5)
+    attention = LayerAttention(layer_spec(None), kv_format, torch.bfloat16)
+    (cache,), table = stored_caches([attention], kv_format, block_size, g)
+    q = torch.randn(9, HQ * D, generator=g).bfloat16()  # vLLM pads its buffers past the step's 7 rows
+    route = Returned()
+    output = torch.full((9, HQ * D), 3.0, dtype=torch.bfloat16)
+    attention.forward(q, cache, mixed_batch(route, table, block_size), output)
+    assert route.results["decode"].data_ptr() == output.data_ptr()
+    assert route.results["extend"].data_ptr() == output[2].data_ptr()
+    assert torch.all(output[7:] == 3.0) and not torch.any(output[:7] == 3.0)
+    want = attention.forward(q, cache, mixed_batch(TorchRoute(), table, block_size),
+                             torch.zeros(9, HQ * D, dtype=torch.bfloat16))
+    assert (output[:7].float() - want[:7].float()).abs().max().item() < 2e-2
