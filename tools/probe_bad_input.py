@@ -378,13 +378,15 @@ def define_vllm_store_cases():
             m = torch.tensor([17, 18, 40])
             S.att.store(S.key, S.value, S.cache, m)  # step 1, valid: the mapping is checked and memoised
             m.numpy()[1] = value  # the host refills the same tensor in place through numpy: no version bump
+            type(S.att).new_step()  # step 2 starts as vLLM's metadata builder starts every step
             S.slot_mapping = m
 
         return mutate
 
     store_case(
-        "stale_memo_past_cache", "step 2 refills the same slot_mapping tensor through its numpy view (no "
-        "torch version bump) with a slot past the cache (64): the once-per-step memo skips the check", stale(64))
+        "stale_memo_past_cache", "step 2 (begun by the builder's new_step) refills step 1's slot_mapping tensor "
+        "through its numpy view (no torch version bump) with a slot past the cache (64): the step's memo is empty",
+        stale(64))
     store_case("stale_memo_below_-1", "as above, with -5", stale(-5))
     store_case("stale_memo_twice", "as above, with slot 17 twice", stale(17))
 
