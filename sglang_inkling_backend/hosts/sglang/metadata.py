@@ -155,14 +155,18 @@ def build_forward_metadata(req_to_token: torch.Tensor, req_pool_indices: torch.T
         pages = KVPages(page_table(req_to_token, req_pool_indices, page_size, -(-max_seq_len // page_size),
                                    check=False), seq_lens, page_size)  # the rows were checked above
     full = gather_rails_host_lengths(req_to_token, req_pool_indices, seq_host) if pages is None else None
-    if num_slots is not None:
-        read = (full if full is not None else gather_rails_host_lengths(req_to_token, req_pool_indices,
-                                                                        seq_host)).indices
-        if read.numel():
-            low, high = torch.stack([read.min(), read.max()]).tolist()
-            if low < 0 or high >= num_slots:
-                raise ValueError(f"req_to_token's entries for this batch (req_pool_indices' rows up to seq_lens) "
-                                 f"must be slots of the KV pool in [0, {num_slots}), got [{low}, {high}]")
+    if num_slots is not None and bs and int(seq_host.max()):
+        if full is not None:
+            low, high = full.indices.min(), full.indices.max()
+        else:  # the page table's step reads no rails: each request's first seq_lens entries, masked, not gathered
+            longest = int(seq_host.max())
+            block = req_to_token[req_pool_indices.to(device=device, dtype=INDEX_DTYPE), :longest]
+            past = torch.arange(longest, device=device) >= seq_lens[:, None]
+            low, high = block.masked_fill(past, num_slots).min(), block.masked_fill(past, 0).max()
+        low, high = torch.stack([low, high]).tolist()
+        if low < 0 or high >= num_slots:
+            raise ValueError(f"req_to_token's entries for this batch (req_pool_indices' rows up to seq_lens) "
+                             f"must be slots of the KV pool in [0, {num_slots}), got [{low}, {high}]")
     rail_windows = sorted(set(windows)) if pages is None or full_to_swa is not None else []
     # every slot the window rails read was checked against the full pool above: a map covering it needs no read
     check_map = full_to_swa is not None and (num_slots is None or full_to_swa.numel() < num_slots)

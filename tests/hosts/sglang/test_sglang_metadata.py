@@ -271,3 +271,22 @@ def test_verify_graph_buffers_refuse_bad_batches_before_writing_and_keep_trees_a
                            full_to_swa=torch.arange(400), out_cache_loc=torch.zeros(5).long())
     with pytest.raises(ValueError, match="draft_len .* must be below max_context_len"):
         VerifyGraphBuffers(max_bs=4, draft_len=40, max_context_len=40, windows=[], device="cpu", swa=False)
+
+
+@pytest.mark.parametrize("page_size", [None, 8])
+def test_the_batchs_entries_are_checked_against_the_pool_with_rails_or_a_page_table(page_size):
+    """Eager decode metadata checks each request's first seq_lens entries of req_to_token against the pool's slots,
+    whether the step reads rails or a page table (which gathers no rails: the entries are read masked): an entry the
+    batch reads past the pool is refused, one past a request's length or in a row the batch does not use is not."""
+    r2t = _req_to_token()
+    num_slots = int(r2t.max()) + 1
+    rows, seq_lens = torch.tensor([4, 0, 2]), torch.tensor([7, 1, 33])
+    kw = dict(page_size=page_size, max_seq_len=40) if page_size else {}
+    r2t[4, 7:] = 10 ** 6  # past request 0's 7 keys: never read
+    r2t[1, :] = -5  # a row no request of the batch uses
+    build_forward_metadata(r2t, rows, seq_lens, num_slots=num_slots, **kw)
+    for row, col, value in ((2, 32, num_slots), (0, 0, -1), (4, 6, 10 ** 6)):  # each a key some request reads
+        bad = r2t.clone()
+        bad[row, col] = value
+        with pytest.raises(ValueError, match=rf"must be slots of the KV pool in \[0, {num_slots}\), got"):
+            build_forward_metadata(bad, rows, seq_lens, num_slots=num_slots, **kw)
