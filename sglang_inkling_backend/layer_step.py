@@ -131,16 +131,18 @@ def attend(route: Route, spec: LayerSpec, q3: torch.Tensor, kv: PagedKV, keys: S
     decoded = extended = None
     if out is None and 0 < nd < rows and decode_group is not None and extend_group is not None:
         out = torch.empty_like(q3)  # a mixed step's one result, which both groups' kernels write into
+    # the kernels write rows contiguous in head_dim; any other out takes a copy of their result
+    direct = out if out is not None and out.stride(-1) == 1 else None
     if nd and decode_group is not None:
         decoded = route.run_decode_group(decode_group, q3[:nd], kv, params_of(0, nd),
-                                         out=None if out is None else out[:nd])
+                                         out=None if direct is None else direct[:nd])
     elif nd:
         decoded = route.decode(q3[:nd], kv, keys.decode_keys(spec.window, route.reads_page_tables),
                                params_of(0, nd), max_seq_len=keys.max_seq_len, plans=keys.plans, workspace=workspace)
     if rows > nd and extend_group is not None:
         new_kv = None if forward_kv is None else (forward_kv[0][nd:], forward_kv[1][nd:])
         extended = route.run_extend_group(extend_group, q3[nd:], kv, params_of(nd, rows), forward_kv=new_kv,
-                                          plans=keys.plans, out=None if out is None else out[nd:])
+                                          plans=keys.plans, out=None if direct is None else direct[nd:])
     elif rows > nd:
         extend_kv = kv
         if forward_kv is not None:

@@ -150,3 +150,31 @@ def test_a_mixed_steps_kernels_write_the_hosts_output_rows(kv_format, block_size
     want = attention.forward(q, cache, mixed_batch(TorchRoute(), table, block_size),
                              torch.zeros(9, HQ * D, dtype=torch.bfloat16))
     assert (output[:7].float() - want[:7].float()).abs().max().item() < 2e-2
+
+
+def test_an_output_not_contiguous_in_head_dim_takes_a_copy_of_the_kernels_result():
+    """``attend``'s ``out`` may be any float tensor of the query's shape: one the kernels cannot write (head_dim
+    strided) gets their result copied in, equal to a contiguous output's."""
+    from sglang_inkling_backend import layer_step
+    from sglang_inkling_backend.gpu.route import GpuRoute
+    from sglang_inkling_backend.layer_plan import attention_params
+
+    g = torch.Generator().manual_seed(6)
+    attention = LayerAttention(layer_spec(None), "bf16", torch.bfloat16)
+    (cache,), table = stored_caches([attention], "bf16", 16, g)
+    q = torch.randn(7, HQ * D, generator=g).bfloat16()
+    want = attention.forward(q, cache, mixed_batch(GpuRoute(), table, 16), torch.zeros(7, HQ * D).bfloat16())
+    batch = mixed_batch(GpuRoute(), table, 16)
+    attention.forward(q, cache, batch, torch.zeros(7, HQ * D).bfloat16())  # the step's group plans, made
+    strided = torch.zeros(7, HQ, D * 2, dtype=torch.bfloat16)[..., ::2]  # head_dim stride 2
+    kv = attention.paged_kv(cache)
+    group_key = attention.decode_group_key(kv)
+    decode_group = batch.plans.value(("decode group", group_key), lambda: None)
+    extend_group = batch.plans.value(("extend group", group_key + (attention.spec.scale, kv.k_scale, kv.v_scale,
+                                                                   False)), lambda: None)
+    q3 = q.view(7, HQ, D)
+    params_of = lambda first, last: attention_params(attention.spec, rows=last - first)  # noqa: E731
+    layer_step.attend(batch.route, attention.spec, q3, kv, batch, params_of, batch.workspace, strided,
+                      decode_group=decode_group, extend_group=extend_group)
+    assert decode_group is not None and extend_group is not None
+    assert torch.equal(strided.reshape(7, HQ * D), want)
