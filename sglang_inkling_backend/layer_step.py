@@ -57,6 +57,9 @@ def extend_new_keys_setting() -> str:
     return settings.extend_new_keys()
 
 
+KERNEL_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # what a route's kernels write into
+
+
 def prepare_query(q: torch.Tensor, spec: LayerSpec, route: Route, model_dtype: torch.dtype,
                   q_descale: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``[rows, Hq, D]``: the host's query (flat or per head; fp8 with ``q_descale``, dequantized to float32), in
@@ -131,8 +134,8 @@ def attend(route: Route, spec: LayerSpec, q3: torch.Tensor, kv: PagedKV, keys: S
     decoded = extended = None
     if out is None and 0 < nd < rows and decode_group is not None and extend_group is not None:
         out = torch.empty_like(q3)  # a mixed step's one result, which both groups' kernels write into
-    # the kernels write rows contiguous in head_dim; any other out takes a copy of their result
-    direct = out if out is not None and out.stride(-1) == 1 else None
+    # the kernels write bf16/fp16/fp32 rows contiguous in head_dim; any other out takes a copy of their result
+    direct = out if out is not None and out.stride(-1) == 1 and out.dtype in KERNEL_OUT_DTYPES else None
     if nd and decode_group is not None:
         decoded = route.run_decode_group(decode_group, q3[:nd], kv, params_of(0, nd),
                                          out=None if direct is None else direct[:nd])

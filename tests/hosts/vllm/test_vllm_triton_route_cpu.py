@@ -152,9 +152,9 @@ def test_a_mixed_steps_kernels_write_the_hosts_output_rows(kv_format, block_size
     assert (output[:7].float() - want[:7].float()).abs().max().item() < 2e-2
 
 
-def test_an_output_not_contiguous_in_head_dim_takes_a_copy_of_the_kernels_result():
+def test_an_output_the_kernels_cannot_write_takes_a_copy_of_their_result():
     """``attend``'s ``out`` may be any float tensor of the query's shape: one the kernels cannot write (head_dim
-    strided) gets their result copied in, equal to a contiguous output's."""
+    strided, or float64) gets their result copied in, equal to a contiguous bf16 output's."""
     from sglang_inkling_backend import layer_step
     from sglang_inkling_backend.gpu.route import GpuRoute
     from sglang_inkling_backend.layer_plan import attention_params
@@ -167,6 +167,7 @@ def test_an_output_not_contiguous_in_head_dim_takes_a_copy_of_the_kernels_result
     batch = mixed_batch(GpuRoute(), table, 16)
     attention.forward(q, cache, batch, torch.zeros(7, HQ * D).bfloat16())  # the step's group plans, made
     strided = torch.zeros(7, HQ, D * 2, dtype=torch.bfloat16)[..., ::2]  # head_dim stride 2
+    wide = torch.zeros(7, HQ, D, dtype=torch.float64)  # a dtype no kernel writes
     kv = attention.paged_kv(cache)
     group_key = attention.decode_group_key(kv)
     decode_group = batch.plans.value(("decode group", group_key), lambda: None)
@@ -174,7 +175,8 @@ def test_an_output_not_contiguous_in_head_dim_takes_a_copy_of_the_kernels_result
                                                                    False)), lambda: None)
     q3 = q.view(7, HQ, D)
     params_of = lambda first, last: attention_params(attention.spec, rows=last - first)  # noqa: E731
-    layer_step.attend(batch.route, attention.spec, q3, kv, batch, params_of, batch.workspace, strided,
-                      decode_group=decode_group, extend_group=extend_group)
+    for out in (strided, wide):
+        layer_step.attend(batch.route, attention.spec, q3, kv, batch, params_of, batch.workspace, out,
+                          decode_group=decode_group, extend_group=extend_group)
     assert decode_group is not None and extend_group is not None
-    assert torch.equal(strided.reshape(7, HQ * D), want)
+    assert torch.equal(strided.reshape(7, HQ * D), want) and torch.equal(wide.reshape(7, HQ * D).bfloat16(), want)
