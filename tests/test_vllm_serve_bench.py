@@ -115,7 +115,7 @@ def test_run_loop_with_a_stand_in_server_and_client_and_its_table(tmp_path, monk
     servers = FakeServer.started = []
     throughput = {"FLASHINFER_auto": 6000.0, "FLASHINFER_fp8": 8000.0, "CUSTOM_mxfp8": 8400.0}
 
-    def fake_client(cmd, stdout, stderr, stdin, cwd, timeout):
+    def fake_client(cmd, env, stdout, stderr, stdin, cwd, timeout):
         assert cmd[1:] [:len(vb.CLIENT)] == vb.CLIENT and cwd == "/tmp" and timeout <= 540
         name = servers[-1].log_path.stem.removeprefix("server_")
         result = dict(RESULT, output_throughput=throughput[name])
@@ -126,7 +126,7 @@ def test_run_loop_with_a_stand_in_server_and_client_and_its_table(tmp_path, monk
         return subprocess.CompletedProcess(cmd, 0)
 
     monkeypatch.setattr(vb, "Server", FakeServer)
-    monkeypatch.setattr(vb.subprocess, "run", fake_client)
+    monkeypatch.setattr(sglang_bench.subprocess, "run", fake_client)
     vb.run(run_args(tmp_path), ["--max-num-seqs", "1024"], properties=lambda: (81559 * 2**20, H100))
     pool = int(6.4 * 2**30) - 2**20
     assert all(s.stopped and s.launcher == vb.VLLM_LAUNCHER for s in servers) and len(servers) == 3
@@ -148,12 +148,12 @@ def test_run_loop_with_a_stand_in_server_and_client_and_its_table(tmp_path, monk
 def test_a_failed_client_is_recorded_and_the_server_stopped(tmp_path, monkeypatch):
     servers = FakeServer.started = []
 
-    def failing_client(cmd, stdout, stderr, stdin, cwd, timeout):
+    def failing_client(cmd, env, stdout, stderr, stdin, cwd, timeout):
         stdout.write(b"Traceback ...\naiohttp.ClientConnectorError\n")
         return subprocess.CompletedProcess(cmd, 1)
 
     monkeypatch.setattr(vb, "Server", FakeServer)
-    monkeypatch.setattr(vb.subprocess, "run", failing_client)
+    monkeypatch.setattr(sglang_bench.subprocess, "run", failing_client)
     vb.run(run_args(tmp_path, configs="CUSTOM:mxfp8"), [], properties=lambda: (81559 * 2**20, H100))
     (line,) = [json.loads(line) for line in (tmp_path / "serve" / "runs.jsonl").read_text().splitlines()]
     assert line["error"] == "client rc 1" and line["client_log_tail"][-1] == "aiohttp.ClientConnectorError"

@@ -165,34 +165,78 @@ def gpu_properties() -> tuple[int, str]:
     return int(total), name
 
 
-def run_workload(server: Server, name: str, workload: str, tokenizer: Path, out: Path, timeout_s: float) -> dict:
-    output_file, client_log = out / f"bench_{name}_{workload}.jsonl", out / f"bench_{name}_{workload}.log"
-    args = client_args(workload, server.port, tokenizer, output_file)
+def run_client(cmd: list[str], env: dict | None, server: Server, client_log: Path, timeout_s: float,
+               window_stats) -> dict:
+    """One client command against ``server`` (in /tmp, its output in ``client_log``): its return code (None past
+    ``timeout_s``), its time, and ``window_stats`` of what the server logged while it ran (the log's byte offsets
+    before and after)."""
     log_start, started = server.log_path.stat().st_size, time.monotonic()
     with open(client_log, "wb") as log:
         try:
-            rc = subprocess.run([sys.executable, "-m", "sglang.benchmark.serving", *args], env=client_env(),
-                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd="/tmp",
-                                timeout=timeout_s).returncode
+            rc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                cwd="/tmp", timeout=timeout_s).returncode
         except subprocess.TimeoutExpired:
             rc = None
-    record = {"workload": workload, "client_args": args, "client_rc": rc, "client_s": time.monotonic() - started,
-              "server_log": log_window_stats(read_window(server.log_path, log_start, server.log_path.stat().st_size))}
-    line = last_json_line(output_file)
+    return {"client_rc": rc, "client_s": time.monotonic() - started,
+            "server_log": window_stats(read_window(server.log_path, log_start, server.log_path.stat().st_size))}
+
+
+def with_result(record: dict, result: dict | None, missing: str, client_log: Path, timeout_s: float) -> dict:
+    """``record`` (``run_client``'s) with the client's reduced ``result``, or the error that explains its absence
+    (``missing``: what rc 0 should have left) and the client log's end."""
+    rc = record["client_rc"]
     error = (f"client timed out after {timeout_s:.0f} s" if rc is None else f"client rc {rc}" if rc
-             else "client rc 0 without a result line" if line is None else None)
+             else f"client rc 0 without {missing}" if result is None else None)
     if error:
         record.update(error=error, client_log_tail=tail(client_log))
-    if line is not None:
-        record["result"] = reduce_result(line)
+    if result is not None:
+        record["result"] = result
     return record
 
 
-def run(args, extra: list[str], properties=gpu_properties) -> None:
-    configs = [parse_config(spec) for spec in args.configs.split(",")]
+def run_workload(server: Server, head: dict, facts: dict, workload: str, args, tokenizer: Path, out: Path,
+                 timeout_s: float) -> dict:
+    name = head["config"]
+    output_file, client_log = out / f"bench_{name}_{workload}.jsonl", out / f"bench_{name}_{workload}.log"
+    cargs = client_args(workload, server.port, tokenizer, output_file)
+    record = {"workload": workload, "client_args": cargs,
+              **run_client([sys.executable, "-m", "sglang.benchmark.serving", *cargs], client_env(), server,
+                           client_log, timeout_s, log_window_stats)}
+    line = last_json_line(output_file)
+    return with_result(record, None if line is None else reduce_result(line), "a result line", client_log, timeout_s)
+
+
+class Harness:
+    """What one host's served-throughput run needs besides ``run``'s loop: configs and workloads as that host spells
+    them, its memory rule (fields every record carries), its server, what its server says once started, and a
+    workload through its client. SGLang's here; vLLM's in gpu_tests/vllm/serve_bench.py."""
+    min_config_s = MIN_CONFIG_S
+    default_configs = "flashinfer:auto,flashinfer:fp8_e4m3,inkling:mxfp8,inkling:auto"
+    static_help = "the server's static memory (weights + KV pool); 6.4 GiB is 0.08 of an H100"
+
+    parse_config = staticmethod(parse_config)
+    workload_args = staticmethod(workload_args)
+    run_workload = staticmethod(run_workload)
+
+    @staticmethod
+    def memory(args, total_bytes: int) -> dict:
+        return {"static_gib": args.static_gib, "mem_fraction_static": mem_fraction(args.static_gib, total_bytes)}
+
+    @staticmethod
+    def server(config: dict, args, memory: dict, extra: list[str], log: Path, timeout_s: float) -> Server:
+        return Server(server_args(config, args.model, memory["mem_fraction_static"], extra), log, dict(os.environ),
+                      timeout_s)
+
+    @staticmethod
+    def after_start(log: Path) -> dict:
+        return {}
+
+
+def run(args, extra: list[str], properties=gpu_properties, harness=Harness) -> None:
+    configs = [harness.parse_config(spec) for spec in args.configs.split(",")]
     workloads = args.workloads.split(",")
     for workload in workloads:
-        workload_args(workload)  # raises on an unknown name before any server starts
+        harness.workload_args(workload)  # raises on an unknown name before any server starts
     for flag in ("static_gib", "budget_s", "startup_timeout"):
         if getattr(args, flag) <= 0:
             raise ValueError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
@@ -200,10 +244,10 @@ def run(args, extra: list[str], properties=gpu_properties) -> None:
     runs = out / "runs.jsonl"
     if runs.exists():
         raise ValueError(f"--out: {out} already holds runs.jsonl (one folder per run)")
-    out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     total_bytes, device = properties()
-    fraction = mem_fraction(args.static_gib, total_bytes)
+    memory = harness.memory(args, total_bytes)
+    out.mkdir(parents=True, exist_ok=True)
     tokenizer = Path(args.tokenizer).resolve()
 
     def record(line: dict) -> None:
@@ -211,28 +255,28 @@ def run(args, extra: list[str], properties=gpu_properties) -> None:
             f.write(json.dumps(line) + "\n")
 
     for config in configs:
-        head = {"label": args.label, "device": device, "static_gib": args.static_gib, "mem_fraction_static": fraction,
+        head = {"label": args.label, "device": device, **memory,
                 "config": config["name"], "backend": config["backend"], "kv": config["kv"], "tag": config["tag"]}
         left = args.budget_s - (time.monotonic() - started)
-        if left < MIN_CONFIG_S:
+        if left < harness.min_config_s:
             record({**head, "skipped": f"{left:.0f} s of the {args.budget_s:.0f} s budget left, a config needs "
-                                       f"{MIN_CONFIG_S} s"})
+                                       f"{harness.min_config_s} s"})
             continue
         log = out / f"server_{config['name']}.log"
-        server = Server(server_args(config, args.model, fraction, extra), log, dict(os.environ),
-                        min(args.startup_timeout, left))
+        server = harness.server(config, args, memory, extra, log, min(args.startup_timeout, left))
         try:
             try:
                 head["startup_s"] = server.start()
             except RuntimeError as exc:  # exited or not healthy in time: recorded with the log's end
                 record({**head, "error": str(exc), "server_log_tail": tail(log)})
                 continue
+            facts = harness.after_start(log)
             for workload in workloads:
                 left = args.budget_s - (time.monotonic() - started)
                 if left <= 0:
                     record({**head, "workload": workload, "skipped": "the budget is spent"})
                     continue
-                line = run_workload(server, config["name"], workload, tokenizer, out, left)
+                line = harness.run_workload(server, head, facts, workload, args, tokenizer, out, left)
                 record({**head, **line})
                 print(f"{config['name']} {workload}: {line.get('error') or 'ok'}, "
                       f"{(line.get('result') or {}).get('output_throughput', 0):.0f} output tok/s", flush=True)
@@ -356,18 +400,17 @@ def summarize(run_dirs: list[Path], out: Path) -> list[dict]:
     return tables
 
 
-def main(argv=None) -> int:
+def main(argv=None, harness=Harness, description: str = __doc__) -> int:
     argv, extra = split_server_argv(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=description.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     run_parser = sub.add_parser("run", help="servers and the client, on the GPU machine")
     run_parser.add_argument("--model", required=True)
     run_parser.add_argument("--tokenizer", required=True)
-    run_parser.add_argument("--configs", default="flashinfer:auto,flashinfer:fp8_e4m3,inkling:mxfp8,inkling:auto")
+    run_parser.add_argument("--configs", default=harness.default_configs)
     run_parser.add_argument("--workloads", default="short,long")
     run_parser.add_argument("--out", type=Path, required=True)
-    run_parser.add_argument("--static-gib", type=float, default=6.4,
-                            help="the server's static memory (weights + KV pool); 6.4 GiB is 0.08 of an H100")
+    run_parser.add_argument("--static-gib", type=float, default=6.4, help=harness.static_help)
     run_parser.add_argument("--budget-s", type=float, default=540.0)
     run_parser.add_argument("--startup-timeout", type=float, default=300.0)
     run_parser.add_argument("--label", default=None)
@@ -376,7 +419,7 @@ def main(argv=None) -> int:
     sum_parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     if args.command == "run":
-        run(args, extra)
+        run(args, extra, harness=harness)
     else:
         if extra:
             raise ValueError(f"summarize: takes no server arguments after --, got {extra}")

@@ -24,7 +24,6 @@ Test-only: nothing here ships in the project's wheel.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import lzma
 import shutil
 import subprocess
@@ -36,18 +35,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fatbin  # noqa: E402
+import sglang_twin  # noqa: E402
 
-
-def _sglang_bundle():
-    """The SGLang harness's bundle module (loaded by path: it is also called ``make_bundle``)."""
-    path = Path(__file__).resolve().parents[1] / "sglang" / "make_bundle.py"
-    spec = importlib.util.spec_from_file_location("sglang_make_bundle", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-build_project_wheel = _sglang_bundle().build_project_wheel  # this project's wheel, as the SGLang bundle builds it
+build_project_wheel = sglang_twin.load("make_bundle").build_project_wheel  # the project wheel, as SGLang's bundle
 
 VLLM = "vllm==0.33.0"
 # What a vLLM 0.33 start imports that the GPU image lacks, with what each requires (versions as pip resolves vllm

@@ -18,30 +18,18 @@ server's ``KV cache size: N tokens`` line, the peak ``Running: N reqs`` the serv
 """
 from __future__ import annotations
 
-import argparse
-import importlib.util
 import json
 import os
 import re
-import subprocess
 import sys
-import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sglang"))
-from serve_check import Server, split_server_argv  # noqa: E402
+import sglang_twin  # noqa: E402
+from serve_check import Server  # noqa: E402
 
-
-def _sglang_serve_bench():
-    """The SGLang harness's module (loaded by path: this module has its name)."""
-    path = Path(__file__).resolve().parents[1] / "sglang" / "serve_bench.py"
-    spec = importlib.util.spec_from_file_location("sglang_serve_bench", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-sglang_bench = _sglang_serve_bench()
+sglang_bench = sglang_twin.load("serve_bench")
 VLLM_LAUNCHER = ["-m", "vllm.entrypoints.cli.main", "serve"]
 CLIENT = ["-m", "vllm.entrypoints.cli.main", "bench", "serve"]
 KV_DTYPES = ("auto", "fp8", "fp8_e4m3", "mxfp8")
@@ -132,113 +120,53 @@ def reduce_result(result: dict, capacity: int | None) -> dict:
     return kept
 
 
-def run_workload(server: Server, name: str, workload: str, model, tokenizer: Path, out: Path, timeout_s: float,
-                 capacity: int | None) -> dict:
+def run_workload(server: Server, head: dict, facts: dict, workload: str, args, tokenizer: Path, out: Path,
+                 timeout_s: float) -> dict:
+    name = head["config"]
     filename, client_log = f"bench_{name}_{workload}.json", out / f"bench_{name}_{workload}.log"
-    args = client_args(workload, server.url, model, tokenizer, out, filename)
-    log_start, started = server.log_path.stat().st_size, time.monotonic()
-    with open(client_log, "wb") as log:
-        try:
-            rc = subprocess.run([sys.executable, *CLIENT, *args], stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, cwd="/tmp", timeout=timeout_s).returncode
-        except subprocess.TimeoutExpired:
-            rc = None
-    window = sglang_bench.read_window(server.log_path, log_start, server.log_path.stat().st_size)
-    record = {"workload": workload, "client_args": args, "client_rc": rc, "client_s": time.monotonic() - started,
-              "server_log": log_window_stats(window)}
+    cargs = client_args(workload, server.url, args.model, tokenizer, out, filename)
+    record = {"workload": workload, "client_args": cargs,
+              **sglang_bench.run_client([sys.executable, *CLIENT, *cargs], None, server, client_log, timeout_s,
+                                        log_window_stats)}
     result_file = out / filename
-    result = json.loads(result_file.read_text()) if result_file.exists() else None
-    error = (f"client timed out after {timeout_s:.0f} s" if rc is None else f"client rc {rc}" if rc
-             else "client rc 0 without a result file" if result is None else None)
-    if error:
-        record.update(error=error, client_log_tail=sglang_bench.tail(client_log))
-    if result is not None:
-        record["result"] = reduce_result(result, capacity)
-    return record
+    result = (reduce_result(json.loads(result_file.read_text()), facts["token_capacity"]) if result_file.exists()
+              else None)
+    return sglang_bench.with_result(record, result, "a result file", client_log, timeout_s)
+
+
+class Harness(sglang_bench.Harness):
+    """vLLM's side of the SGLang harness's run loop (``sglang_bench.run``)."""
+    min_config_s = MIN_CONFIG_S
+    default_configs = "FLASHINFER:auto,FLASHINFER:fp8,CUSTOM:mxfp8,CUSTOM:auto"
+    static_help = "static memory per config (weights + KV pool), as the SGLang harness's"
+
+    parse_config = staticmethod(parse_config)
+    workload_args = staticmethod(workload_args)
+    run_workload = staticmethod(run_workload)
+
+    @staticmethod
+    def memory(args, total_bytes: int) -> dict:
+        pool = kv_pool_bytes(args.static_gib, weight_bytes(args.model))
+        return {"host": "vllm", "static_gib": args.static_gib, "kv_cache_memory_bytes": pool,
+                "memory": f"`--kv-cache-memory-bytes {pool}` for every config ({args.static_gib} GiB static less the "
+                          f"weights: {pool / 2**30:.2f} GiB of KV pool)"}
+
+    @staticmethod
+    def server(config: dict, args, memory: dict, extra: list[str], log: Path, timeout_s: float) -> Server:
+        return Server(server_args(config, args.model, memory["kv_cache_memory_bytes"], extra), log,
+                      dict(os.environ), timeout_s, launcher=VLLM_LAUNCHER)
+
+    @staticmethod
+    def after_start(log: Path) -> dict:
+        return {"token_capacity": token_capacity(log.read_text(errors="replace"))}
 
 
 def run(args, extra: list[str], properties=None) -> None:
-    configs = [parse_config(spec) for spec in args.configs.split(",")]
-    workloads = args.workloads.split(",")
-    for workload in workloads:
-        workload_args(workload)  # raises on an unknown name before any server starts
-    for flag in ("static_gib", "budget_s", "startup_timeout"):
-        if getattr(args, flag) <= 0:
-            raise ValueError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
-    out = args.out.resolve()  # absolute: the client runs in /tmp
-    runs = out / "runs.jsonl"
-    if runs.exists():
-        raise ValueError(f"--out: {out} already holds runs.jsonl (one folder per run)")
-    pool = kv_pool_bytes(args.static_gib, weight_bytes(args.model))
-    out.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-    _, device = (properties or sglang_bench.gpu_properties)()
-    tokenizer = Path(args.tokenizer).resolve()
-    memory = (f"`--kv-cache-memory-bytes {pool}` for every config ({args.static_gib} GiB static less the weights: "
-              f"{pool / 2**30:.2f} GiB of KV pool)")
-
-    def record(line: dict) -> None:
-        with open(runs, "a") as f:
-            f.write(json.dumps(line) + "\n")
-
-    for config in configs:
-        head = {"label": args.label, "device": device, "host": "vllm", "static_gib": args.static_gib,
-                "kv_cache_memory_bytes": pool, "memory": memory, "config": config["name"],
-                "backend": config["backend"], "kv": config["kv"], "tag": config["tag"]}
-        left = args.budget_s - (time.monotonic() - started)
-        if left < MIN_CONFIG_S:
-            record({**head, "skipped": f"{left:.0f} s of the {args.budget_s:.0f} s budget left, a config needs "
-                                       f"{MIN_CONFIG_S} s"})
-            continue
-        log = out / f"server_{config['name']}.log"
-        server = Server(server_args(config, args.model, pool, extra), log, dict(os.environ),
-                        min(args.startup_timeout, left), launcher=VLLM_LAUNCHER)
-        try:
-            try:
-                head["startup_s"] = server.start()
-            except RuntimeError as exc:  # exited or not healthy in time: recorded with the log's end
-                record({**head, "error": str(exc), "server_log_tail": sglang_bench.tail(log)})
-                continue
-            capacity = token_capacity(log.read_text(errors="replace"))
-            for workload in workloads:
-                left = args.budget_s - (time.monotonic() - started)
-                if left <= 0:
-                    record({**head, "workload": workload, "skipped": "the budget is spent"})
-                    continue
-                line = run_workload(server, config["name"], workload, args.model, tokenizer, out, left, capacity)
-                record({**head, **line})
-                print(f"{config['name']} {workload}: {line.get('error') or 'ok'}, "
-                      f"{(line.get('result') or {}).get('output_throughput', 0):.0f} output tok/s", flush=True)
-        finally:
-            server.stop()
+    sglang_bench.run(args, extra, properties or sglang_bench.gpu_properties, harness=Harness)
 
 
 def main(argv=None) -> int:
-    argv, extra = split_server_argv(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    run_parser = sub.add_parser("run", help="servers and the client, on the GPU machine")
-    run_parser.add_argument("--model", type=Path, required=True)
-    run_parser.add_argument("--tokenizer", required=True)
-    run_parser.add_argument("--configs", default="FLASHINFER:auto,FLASHINFER:fp8,CUSTOM:mxfp8,CUSTOM:auto")
-    run_parser.add_argument("--workloads", default="short,long")
-    run_parser.add_argument("--out", type=Path, required=True)
-    run_parser.add_argument("--static-gib", type=float, default=6.4,
-                            help="static memory per config (weights + KV pool), as the SGLang harness's")
-    run_parser.add_argument("--budget-s", type=float, default=540.0)
-    run_parser.add_argument("--startup-timeout", type=float, default=300.0)
-    run_parser.add_argument("--label", default=None)
-    sum_parser = sub.add_parser("summarize", help="table.md, summary.json, served.png from runs.jsonl folders")
-    sum_parser.add_argument("run_dirs", type=Path, nargs="+")
-    sum_parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args(argv)
-    if args.command == "run":
-        run(args, extra)
-    else:
-        if extra:
-            raise ValueError(f"summarize: takes no server arguments after --, got {extra}")
-        sglang_bench.summarize(args.run_dirs, args.out)
-    return 0
+    return sglang_bench.main(argv, harness=Harness, description=__doc__)
 
 
 if __name__ == "__main__":
