@@ -2,9 +2,9 @@
 # Here, on a CPU: the vLLM bundle (.vgpu/vllm_site.tar.xz) as the GPU machine will see it, up to the GPU. A Python
 # 3.12 venv of the GPU image's torch 2.11.0+cu130 and the image's packages this path uses (numpy, transformers 5.17,
 # tokenizers, safetensors, huggingface_hub, pillow, make_bundle.IMAGE_PACKAGES); the bundle appended after its
-# site-packages by a .pth file, as gpu_env.sh does; a stub libcuda.so.1 (vLLM's _C links the driver, absent here). Checks: vLLM's compiled ops load on
-# torch 2.11 and register their schemas; vLLM's engine, GPU worker and model runner, models, attention backends,
-# sampler, OpenAI server, CLI and benchmarks import; the plugin registers CUSTOM and mxfp8 through its entry point;
+# site-packages by a .pth file, as gpu_env.sh does; a stub libcuda.so.1 (vLLM's _C links the driver, absent here).
+# Checks: vLLM's compiled ops load on torch 2.11 and register their schemas; vLLM's engine, GPU worker and model
+# runner, models, attention backends, sampler, OpenAI server, CLI and benchmarks import; the plugin registers CUSTOM and mxfp8 through its entry point;
 # `vllm serve`'s HTTP app is built with all its routers and served, short of the engine; serve_bench.py's server and
 # client arguments parse with `vllm serve`'s and `vllm bench serve`'s own parsers.
 #   PYTHON312=python3.12 bash gpu_tests/vllm/check_bundle_cpu.sh

@@ -43,4 +43,5 @@ for name in sys.argv[1:]:
 print(" ".join(missing))
 PY
 )
-[ -z "$IMAGE_MISSING" ] || echo "gpu_env.sh: the image lacks $IMAGE_MISSING, which the vLLM bundle expects of it (make_bundle.IMAGE_PACKAGES)"
+[ -z "$IMAGE_MISSING" ] \
+  || echo "gpu_env.sh: the image lacks $IMAGE_MISSING, which the vLLM bundle expects of it (make_bundle.IMAGE_PACKAGES)"

@@ -44,7 +44,8 @@ VLLM = "vllm==0.33.0"
 # 0.33.0's requirements). Found by importing vLLM's engine, worker, model runner, models, attention backends, sampler,
 # CLI and benchmarks, and building and serving `vllm serve`'s HTTP app, on a CPU venv of torch 2.11 and IMAGE_PACKAGES
 # with these appended after its site-packages (check_bundle_cpu.sh). vLLM's METADATA asks for more (anthropic, mcp,
-# mistral_common, opentelemetry-exporter-otlp, ...): a start with llama/gemma3 and the default server flags imports none.
+# mistral_common, opentelemetry-exporter-otlp, ...): a start with llama/gemma3 and the default server flags imports
+# none of them.
 REQUIREMENTS = [
     "annotated-types==0.8.0", "astor==0.8.1", "blake3==1.0.11", "cachetools==8.0.3", "cbor2==6.3.0",
     "compressed-tensors==0.17.0", "depyf==0.20.0", "dill==0.4.1", "dnspython==2.9.2", "email-validator==2.4.0",
